@@ -1,0 +1,136 @@
+//! The backend traits. Every backend runs the same plans ([`crate::window`]) and is tested by the
+//! same conformance suite; they differ only in where the cache lives and who computes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::spec::KvSpec;
+
+/// Identity of a live session, so that a snapshot cannot be restored into a stranger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionId(u64);
+
+impl SessionId {
+    pub fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        SessionId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The error for restoring a snapshot of `other` into `self`, or `Ok` if they match.
+    pub fn check_owner(self, other: SessionId) -> Result<()> {
+        if self == other {
+            Ok(())
+        } else {
+            Err(Error::ForeignSnapshot { session: self.0, snapshot_session: other.0 })
+        }
+    }
+}
+
+/// One layer's cached K and V copied to the host: `[nKvHeads, rows, headDim]` each, covering the
+/// absolute positions `first_position .. first_position + rows`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerKv {
+    pub first_position: usize,
+    pub rows: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl LayerKv {
+    /// The `[nKvHeads, head_dim]` K vectors at absolute position `p`, if held.
+    pub fn k_at(&self, head: usize, p: usize) -> Option<&[f32]> {
+        self.row(&self.k, head, p)
+    }
+
+    pub fn v_at(&self, head: usize, p: usize) -> Option<&[f32]> {
+        self.row(&self.v, head, p)
+    }
+
+    fn row<'a>(&self, data: &'a [f32], head: usize, p: usize) -> Option<&'a [f32]> {
+        if p < self.first_position || p >= self.first_position + self.rows || head >= self.n_kv_heads {
+            return None;
+        }
+        let r = p - self.first_position;
+        let start = (head * self.rows + r) * self.head_dim;
+        Some(&data[start..start + self.head_dim])
+    }
+
+    /// The rows for absolute positions `from..first_position + rows` (a sliding layer may hold
+    /// more than another backend; compare on the common tail).
+    pub fn tail_from(&self, from: usize) -> LayerKv {
+        assert!(from >= self.first_position && from <= self.first_position + self.rows, "tail_from out of range");
+        let skip = from - self.first_position;
+        let rows = self.rows - skip;
+        let take = |data: &[f32]| {
+            (0..self.n_kv_heads)
+                .flat_map(|h| {
+                    let start = (h * self.rows + skip) * self.head_dim;
+                    data[start..start + rows * self.head_dim].iter().copied()
+                })
+                .collect()
+        };
+        LayerKv { first_position: from, rows, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, k: take(&self.k), v: take(&self.v) }
+    }
+}
+
+/// A stateful KV-cache session (CONTRACT §2).
+///
+/// Calls take `&mut self` because they replace the per-layer caches; a session is used from one
+/// thread at a time. Every method validates its input before touching state: on `Err` the session
+/// is exactly as it was before the call.
+pub trait KvBackend {
+    /// An owned, cheap handle on the caches at one position (tract's `FrozenState`): it does not
+    /// borrow the session, stays valid across any later calls and restores, and can be restored
+    /// any number of times (branching).
+    type Snapshot: Clone;
+
+    fn spec(&self) -> &KvSpec;
+
+    /// Starts over: runs the prefill graph on `1..=SEQ` tokens from position 0 and returns the
+    /// token predicted after the last one.
+    fn prefill(&mut self, tokens: &[i32]) -> Result<i32>;
+
+    /// Feeds `1..=chunk` tokens after the current position; returns the next token.
+    fn chunk(&mut self, tokens: &[i32]) -> Result<i32>;
+
+    /// Feeds one token; returns the next one.
+    fn step(&mut self, token: i32) -> Result<i32>;
+
+    fn snapshot(&self) -> Result<Self::Snapshot>;
+
+    /// Swaps the snapshot's caches back in. A snapshot of another session is an error.
+    fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
+
+    /// Tokens consumed since the last prefill.
+    fn position(&self) -> usize;
+
+    /// Copies one layer's cached rows to the host (conformance and divergence work; slow).
+    fn read_layer(&self, layer: usize) -> Result<LayerKv>;
+
+    /// Logits of the last position of the last call, where the backend has them (the reference).
+    fn last_logits(&self) -> Option<&[f32]> {
+        None
+    }
+
+    /// A short name for reports (`reference`, `iree-local-task`, ...).
+    fn name(&self) -> String;
+}
+
+/// A fixed-length graph re-run per token (CONTRACT §3).
+pub trait RedecodeBackend {
+    /// The fixed length `SEQ`.
+    fn seq(&self) -> usize;
+
+    fn vocab_size(&self) -> usize;
+
+    /// Runs the graph on exactly `SEQ` tokens and returns the predicted next id at every position.
+    fn run(&mut self, tokens: &[i32]) -> Result<Vec<i32>>;
+
+    fn name(&self) -> String;
+}

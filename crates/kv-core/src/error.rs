@@ -1,0 +1,59 @@
+//! The one error type of `kv-core`, shared by every backend through [`Error::Backend`].
+
+use crate::irpa::IrpaError;
+
+/// Every failure a caller can cause or a backend can report. A violated internal invariant is a
+/// panic (see [`crate::invariant`]), not a variant here.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // --- bad input: the session is left exactly as it was ---
+    #[error("{op}: token id {id} at index {index} is outside the vocabulary [0, {vocab})")]
+    TokenOutOfRange { op: &'static str, index: usize, id: i64, vocab: usize },
+    #[error("{op}: got {n} tokens, expected {min}..={max}")]
+    BadTokenCount { op: &'static str, n: usize, min: usize, max: usize },
+    #[error("{op}: context overflow: position {position} + {n} tokens exceeds maxPositions {max}")]
+    ContextOverflow { op: &'static str, position: usize, n: usize, max: usize },
+    #[error("{op}: the session holds no prefix yet; call prefill first")]
+    NotPrefilled { op: &'static str },
+    #[error("restore: the snapshot belongs to session {snapshot_session}, not to this session ({session})")]
+    ForeignSnapshot { session: u64, snapshot_session: u64 },
+    #[error("read_layer: layer {layer} out of range (nLayers {n_layers})")]
+    LayerOutOfRange { layer: usize, n_layers: usize },
+    #[error("redecode: prompt of {len} tokens leaves no room in a graph of SEQ {seq} (need 1..{seq})")]
+    PromptDoesNotFit { len: usize, seq: usize },
+
+    // --- bad artifacts ---
+    #[error("manifest: key `{key}`: {reason}")]
+    Manifest { key: String, reason: String },
+    #[error("manifest {path}: {source}")]
+    ManifestParse { path: String, source: serde_json::Error },
+    #[error(transparent)]
+    Irpa(#[from] IrpaError),
+    #[error("parameter `{name}`: {reason}")]
+    Parameter { name: String, reason: String },
+    #[error("{what} {path}: {source}")]
+    Io { what: &'static str, path: String, source: std::io::Error },
+
+    // --- a backend's own failure (IREE status, driver error, ...) ---
+    #[error("{backend}: {op}: {message}")]
+    Backend { backend: &'static str, op: String, message: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn manifest(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Manifest { key: key.into(), reason: reason.into() }
+    }
+
+    pub fn parameter(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Parameter { name: name.into(), reason: reason.into() }
+    }
+}
+
+/// A broken internal invariant: a bug in this crate or a backend, never a caller's mistake.
+#[cold]
+#[track_caller]
+pub fn invariant(message: &str) -> ! {
+    panic!("skainet-kv internal invariant violated: {message}")
+}

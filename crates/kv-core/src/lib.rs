@@ -1,0 +1,37 @@
+//! The skainet-kv contract: everything about a KV-cache session that is not a backend.
+//!
+//! Design:
+//! - **One source of truth for the math.** RoPE tables ([`rope`]), chunk masks ([`mask`]) and
+//!   the rows each layer is handed ([`window`]) are computed here and only here; backends execute
+//!   [`window::ChunkPlan`]s and [`window::StepPlan`]s, they do not re-derive positions.
+//! - **Errors versus bugs.** Anything a caller or an artifact can get wrong (token ids, chunk
+//!   sizes, context overflow, a foreign snapshot, a malformed manifest, a truncated archive) is an
+//!   [`Error`], checked before any state changes, so the session stays usable. A broken internal
+//!   invariant panics through [`error::invariant`].
+//! - **Snapshots are owned values.** A backend's `Snapshot` holds its own references to the
+//!   per-layer caches (views, not copies), carries the [`backend::SessionId`] of its session, and
+//!   outlives any later call.
+//! - **Threading.** A session is `&mut self` per call and used from one thread at a time;
+//!   wrappers that share one (JNI) serialise calls with a lock.
+//! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by name) and archives;
+//!   [`irpa`] reads archives zero-copy through `memmap2` and writes IREE-identical ones.
+
+pub mod backend;
+pub mod bf16;
+pub mod decoder;
+pub mod error;
+pub mod irpa;
+pub mod manifest;
+pub mod mask;
+pub mod params;
+pub mod rope;
+pub mod spec;
+pub mod tolerance;
+pub mod window;
+
+pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId};
+pub use decoder::{Generation, KvDecoder, RedecodeDecoder, StageTiming};
+pub use error::{Error, Result};
+pub use manifest::{Graph, Manifest};
+pub use spec::{Activation, Architecture, Family, KvSpec, LayerKind};
+pub use window::WindowRule;

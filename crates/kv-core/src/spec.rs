@@ -1,0 +1,274 @@
+//! The model geometry (`KvSpec`) and the architecture facts the graphs and the reference share.
+//! Keys and defaults follow CONTRACT §1: a missing geometry key takes FunctionGemma-270M's value.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Which attention a layer uses. Decided by `globalLayerPeriod`, and only when a window exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LayerKind {
+    Sliding,
+    Global,
+}
+
+impl LayerKind {
+    pub const ALL: [LayerKind; 2] = [LayerKind::Sliding, LayerKind::Global];
+
+    /// The suffix of the manifest argument names (`cosSliding`, `maskGlobal`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Sliding => "Sliding",
+            LayerKind::Global => "Global",
+        }
+    }
+}
+
+/// The geometry of a KV-cache graph set, as stored in `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KvSpec {
+    pub n_layers: usize,
+    pub head_dim: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Keys a sliding layer sees, counting the query itself; 0 = no sliding layers.
+    pub sliding_window: usize,
+    pub global_layer_period: usize,
+    /// Fixed token count `C` of the chunk graph.
+    pub chunk: usize,
+    /// Fixed length of the prefill (and redecode) graph.
+    pub seq: usize,
+    pub max_positions: usize,
+    pub sliding_rope_base: f32,
+    pub global_rope_base: f32,
+    /// Head dimension of the chunk mask: 0 = `nHeads`, 1 = broadcast over heads.
+    pub mask_heads: usize,
+}
+
+impl Default for KvSpec {
+    /// FunctionGemma-270M, the seed's model.
+    fn default() -> Self {
+        KvSpec {
+            n_layers: 18,
+            head_dim: 256,
+            n_heads: 4,
+            n_kv_heads: 1,
+            hidden_size: 640,
+            vocab_size: 262_144,
+            sliding_window: 512,
+            global_layer_period: 6,
+            chunk: 32,
+            seq: 1024,
+            max_positions: 2048,
+            sliding_rope_base: 10_000.0,
+            global_rope_base: 1_000_000.0,
+            mask_heads: 0,
+        }
+    }
+}
+
+impl KvSpec {
+    /// Checks that the spec does not contradict itself; the error names the offending key.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("nLayers", self.n_layers),
+            ("headDim", self.head_dim),
+            ("nHeads", self.n_heads),
+            ("nKvHeads", self.n_kv_heads),
+            ("hiddenSize", self.hidden_size),
+            ("vocabSize", self.vocab_size),
+            ("globalLayerPeriod", self.global_layer_period),
+            ("chunk", self.chunk),
+            ("seq", self.seq),
+            ("maxPositions", self.max_positions),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(Error::manifest(key, "must be positive"));
+            }
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::manifest("headDim", format!("{} is odd; split-half RoPE needs an even width", self.head_dim)));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(Error::manifest(
+                "nKvHeads",
+                format!("nHeads {} is not a multiple of nKvHeads {}", self.n_heads, self.n_kv_heads),
+            ));
+        }
+        if self.sliding_window == 1 {
+            return Err(Error::manifest("slidingWindow", "a window of 1 leaves a step call no past rows; use 0 (none) or >= 2"));
+        }
+        if self.mask_heads > 1 {
+            return Err(Error::manifest("maskHeads", format!("{} is neither 0 (nHeads) nor 1 (broadcast)", self.mask_heads)));
+        }
+        if self.seq > self.max_positions {
+            return Err(Error::manifest("seq", format!("{} exceeds maxPositions {}", self.seq, self.max_positions)));
+        }
+        for (key, base) in [("slidingRopeBase", self.sliding_rope_base), ("globalRopeBase", self.global_rope_base)] {
+            if !(base.is_finite() && base > 1.0) {
+                return Err(Error::manifest(key, format!("{base} is not a RoPE base > 1")));
+            }
+        }
+        if self.vocab_size > i32::MAX as usize {
+            return Err(Error::manifest("vocabSize", "exceeds the i32 token range"));
+        }
+        Ok(())
+    }
+
+    /// Layer `l` is global iff `l % period == period - 1`; without a window every layer is global.
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        if self.sliding_window == 0 || layer % self.global_layer_period == self.global_layer_period - 1 {
+            LayerKind::Global
+        } else {
+            LayerKind::Sliding
+        }
+    }
+
+    /// The window a layer of this kind applies, `None` for global layers.
+    pub fn window(&self, kind: LayerKind) -> Option<usize> {
+        match kind {
+            LayerKind::Sliding => Some(self.sliding_window),
+            LayerKind::Global => None,
+        }
+    }
+
+    pub fn rope_base(&self, kind: LayerKind) -> f32 {
+        match kind {
+            LayerKind::Sliding => self.sliding_rope_base,
+            LayerKind::Global => self.global_rope_base,
+        }
+    }
+
+    /// The kinds present in this model, in the order their first layer appears.
+    pub fn kinds_present(&self) -> Vec<LayerKind> {
+        let mut kinds = Vec::with_capacity(2);
+        for layer in 0..self.n_layers {
+            let kind = self.layer_kind(layer);
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        kinds
+    }
+
+    /// The first layer of a kind, where the chunk and step graphs take that kind's tables.
+    pub fn first_layer_of(&self, kind: LayerKind) -> Option<usize> {
+        (0..self.n_layers).find(|&l| self.layer_kind(l) == kind)
+    }
+
+    /// Number of mask heads in the chunk graph's mask tensor.
+    pub fn mask_head_count(&self) -> usize {
+        if self.mask_heads == 0 {
+            self.n_heads
+        } else {
+            1
+        }
+    }
+
+    /// Checks token ids against the vocabulary; the error names the first bad one.
+    pub fn check_tokens(&self, op: &'static str, tokens: &[i32]) -> Result<()> {
+        match tokens.iter().position(|&t| t < 0 || t as usize >= self.vocab_size) {
+            None => Ok(()),
+            Some(index) => Err(Error::TokenOutOfRange { op, index, id: tokens[index] as i64, vocab: self.vocab_size }),
+        }
+    }
+}
+
+/// Architecture families the reference and the exporter implement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// Gemma 3: sliding and global layers, QK-norm, pre- and post-norms, GeGLU, embeddings x sqrt(hidden).
+    Gemma3,
+    /// Llama: SmolLM2; with `attnBias` Qwen2, with `qkNorm` Qwen3.
+    Llama,
+}
+
+impl Family {
+    /// The default function-name prefix (`gemma` keeps the artifacts drop-in for the seed's Kotlin).
+    pub fn default_prefix(self) -> &'static str {
+        match self {
+            Family::Gemma3 => "gemma",
+            Family::Llama => "llama",
+        }
+    }
+}
+
+/// The feed-forward activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `gelu(gate, tanh approximation) * up`
+    GeluTanh,
+    /// `silu(gate) * up`
+    Silu,
+}
+
+/// The facts beyond the cache geometry that a forward needs. Ours, not the seed's: seed manifests
+/// lack it, and a backend that only runs compiled graphs does not need it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Architecture {
+    pub family: Family,
+    pub ffn_size: usize,
+    pub rms_eps: f32,
+    /// Multiplies the queries before the dot product (Gemma 3 270M: 1/16; Llama: 1/sqrt(headDim)).
+    pub query_scale: f32,
+    /// Multiplies the gathered embedding rows inside the graph (Gemma: sqrt(hidden); Llama: 1).
+    pub embed_scale: f32,
+    pub activation: Activation,
+    /// Per-head RMSNorm of queries and keys before RoPE (Gemma 3, Qwen3).
+    pub qk_norm: bool,
+    /// Biases on the q/k/v projections (Qwen2).
+    pub attn_bias: bool,
+    /// Norms after attention and after the MLP, before the residual add (Gemma 3).
+    pub post_norms: bool,
+    /// The output projection is the embedding table.
+    pub tied_output: bool,
+}
+
+impl Architecture {
+    pub fn gemma3(spec: &KvSpec, ffn_size: usize) -> Self {
+        Architecture {
+            family: Family::Gemma3,
+            ffn_size,
+            rms_eps: 1e-6,
+            query_scale: 1.0 / (spec.head_dim as f32).sqrt(),
+            embed_scale: (spec.hidden_size as f32).sqrt(),
+            activation: Activation::GeluTanh,
+            qk_norm: true,
+            attn_bias: false,
+            post_norms: true,
+            tied_output: true,
+        }
+    }
+
+    pub fn llama(spec: &KvSpec, ffn_size: usize) -> Self {
+        Architecture {
+            family: Family::Llama,
+            ffn_size,
+            rms_eps: 1e-5,
+            query_scale: 1.0 / (spec.head_dim as f32).sqrt(),
+            embed_scale: 1.0,
+            activation: Activation::Silu,
+            qk_norm: false,
+            attn_bias: false,
+            post_norms: false,
+            tied_output: true,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.ffn_size == 0 {
+            return Err(Error::manifest("architecture.ffnSize", "must be positive"));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err(Error::manifest("architecture.rmsEps", "must be a positive number"));
+        }
+        Ok(())
+    }
+}
