@@ -236,10 +236,7 @@ impl Manifest {
     }
 
     pub fn from_json(text: &str) -> Result<Self> {
-        let manifest: Manifest = serde_json::from_str(text)
-            .map_err(|source| Error::ManifestParse { path: "<string>".into(), source })?;
-        manifest.validate()?;
-        Ok(manifest)
+        parse(text, "<string>")
     }
 
     /// Reads and validates `dir/manifest.json`.
@@ -247,10 +244,7 @@ impl Manifest {
         let path = dir.join(MANIFEST_FILE);
         let text = std::fs::read_to_string(&path)
             .map_err(|source| Error::Io { what: "reading manifest", path: path.display().to_string(), source })?;
-        let manifest: Manifest = serde_json::from_str(&text)
-            .map_err(|source| Error::ManifestParse { path: path.display().to_string(), source })?;
-        manifest.validate()?;
-        Ok(manifest)
+        parse(&text, &path.display().to_string())
     }
 
     pub fn to_json(&self) -> String {
@@ -339,6 +333,22 @@ impl Manifest {
             .as_ref()
             .ok_or_else(|| Error::manifest("architecture", "missing; this backend needs the architecture facts"))
     }
+}
+
+/// Parses and validates; a type error names the key it sits under.
+fn parse(text: &str, origin: &str) -> Result<Manifest> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|source| Error::ManifestParse { path: origin.into(), source })?;
+    let keyed = |e: serde_path_to_error::Error<serde_json::Error>| {
+        let key = e.path().to_string();
+        Error::manifest(key, format!("{} (in {origin})", e.into_inner()))
+    };
+    // The geometry is flattened into the manifest, where serde forgets the key of a type error:
+    // read it on its own first so the error names the key.
+    serde_path_to_error::deserialize::<_, KvSpec>(&value).map_err(keyed)?;
+    let manifest: Manifest = serde_path_to_error::deserialize(&value).map_err(keyed)?;
+    manifest.validate()?;
+    Ok(manifest)
 }
 
 fn list_keys(graph: Graph) -> (&'static str, &'static str) {

@@ -1,0 +1,97 @@
+//! The window arithmetic against small hand-written tables of exact rows and positions.
+
+use kv_core::mask::{attends, chunk_mask, MASKED};
+use kv_core::window::{past_rows, plan_chunk, plan_step, step_keys, PastCall};
+use kv_core::{Error, KvSpec, LayerKind, WindowRule};
+
+fn spec(window: usize) -> KvSpec {
+    KvSpec {
+        n_layers: 6,
+        head_dim: 4,
+        n_heads: 2,
+        n_kv_heads: 1,
+        hidden_size: 8,
+        vocab_size: 10,
+        sliding_window: window,
+        global_layer_period: 3,
+        chunk: 4,
+        seq: 8,
+        max_positions: 20,
+        sliding_rope_base: 10_000.0,
+        global_rope_base: 1_000_000.0,
+        mask_heads: 0,
+    }
+}
+
+#[test]
+fn layer_kinds_follow_the_period() {
+    let s = spec(4);
+    let kinds: Vec<_> = (0..6).map(|l| s.layer_kind(l)).collect();
+    use LayerKind::*;
+    assert_eq!(kinds, [Sliding, Sliding, Global, Sliding, Sliding, Global]);
+    assert_eq!(s.first_layer_of(Global), Some(2));
+    // No window: every layer is global.
+    assert!((0..6).all(|l| spec(0).layer_kind(l) == Global));
+}
+
+#[test]
+fn past_rows_per_call_and_position() {
+    let s = spec(4);
+    // (position, chunk past, exact step past, seed step past) on a sliding layer of window 4.
+    let table = [(1, 1, 1, 1), (3, 3, 3, 3), (4, 4, 3, 4), (5, 4, 3, 4), (17, 4, 3, 4)];
+    for (pos, chunk, exact, seed) in table {
+        assert_eq!(past_rows(&s, LayerKind::Sliding, PastCall::Chunk, pos, WindowRule::Exact), chunk, "chunk at {pos}");
+        assert_eq!(past_rows(&s, LayerKind::Sliding, PastCall::Step, pos, WindowRule::Exact), exact, "step at {pos}");
+        assert_eq!(past_rows(&s, LayerKind::Sliding, PastCall::Step, pos, WindowRule::SeedStep), seed, "seed step at {pos}");
+        assert_eq!(past_rows(&s, LayerKind::Global, PastCall::Step, pos, WindowRule::Exact), pos);
+    }
+    // Exact: a step at position 9 with window 4 sees keys 6, 7, 8 and itself.
+    assert_eq!(step_keys(&s, LayerKind::Sliding, 9, WindowRule::Exact), 6..10);
+    assert_eq!(step_keys(&s, LayerKind::Sliding, 9, WindowRule::SeedStep), 5..10);
+}
+
+#[test]
+fn attends_counts_the_query_itself() {
+    // Window 3 at query 5: keys 3, 4, 5.
+    let seen: Vec<usize> = (0..8).filter(|&k| attends(5, k, Some(3))).collect();
+    assert_eq!(seen, [3, 4, 5]);
+    let seen: Vec<usize> = (0..8).filter(|&k| attends(5, k, None)).collect();
+    assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn chunk_mask_by_hand() {
+    // pos 5, past 3 (keys 2, 3, 4), chunk 3 with 2 real rows, window 3, one head.
+    let m = chunk_mask(5, 3, 2, 3, Some(3), 1);
+    let o = 0.0;
+    let x = MASKED;
+    #[rustfmt::skip]
+    let want = [
+        // keys: 2  3  4 | c0 c1 c2
+        /* a=5 */ x, o, o,  o, x, x,
+        /* a=6 */ x, x, o,  o, o, x,
+        /* pad */ x, x, x,  x, x, o,
+    ];
+    assert_eq!(m, want);
+    // Heads repeat the same rows.
+    assert_eq!(chunk_mask(5, 3, 2, 3, Some(3), 2), [want, want].concat());
+}
+
+#[test]
+fn plans_validate_before_anything_runs() {
+    let s = spec(4);
+    assert!(matches!(plan_chunk(&s, 0, &[1]), Err(Error::NotPrefilled { .. })));
+    assert!(matches!(plan_chunk(&s, 3, &[]), Err(Error::BadTokenCount { n: 0, .. })));
+    assert!(matches!(plan_chunk(&s, 3, &[1; 5]), Err(Error::BadTokenCount { n: 5, max: 4, .. })));
+    assert!(matches!(plan_chunk(&s, 3, &[1, 10]), Err(Error::TokenOutOfRange { index: 1, id: 10, .. })));
+    assert!(matches!(plan_chunk(&s, 3, &[-1]), Err(Error::TokenOutOfRange { id: -1, .. })));
+    assert!(matches!(plan_chunk(&s, 18, &[1, 2, 3]), Err(Error::ContextOverflow { .. })));
+    assert!(matches!(plan_step(&s, 20, 1, WindowRule::Exact), Err(Error::ContextOverflow { .. })));
+    let plan = plan_chunk(&s, 6, &[1, 2]).unwrap();
+    assert_eq!(plan.tokens, [1, 2, 0, 0]);
+    assert_eq!(plan.select, [0.0, 1.0, 0.0, 0.0]);
+    assert_eq!(plan.kind(LayerKind::Sliding).past, 4);
+    assert_eq!(plan.kind(LayerKind::Global).past, 6);
+    assert_eq!(plan.kind(LayerKind::Global).mask.len(), 2 * 4 * (6 + 4));
+    assert_eq!(plan.kind(LayerKind::Sliding).rope.start, 6);
+}
