@@ -145,29 +145,19 @@ fn writer_matches_iree_python_writer() {
     let mut cases: Vec<(IrpaWriter, serde_json::Value)> = Vec::new();
 
     // The mixed archive, mirrored as a spec for the Python side.
-    let mut spec = Vec::new();
-    let mut push_data = |name: &str, bytes: Vec<u8>, meta: &str| {
-        spec.push(json!({"kind": "data", "name": name, "hex": hex(&bytes), "meta": meta}));
-    };
-    push_data("a", vec![1, 2, 3], "");
-    push_data("bb", lcg_bytes(1, 70), "meta for bb");
-    push_data("empty", Vec::new(), "");
-    let mut spec_mixed = vec![json!({"kind": "splat", "name": "zeros", "hex": "00000000",
-                                     "length": 4096, "meta": "TENSORv0:{}"})];
-    spec_mixed.extend(spec.drain(..));
-    spec_mixed.push(json!({"kind": "splat", "name": "pat16",
-                           "hex": hex(&(0u8..16).collect::<Vec<_>>()), "length": 48, "meta": ""}));
-    spec_mixed.push(json!({"kind": "data", "name": "blk.0.ffn_up.weight",
-                           "hex": hex(&lcg_bytes(2, 1000)), "meta": ""}));
-    spec_mixed.push(
-        json!({"kind": "data", "name": "ünïcode", "hex": hex(&lcg_bytes(3, 65)),
-                           "meta": ""}),
-    );
-    spec_mixed.push(json!({"kind": "splat", "name": "one", "hex": "7f", "length": 3, "meta": ""}));
-    spec_mixed.push(
-        json!({"kind": "data", "name": "tail", "hex": hex(&lcg_bytes(4, 1)),
-                           "meta": ""}),
-    );
+    let data = |name: &str, bytes: Vec<u8>, meta: &str| json!({"kind": "data", "name": name, "hex": hex(&bytes), "meta": meta});
+    let splat = |name: &str, pattern: &[u8], length: u64, meta: &str| json!({"kind": "splat", "name": name, "hex": hex(pattern), "length": length, "meta": meta});
+    let spec_mixed = vec![
+        splat("zeros", &[0; 4], 4096, "TENSORv0:{}"),
+        data("a", vec![1, 2, 3], ""),
+        data("bb", lcg_bytes(1, 70), "meta for bb"),
+        data("empty", Vec::new(), ""),
+        splat("pat16", &(0u8..16).collect::<Vec<_>>(), 48, ""),
+        data("blk.0.ffn_up.weight", lcg_bytes(2, 1000), ""),
+        data("ünïcode", lcg_bytes(3, 65), ""),
+        splat("one", &[0x7f], 3, ""),
+        data("tail", lcg_bytes(4, 1), ""),
+    ];
     cases.push((mixed_writer(), json!(spec_mixed)));
 
     // Empty archive, splats only, one empty data entry, many odd sizes crossing 4096.
@@ -175,24 +165,17 @@ fn writer_matches_iree_python_writer() {
     let mut w = IrpaWriter::new();
     w.add_splat("s1", &[1, 2], 10).unwrap();
     w.add_splat("s2", &[9; 8], 64).unwrap();
-    cases.push((
-        w,
-        json!([
-        {"kind": "splat", "name": "s1", "hex": "0102", "length": 10, "meta": ""},
-        {"kind": "splat", "name": "s2", "hex": hex(&[9; 8]), "length": 64, "meta": ""}]),
-    ));
+    let s = vec![splat("s1", &[1, 2], 10, ""), splat("s2", &[9; 8], 64, "")];
+    cases.push((w, json!(s)));
     let mut w = IrpaWriter::new();
     w.add_data("z", Vec::new()).unwrap();
-    cases.push((
-        w,
-        json!([{"kind": "data", "name": "z", "hex": "", "meta": ""}]),
-    ));
+    cases.push((w, json!([data("z", Vec::new(), "")])));
     let mut w = IrpaWriter::new();
     let mut s = Vec::new();
     for i in 0..40usize {
         let bytes = lcg_bytes(100 + i as u64, (i * 37) % 301);
         let name = format!("t{i}{}", "x".repeat(i % 5));
-        s.push(json!({"kind": "data", "name": name, "hex": hex(&bytes), "meta": ""}));
+        s.push(data(&name, bytes.clone(), ""));
         w.add_data(name, bytes).unwrap();
     }
     cases.push((w, json!(s)));
