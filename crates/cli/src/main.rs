@@ -1,1 +1,58 @@
-fn main() {}
+//! `skainet-kv`: the user's entry to the runtime. Commands parse arguments, open backends and
+//! print; the logic they run lives in the library crates.
+
+mod backends;
+mod commands;
+mod model;
+mod report;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "skainet-kv", version, about = "Stateful KV-cache LLM sessions through IREE, with an FP32 reference")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Prefill a shared prefix once, snapshot it, answer three utterances; print ids and timings.
+    Demo(commands::demo::DemoArgs),
+    /// Restore-free one-shot: prefill `--prefix-ids`, feed `--ids` in chunks, decode greedily.
+    Generate(commands::generate::GenerateArgs),
+    /// The redecode session: one fixed-length graph re-run per token.
+    Redecode(commands::redecode::RedecodeArgs),
+    /// Print a model's manifest summary.
+    Inspect(commands::inspect::InspectArgs),
+}
+
+fn main() -> ExitCode {
+    // A bug must still read as one line, not a trace: users see errors, not our internals.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let location = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("error: internal bug: {message}{location}");
+    }));
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(args),
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Redecode(args) => commands::redecode::run(args),
+        Command::Inspect(args) => commands::inspect::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

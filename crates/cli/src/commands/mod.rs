@@ -1,0 +1,4 @@
+pub mod demo;
+pub mod generate;
+pub mod inspect;
+pub mod redecode;

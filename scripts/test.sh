@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every test of the project, from a fresh machine: installs the tools, then checks format and lints
+# and runs the whole test suite (kv-core, reference, conformance on every backend, export, IREE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+source scripts/env.sh
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
