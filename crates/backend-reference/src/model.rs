@@ -1,0 +1,244 @@
+//! Loading the weights: every entry of [`kv_core::params::parameter_table`], widened to f32.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use kv_core::irpa::{IrpaArchive, IrpaEntryKind};
+use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::{Architecture, Error, KvSpec, Manifest, Result};
+use ndarray::{Array1, Array2};
+
+/// The weights of one transformer block, f32. Matrices are `[out, in]` (a projection is `x · Wᵀ`).
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Array1<f32>,
+    pub attn_q: Array2<f32>,
+    pub attn_k: Array2<f32>,
+    pub attn_v: Array2<f32>,
+    /// Present iff `attnBias`.
+    pub attn_q_bias: Option<Array1<f32>>,
+    pub attn_k_bias: Option<Array1<f32>>,
+    pub attn_v_bias: Option<Array1<f32>>,
+    /// Present iff `qkNorm`; `[headDim]`, shared by every head.
+    pub attn_q_norm: Option<Array1<f32>>,
+    pub attn_k_norm: Option<Array1<f32>>,
+    pub attn_output: Array2<f32>,
+    /// Present iff `postNorms`.
+    pub post_attention_norm: Option<Array1<f32>>,
+    pub ffn_norm: Array1<f32>,
+    pub ffn_gate: Array2<f32>,
+    pub ffn_up: Array2<f32>,
+    pub ffn_down: Array2<f32>,
+    /// Present iff `postNorms`.
+    pub post_ffw_norm: Option<Array1<f32>>,
+}
+
+/// A model ready to run: the manifest's geometry and architecture and every weight in f32.
+#[derive(Debug)]
+pub struct ReferenceModel {
+    manifest: Manifest,
+    architecture: Architecture,
+    /// `[vocab, hidden]`: the host-side gather source, and the output projection when tied.
+    embedding: Array2<f32>,
+    layers: Vec<LayerWeights>,
+    output_norm: Array1<f32>,
+    /// `[vocab, hidden]`, present iff the output is not tied.
+    output: Option<Array2<f32>>,
+}
+
+impl ReferenceModel {
+    /// Reads `dir/manifest.json` (which must carry `architecture`) and the weights archive it
+    /// names, relative to `dir`.
+    pub fn open(dir: &Path) -> Result<Arc<Self>> {
+        let manifest = Manifest::load(dir)?;
+        let file = manifest
+            .weights_file()
+            .ok_or_else(|| Error::manifest("parameters", "names no weights archive; the reference needs one"))?;
+        let archive = IrpaArchive::open(dir.join(file))?;
+        Self::from_parts(manifest, &archive)
+    }
+
+    /// Loads every parameter of the manifest's spec and architecture from `archive`. The archive
+    /// is not kept: the weights are widened to f32 copies.
+    pub fn from_parts(manifest: Manifest, archive: &IrpaArchive) -> Result<Arc<Self>> {
+        manifest.validate()?;
+        let architecture = manifest.require_architecture()?.clone();
+        let spec = &manifest.spec;
+        let mut store = ParamStore::load(archive, &parameter_table(spec, &architecture))?;
+
+        let layers = (0..spec.n_layers)
+            .map(|l| {
+                let mut vector = |suffix: &str| store.vector(&layer_param(l, suffix));
+                let attn_norm = vector("attn_norm.weight");
+                let ffn_norm = vector("ffn_norm.weight");
+                let (attn_q_bias, attn_k_bias, attn_v_bias) = if architecture.attn_bias {
+                    (
+                        Some(vector("attn_q.bias")),
+                        Some(vector("attn_k.bias")),
+                        Some(vector("attn_v.bias")),
+                    )
+                } else {
+                    (None, None, None)
+                };
+                let (attn_q_norm, attn_k_norm) = if architecture.qk_norm {
+                    (Some(vector("attn_q_norm.weight")), Some(vector("attn_k_norm.weight")))
+                } else {
+                    (None, None)
+                };
+                let (post_attention_norm, post_ffw_norm) = if architecture.post_norms {
+                    (
+                        Some(vector("post_attention_norm.weight")),
+                        Some(vector("post_ffw_norm.weight")),
+                    )
+                } else {
+                    (None, None)
+                };
+                let mut matrix = |suffix: &str| store.matrix(&layer_param(l, suffix));
+                LayerWeights {
+                    attn_norm,
+                    attn_q: matrix("attn_q.weight"),
+                    attn_k: matrix("attn_k.weight"),
+                    attn_v: matrix("attn_v.weight"),
+                    attn_q_bias,
+                    attn_k_bias,
+                    attn_v_bias,
+                    attn_q_norm,
+                    attn_k_norm,
+                    attn_output: matrix("attn_output.weight"),
+                    post_attention_norm,
+                    ffn_norm,
+                    ffn_gate: matrix("ffn_gate.weight"),
+                    ffn_up: matrix("ffn_up.weight"),
+                    ffn_down: matrix("ffn_down.weight"),
+                    post_ffw_norm,
+                }
+            })
+            .collect();
+        let embedding = store.matrix(TOKEN_EMBD);
+        let output_norm = store.vector(OUTPUT_NORM);
+        let output = (!architecture.tied_output).then(|| store.matrix(OUTPUT));
+        Ok(Arc::new(ReferenceModel {
+            manifest,
+            architecture,
+            embedding,
+            layers,
+            output_norm,
+            output,
+        }))
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn spec(&self) -> &KvSpec {
+        &self.manifest.spec
+    }
+
+    pub fn architecture(&self) -> &Architecture {
+        &self.architecture
+    }
+
+    /// The `[vocab, hidden]` embedding table, f32.
+    pub fn embedding(&self) -> &Array2<f32> {
+        &self.embedding
+    }
+
+    pub fn layer(&self, layer: usize) -> &LayerWeights {
+        &self.layers[layer]
+    }
+
+    pub fn output_norm(&self) -> &Array1<f32> {
+        &self.output_norm
+    }
+
+    /// The `[vocab, hidden]` output projection: the embedding table when tied.
+    pub fn output_projection(&self) -> &Array2<f32> {
+        self.output.as_ref().unwrap_or(&self.embedding)
+    }
+}
+
+/// Every parameter of the table, loaded and size-checked up front, then handed out by name.
+struct ParamStore {
+    params: HashMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+impl ParamStore {
+    fn load(archive: &IrpaArchive, table: &[ParamInfo]) -> Result<Self> {
+        let params = table
+            .iter()
+            .map(|info| Ok((info.name.clone(), (info.shape.clone(), load_param(archive, info)?))))
+            .collect::<Result<_>>()?;
+        Ok(ParamStore { params })
+    }
+
+    fn take(&mut self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        self.params
+            .remove(name)
+            .unwrap_or_else(|| kv_core::error::invariant(&format!("parameter `{name}` is not in the parameter table")))
+    }
+
+    fn vector(&mut self, name: &str) -> Array1<f32> {
+        let (shape, values) = self.take(name);
+        match shape[..] {
+            [n] => Array1::from_shape_vec(n, values)
+                .unwrap_or_else(|_| kv_core::error::invariant("loaded vector has its table size")),
+            _ => kv_core::error::invariant(&format!("parameter `{name}` is not a vector")),
+        }
+    }
+
+    fn matrix(&mut self, name: &str) -> Array2<f32> {
+        let (shape, values) = self.take(name);
+        match shape[..] {
+            [rows, cols] => Array2::from_shape_vec((rows, cols), values)
+                .unwrap_or_else(|_| kv_core::error::invariant("loaded matrix has its table size")),
+            _ => kv_core::error::invariant(&format!("parameter `{name}` is not a matrix")),
+        }
+    }
+}
+
+/// One entry as f32. The byte length decides the element type: `numel * 2` is bf16 (widened
+/// exactly), `numel * 4` is f32. Splat entries (IREE's constant fill) are expanded.
+fn load_param(archive: &IrpaArchive, info: &ParamInfo) -> Result<Vec<f32>> {
+    let entry = archive.get(&info.name).ok_or_else(|| {
+        Error::parameter(
+            &info.name,
+            format!(
+                "missing from the weights archive ({} live entries)",
+                archive.live_count()
+            ),
+        )
+    })?;
+    let expanded;
+    let bytes: &[u8] = match entry.kind() {
+        IrpaEntryKind::Splat { pattern, length } => {
+            expanded = pattern
+                .iter()
+                .copied()
+                .cycle()
+                .take(*length as usize)
+                .collect::<Vec<u8>>();
+            &expanded
+        }
+        _ => archive.entry_data(entry)?,
+    };
+    let numel = info.numel();
+    let converted = if bytes.len() == numel * 2 {
+        kv_core::bf16::bf16_bytes_to_f32(bytes)
+    } else if bytes.len() == numel * 4 {
+        kv_core::bf16::f32_bytes_to_vec(bytes)
+    } else {
+        return Err(Error::parameter(
+            &info.name,
+            format!(
+                "shape {:?} needs {} bytes (bf16) or {} bytes (f32), found {} bytes",
+                info.shape,
+                numel * 2,
+                numel * 4,
+                bytes.len()
+            ),
+        ));
+    };
+    converted.map_err(|e| Error::parameter(&info.name, e.to_string()))
+}
