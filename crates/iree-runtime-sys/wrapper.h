@@ -14,3 +14,9 @@
 #include "iree/io/parameter_index_provider.h"
 #include "iree/io/parameter_provider.h"
 #include "iree/io/formats/parser_registry.h"
+// For building a local-task device with an explicit worker count.
+#include "iree/async/util/proactor_pool.h"
+#include "iree/task/api.h"
+#include "iree/hal/drivers/local_task/task_driver.h"
+#include "iree/hal/local/loaders/registration/init.h"
+#include "iree/hal/local/plugins/registration/init.h"

@@ -42,10 +42,7 @@ pub fn runtime_source(vars: &Vars) -> RuntimeSource {
             user_given: false,
         },
         None => {
-            let list: Vec<String> = searched
-                .iter()
-                .map(|p| format!("  {}", p.display()))
-                .collect();
+            let list: Vec<String> = searched.iter().map(|p| format!("  {}", p.display())).collect();
             fail(&format!(
                 "cannot find the IREE runtime source carried by the `{EERIE_SYS_DIR}` crate.\n\
                  Searched:\n{}\n\
@@ -108,19 +105,15 @@ pub fn cmake(vars: &Vars) -> PathBuf {
         return explicit.clone();
     }
     let candidates = tool_candidates(vars, "cmake");
-    candidates
-        .iter()
-        .find(|p| ok(p))
-        .cloned()
-        .unwrap_or_else(|| {
-            fail(&format!(
-                "no cmake ≥ 3.26 found (IREE needs it; Debian 12 ships 3.25). Looked at: {}.\n\
+    candidates.iter().find(|p| ok(p)).cloned().unwrap_or_else(|| {
+        fail(&format!(
+            "no cmake ≥ 3.26 found (IREE needs it; Debian 12 ships 3.25). Looked at: {}.\n\
              Run scripts/setup.sh (it installs cmake and ninja into .tools/venv), \
              or `pip install cmake ninja`, or set {} to a cmake executable.",
-                describe(&candidates),
-                vars::CMAKE
-            ))
-        })
+            describe(&candidates),
+            vars::CMAKE
+        ))
+    })
 }
 
 /// `NINJA`, else PATH, else `<workspace>/.tools/venv/bin/ninja`.
@@ -135,18 +128,14 @@ pub fn ninja(vars: &Vars) -> PathBuf {
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    candidates
-        .iter()
-        .find(|p| runs(p))
-        .cloned()
-        .unwrap_or_else(|| {
-            fail(&format!(
-                "no ninja found. Looked at: {}.\nRun scripts/setup.sh, or `pip install ninja`, \
+    candidates.iter().find(|p| runs(p)).cloned().unwrap_or_else(|| {
+        fail(&format!(
+            "no ninja found. Looked at: {}.\nRun scripts/setup.sh, or `pip install ninja`, \
              or set {} to a ninja executable.",
-                describe(&candidates),
-                vars::NINJA
-            ))
-        })
+            describe(&candidates),
+            vars::NINJA
+        ))
+    })
 }
 
 fn tool_candidates(vars: &Vars, name: &str) -> Vec<PathBuf> {

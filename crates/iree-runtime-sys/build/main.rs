@@ -28,10 +28,7 @@ fn main() {
         RuntimeSource::Source { root, user_given } => {
             if user_given {
                 // A user's tree may be edited; a registry tree never is (and scanning it costs).
-                println!(
-                    "cargo:rerun-if-changed={}",
-                    root.join("runtime/src").display()
-                );
+                println!("cargo:rerun-if-changed={}", root.join("runtime/src").display());
             }
             build_with_cmake(&vars, &root)
         }
@@ -112,8 +109,8 @@ fn build_with_cmake(vars: &Vars, iree_root: &Path) -> PathBuf {
     // CMakeLists.txt changes.
     let stamp = build_dir.join("iree-runtime-sys.configure-args");
     let wanted = format!("{}\n{}", cmake.display(), configure.join("\n"));
-    let cached = build_dir.join("CMakeCache.txt").is_file()
-        && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
+    let cached =
+        build_dir.join("CMakeCache.txt").is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
     if !cached {
         run(Command::new(&cmake).args(&configure), "configure IREE");
         std::fs::write(&stamp, wanted).expect("write the configure stamp in OUT_DIR");
@@ -154,11 +151,7 @@ fn check_prefix(prefix: &Path) -> (PathBuf, PathBuf) {
     let lib_dir = ["lib", "lib64"]
         .iter()
         .map(|d| prefix.join(d))
-        .find(|d| {
-            ARCHIVE_NAMES
-                .iter()
-                .any(|n| d.join(format!("lib{n}.a")).is_file())
-        })
+        .find(|d| ARCHIVE_NAMES.iter().any(|n| d.join(format!("lib{n}.a")).is_file()))
         .unwrap_or_else(|| {
             fail(&format!(
                 "{} has no lib/lib{{{}}}.a; an IREE runtime prefix needs one static archive \
@@ -174,13 +167,7 @@ fn generate_bindings(vars: &Vars, include_dir: &Path) {
     let out_dir = &vars.cargo.out_dir;
     let wrappers = out_dir.join("inline_wrappers");
     let bindings = bindgen::Builder::default()
-        .header(
-            vars.cargo
-                .manifest_dir
-                .join("wrapper.h")
-                .display()
-                .to_string(),
-        )
+        .header(vars.cargo.manifest_dir.join("wrapper.h").display().to_string())
         .clang_arg(format!("-I{}", include_dir.display()))
         .allowlist_function("iree_.*")
         .allowlist_type("iree_.*")

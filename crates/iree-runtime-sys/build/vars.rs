@@ -91,15 +91,10 @@ impl Vars {
         for name in ALL {
             println!("cargo:rerun-if-env-changed={name}");
         }
-        let cmake_passthrough = [
-            CMAKE_TOOLCHAIN_FILE,
-            ANDROID_ABI,
-            ANDROID_PLATFORM,
-            IREE_HOST_BIN_DIR,
-        ]
-        .into_iter()
-        .filter_map(|name| var_os(name).map(|v| (name, v)))
-        .collect();
+        let cmake_passthrough = [CMAKE_TOOLCHAIN_FILE, ANDROID_ABI, ANDROID_PLATFORM, IREE_HOST_BIN_DIR]
+            .into_iter()
+            .filter_map(|name| var_os(name).map(|v| (name, v)))
+            .collect();
         Vars {
             runtime_dir: var_os(IREE_RUNTIME_DIR).map(PathBuf::from),
             source_dir: var_os(IREE_SOURCE_DIR).map(PathBuf::from),

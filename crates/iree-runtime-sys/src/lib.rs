@@ -36,11 +36,7 @@
 //! that are not constants (`iree_status_code`, `iree_status_is_ok`) are not bound.
 #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case)]
 #![allow(clippy::all)]
-#![allow(
-    rustdoc::broken_intra_doc_links,
-    rustdoc::bare_urls,
-    rustdoc::invalid_html_tags
-)]
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::bare_urls, rustdoc::invalid_html_tags)]
 
 // Keeps the source carrier in the dependency graph; it compiles to nothing without features.
 use eerie_sys as _;

@@ -1,0 +1,353 @@
+use std::ptr::NonNull;
+
+use iree_runtime_sys as sys;
+
+use crate::device::Device;
+use crate::error::{check, Error, Result};
+
+/// Element types this crate creates and reads; anything else is reported as `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElementType {
+    F32,
+    /// Signless 32-bit integer (what `tensor<..xi32>` compiles to).
+    I32,
+    /// Any other `iree_hal_element_type_t`, raw.
+    Other(u32),
+}
+
+impl ElementType {
+    fn from_raw(raw: sys::iree_hal_element_type_t) -> ElementType {
+        match raw {
+            sys::IREE_HAL_ELEMENT_TYPE_FLOAT_32 => ElementType::F32,
+            sys::IREE_HAL_ELEMENT_TYPE_INT_32 | sys::IREE_HAL_ELEMENT_TYPE_SINT_32 => ElementType::I32,
+            other => ElementType::Other(other),
+        }
+    }
+
+    fn to_raw(self) -> sys::iree_hal_element_type_t {
+        match self {
+            ElementType::F32 => sys::IREE_HAL_ELEMENT_TYPE_FLOAT_32,
+            ElementType::I32 => sys::IREE_HAL_ELEMENT_TYPE_INT_32,
+            ElementType::Other(raw) => raw,
+        }
+    }
+}
+
+/// A shaped, typed view of a device buffer (`iree_hal_buffer_view_t`), dense row-major.
+///
+/// Buffers made here and returned by calls are device-local: contents move with explicit
+/// transfers (`iree_hal_device_transfer_*`), never by mapping. `Clone` retains the same view
+/// (no copy). Keeps its [`Device`] alive.
+pub struct BufferView {
+    raw: NonNull<sys::iree_hal_buffer_view_t>,
+    device: Device,
+}
+
+// SAFETY: a buffer view is immutable after creation (shape, type, buffer reference) and
+// reference counted atomically; the buffer behind it is only touched through device transfers,
+// which HAL devices accept from any thread.
+unsafe impl Send for BufferView {}
+// SAFETY: as above; `&BufferView` methods only read the view or enqueue transfers on the device.
+unsafe impl Sync for BufferView {}
+
+impl Clone for BufferView {
+    fn clone(&self) -> BufferView {
+        // SAFETY: the view is live; the new reference is owned by the clone.
+        unsafe { sys::iree_hal_buffer_view_retain(self.raw.as_ptr()) };
+        BufferView {
+            raw: self.raw,
+            device: self.device.clone(),
+        }
+    }
+}
+
+impl Drop for BufferView {
+    fn drop(&mut self) {
+        // SAFETY: this value owns one reference.
+        unsafe { sys::iree_hal_buffer_view_release(self.raw.as_ptr()) };
+    }
+}
+
+fn device_local_params() -> sys::iree_hal_buffer_params_t {
+    sys::iree_hal_buffer_params_t {
+        usage: sys::IREE_HAL_BUFFER_USAGE_DEFAULT,
+        access: sys::IREE_HAL_MEMORY_ACCESS_ALL as sys::iree_hal_memory_access_t,
+        type_: sys::IREE_HAL_MEMORY_TYPE_DEVICE_LOCAL,
+        queue_affinity: 0,
+        min_alignment: 0,
+    }
+}
+
+impl BufferView {
+    /// Takes over `raw`'s reference.
+    ///
+    /// # Safety
+    /// `raw` must be a live buffer view whose reference the caller owns and gives up, with a
+    /// buffer allocated by `device`.
+    pub(crate) unsafe fn from_owned(raw: NonNull<sys::iree_hal_buffer_view_t>, device: Device) -> Self {
+        BufferView { raw, device }
+    }
+
+    /// A device-local `f32` tensor of `shape` holding `data` (row-major; copied host → device).
+    pub fn from_f32(device: &Device, shape: &[usize], data: &[f32]) -> Result<BufferView> {
+        Self::from_bytes(device, shape, ElementType::F32, 4, bytes_of(data))
+    }
+
+    /// A device-local `i32` tensor of `shape` holding `data` (row-major; copied host → device).
+    pub fn from_i32(device: &Device, shape: &[usize], data: &[i32]) -> Result<BufferView> {
+        Self::from_bytes(device, shape, ElementType::I32, 4, bytes_of(data))
+    }
+
+    fn from_bytes(
+        device: &Device,
+        shape: &[usize],
+        element_type: ElementType,
+        element_size: usize,
+        bytes: &[u8],
+    ) -> Result<BufferView> {
+        let count: usize = shape.iter().product();
+        if count * element_size != bytes.len() {
+            return Err(Error::InvalidArgument {
+                op: "create buffer view",
+                reason: format!(
+                    "shape {shape:?} needs {count} elements, got {}",
+                    bytes.len() / element_size
+                ),
+            });
+        }
+        let dims: Vec<sys::iree_hal_dim_t> = shape.iter().map(|&d| d as sys::iree_hal_dim_t).collect();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: device and its allocator are live; `dims` and `bytes` are valid for the call
+        // (the data is copied into the new buffer before it returns); `raw` receives one
+        // reference owned by the returned value.
+        let status = unsafe {
+            sys::iree_hal_buffer_view_allocate_buffer_copy(
+                device.as_ptr(),
+                device.allocator(),
+                dims.len(),
+                dims.as_ptr(),
+                element_type.to_raw(),
+                sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
+                device_local_params(),
+                sys::iree_const_byte_span_t {
+                    data: bytes.as_ptr(),
+                    data_length: bytes.len(),
+                },
+                &mut raw,
+            )
+        };
+        check(status, format!("create buffer view {shape:?} on `{}`", device.name()))?;
+        let raw = NonNull::new(raw).expect("iree_hal_buffer_view_allocate_buffer_copy: null");
+        // SAFETY: fresh view, our reference, allocated on `device`.
+        Ok(unsafe { BufferView::from_owned(raw, device.clone()) })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn shape(&self) -> Vec<usize> {
+        // SAFETY: the view is live; dims points at `rank` entries owned by the view.
+        unsafe {
+            let rank = sys::iree_hal_buffer_view_shape_rank(self.as_ptr());
+            let dims = sys::iree_hal_buffer_view_shape_dims(self.as_ptr());
+            if rank == 0 {
+                return Vec::new();
+            }
+            // iree_hal_dim_t is size_t by default but configurable (IREE_DEVICE_SIZE_T).
+            #[allow(clippy::unnecessary_cast)]
+            std::slice::from_raw_parts(dims, rank)
+                .iter()
+                .map(|&d| d as usize)
+                .collect()
+        }
+    }
+
+    pub fn element_type(&self) -> ElementType {
+        // SAFETY: the view is live.
+        ElementType::from_raw(unsafe { sys::iree_hal_buffer_view_element_type(self.as_ptr()) })
+    }
+
+    /// Size of the view's contents in bytes.
+    pub fn byte_length(&self) -> usize {
+        // SAFETY: the view is live.
+        unsafe { sys::iree_hal_buffer_view_byte_length(self.as_ptr()) as usize }
+    }
+
+    /// Copies the contents to the host (device → host transfer; waits for it).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        self.expect_type(ElementType::F32, "read buffer view as f32")?;
+        let mut out = vec![0f32; self.byte_length() / 4];
+        self.read_into(bytes_of_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Copies the contents to the host (device → host transfer; waits for it).
+    pub fn to_i32_vec(&self) -> Result<Vec<i32>> {
+        self.expect_type(ElementType::I32, "read buffer view as i32")?;
+        let mut out = vec![0i32; self.byte_length() / 4];
+        self.read_into(bytes_of_mut(&mut out))?;
+        Ok(out)
+    }
+
+    fn expect_type(&self, wanted: ElementType, op: &'static str) -> Result<()> {
+        let actual = self.element_type();
+        if actual == wanted {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument {
+                op,
+                reason: format!("the view holds {actual:?}"),
+            })
+        }
+    }
+
+    fn read_into(&self, target: &mut [u8]) -> Result<()> {
+        // SAFETY: view, buffer and device are live; `target` has exactly `byte_length` bytes
+        // and the call returns only after the transfer completed (infinite timeout).
+        let status = unsafe {
+            sys::iree_hal_device_transfer_d2h(
+                self.device.as_ptr(),
+                sys::iree_hal_buffer_view_buffer(self.as_ptr()),
+                0,
+                target.as_mut_ptr().cast(),
+                target.len() as sys::iree_device_size_t,
+                sys::IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT,
+                sys::iree_infinite_timeout(),
+            )
+        };
+        check(status, format!("read buffer view from `{}`", self.device.name()))
+    }
+
+    /// Rows `r0..r1` of a `[1, H, R, D]` view (axis 2), as a `[1, H, r1 - r0, D]` view.
+    ///
+    /// With `H == 1` the rows are contiguous and the result is a zero-copy subspan sharing the
+    /// buffer. With `H > 1` they are not, so the result is a new device buffer filled by one
+    /// device → device copy per head.
+    pub fn rows(&self, r0: usize, r1: usize) -> Result<BufferView> {
+        const OP: &str = "take rows of buffer view";
+        let shape = self.shape();
+        let [1, heads, rows, width] = shape[..] else {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("expected a [1, H, R, D] view, got {shape:?}"),
+            });
+        };
+        if r0 > r1 || r1 > rows {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("rows {r0}..{r1} out of 0..{rows}"),
+            });
+        }
+        let element_size = self.byte_length() / (heads * rows * width).max(1);
+        let row_bytes = (width * element_size) as sys::iree_device_size_t;
+        let taken = (r1 - r0) as sys::iree_device_size_t;
+        let head_stride = rows as sys::iree_device_size_t * row_bytes;
+        let new_shape = [1, heads, r1 - r0, width];
+        let host = self.device.host_allocator();
+        // SAFETY: the view is live; its buffer is borrowed (not retained) for this call.
+        let source = unsafe { sys::iree_hal_buffer_view_buffer(self.as_ptr()) };
+
+        let mut buffer = std::ptr::null_mut();
+        let status = if heads == 1 {
+            // SAFETY: the range lies inside the buffer (checked above); the subspan retains
+            // the source buffer and its reference goes to `buffer`.
+            unsafe {
+                sys::iree_hal_buffer_subspan(
+                    source,
+                    r0 as sys::iree_device_size_t * row_bytes,
+                    taken * row_bytes,
+                    host,
+                    &mut buffer,
+                )
+            }
+        } else {
+            // SAFETY: allocator live; `buffer` receives one reference.
+            unsafe {
+                sys::iree_hal_allocator_allocate_buffer(
+                    self.device.allocator(),
+                    device_local_params(),
+                    heads as sys::iree_device_size_t * taken * row_bytes,
+                    &mut buffer,
+                )
+            }
+        };
+        check(status, OP)?;
+        let buffer = OwnedBuffer(buffer);
+        if heads > 1 {
+            for head in 0..heads as sys::iree_device_size_t {
+                // SAFETY: both ranges are in bounds and in different buffers; the call waits.
+                let status = unsafe {
+                    sys::iree_hal_device_transfer_d2d(
+                        self.device.as_ptr(),
+                        source,
+                        head * head_stride + r0 as sys::iree_device_size_t * row_bytes,
+                        buffer.0,
+                        head * taken * row_bytes,
+                        taken * row_bytes,
+                        sys::IREE_HAL_TRANSFER_BUFFER_FLAG_DEFAULT,
+                        sys::iree_infinite_timeout(),
+                    )
+                };
+                check(status, format!("{OP}: copy head {head}"))?;
+            }
+        }
+        let dims: Vec<sys::iree_hal_dim_t> = new_shape.iter().map(|&d| d as _).collect();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: buffer live; the new view retains it; `raw` receives one reference.
+        let status = unsafe {
+            sys::iree_hal_buffer_view_create(
+                buffer.0,
+                dims.len(),
+                dims.as_ptr(),
+                sys::iree_hal_buffer_view_element_type(self.as_ptr()),
+                sys::iree_hal_buffer_view_encoding_type(self.as_ptr()),
+                host,
+                &mut raw,
+            )
+        };
+        check(status, OP)?;
+        let raw = NonNull::new(raw).expect("iree_hal_buffer_view_create: OK and null");
+        // SAFETY: fresh view, our reference, buffer from this view's device.
+        Ok(unsafe { BufferView::from_owned(raw, self.device.clone()) })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_buffer_view_t {
+        self.raw.as_ptr()
+    }
+}
+
+impl std::fmt::Debug for BufferView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferView")
+            .field("shape", &self.shape())
+            .field("element_type", &self.element_type())
+            .field("device", &self.device.name())
+            .finish()
+    }
+}
+
+/// A buffer reference released on drop (null allowed).
+struct OwnedBuffer(*mut sys::iree_hal_buffer_t);
+
+impl Drop for OwnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: our reference (or null, which IREE ignores); views made from it retain it.
+        unsafe { sys::iree_hal_buffer_release(self.0) };
+    }
+}
+
+/// Element types whose values are plain bytes: no padding, every bit pattern valid.
+trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for i32 {}
+
+fn bytes_of<T: Plain>(data: &[T]) -> &[u8] {
+    // SAFETY: `T: Plain` has no padding; the length is the slice's size in bytes.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
+fn bytes_of_mut<T: Plain>(data: &mut [T]) -> &mut [u8] {
+    // SAFETY: `T: Plain` accepts every bit pattern, so any bytes written keep `data` valid.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), std::mem::size_of_val(data)) }
+}

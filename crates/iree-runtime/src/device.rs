@@ -1,0 +1,212 @@
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use iree_runtime_sys as sys;
+
+use crate::error::{check, Error, Result};
+use crate::instance::Instance;
+use crate::string_view;
+
+/// The HAL drivers linked into the runtime, by the names [`Device::open`] accepts.
+pub const DEVICE_NAMES: &[&str] = &["local-task", "local-sync", "vulkan"];
+
+/// A HAL device (`iree_hal_device_t`). Cheap to clone (shared); keeps its [`Instance`] alive.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+pub(crate) struct DeviceInner {
+    raw: NonNull<sys::iree_hal_device_t>,
+    name: String,
+    pub(crate) instance: Instance,
+}
+
+// SAFETY: HAL devices are thread-safe by contract (iree/hal/device.h: "thread-safe"); allocation,
+// transfers and queue submission may be issued from any thread. Only the atomic reference count
+// changes on retain/release.
+unsafe impl Send for DeviceInner {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceInner {}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // SAFETY: we own the reference taken at creation; buffer views and sessions made on the
+        // device hold an Arc to this value, so they are gone (or hold their own IREE
+        // references) by now.
+        unsafe { sys::iree_hal_device_release(self.raw.as_ptr()) };
+    }
+}
+
+impl Device {
+    /// Opens the default device of the driver `name`: one of [`DEVICE_NAMES`].
+    ///
+    /// `vulkan` needs a Vulkan loader and ICD at run time (IREE `dlopen`s it); without one the
+    /// error carries IREE's explanation.
+    pub fn open(instance: &Instance, name: &str) -> Result<Device> {
+        if !DEVICE_NAMES.contains(&name) {
+            return Err(Error::UnknownDevice {
+                name: name.to_owned(),
+                valid: DEVICE_NAMES,
+            });
+        }
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the instance is live; `name` outlives the call (IREE copies what it keeps).
+        let status = unsafe {
+            sys::iree_runtime_instance_try_create_default_device(instance.as_ptr(), string_view(name), &mut raw)
+        };
+        check(status, format!("open device `{name}`"))?;
+        Ok(Device::from_raw(raw, name, instance))
+    }
+
+    /// Opens a `local-task` device whose task executor has `workers` worker threads
+    /// (one topology group each, no affinity). `workers == 0` means only the calling thread works.
+    pub fn open_local_task(instance: &Instance, workers: usize) -> Result<Device> {
+        let host = instance.host_allocator();
+        let driver = create_local_task_driver(workers, host)?;
+        let op = "open device `local-task` with explicit workers";
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: NULL node ids with a node count is the documented default; `pool` gets one
+        // reference that we release below.
+        let status = unsafe {
+            sys::iree_async_proactor_pool_create(
+                sys::iree_numa_node_count(),
+                std::ptr::null(),
+                sys::iree_async_proactor_pool_options_default(),
+                host,
+                &mut pool,
+            )
+        };
+        let result = check(status, op).and_then(|()| {
+            let mut raw = std::ptr::null_mut();
+            // SAFETY: `driver` and `pool` are live; the device retains the pool itself.
+            let status = unsafe {
+                let mut params = sys::iree_hal_device_create_params_default();
+                params.proactor_pool = pool;
+                sys::iree_hal_driver_create_default_device(driver.as_ptr(), &params, host, &mut raw)
+            };
+            check(status, op).map(|()| raw)
+        });
+        // SAFETY: both references are ours; the device (if made) retains what it needs.
+        unsafe {
+            if !pool.is_null() {
+                sys::iree_async_proactor_pool_release(pool);
+            }
+            sys::iree_hal_driver_release(driver.as_ptr());
+        }
+        Ok(Device::from_raw(result?, "local-task", instance))
+    }
+
+    fn from_raw(raw: *mut sys::iree_hal_device_t, name: &str, instance: &Instance) -> Device {
+        let raw = NonNull::new(raw).expect("IREE returned OK and a null device");
+        Device {
+            inner: Arc::new(DeviceInner {
+                raw,
+                name: name.to_owned(),
+                instance: instance.clone(),
+            }),
+        }
+    }
+
+    /// The driver name this device was opened with (`local-task`, `local-sync`, `vulkan`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn instance(&self) -> &Instance {
+        &self.inner.instance
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_device_t {
+        self.inner.raw.as_ptr()
+    }
+
+    pub(crate) fn allocator(&self) -> *mut sys::iree_hal_allocator_t {
+        // SAFETY: the device is live; the allocator is owned by it (not retained here).
+        unsafe { sys::iree_hal_device_allocator(self.as_ptr()) }
+    }
+
+    pub(crate) fn host_allocator(&self) -> sys::iree_allocator_t {
+        self.inner.instance.host_allocator()
+    }
+
+    pub(crate) fn same_as(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("name", &self.inner.name).finish()
+    }
+}
+
+/// What `iree_hal_local_task_driver_module_register`'s factory does, with the topology given
+/// by `workers` instead of by command-line flags.
+fn create_local_task_driver(workers: usize, host: sys::iree_allocator_t) -> Result<NonNull<sys::iree_hal_driver_t>> {
+    let op = "create local-task driver";
+    let mut executor = std::ptr::null_mut();
+    let mut plugin_manager = std::ptr::null_mut();
+    let mut loaders = [std::ptr::null_mut(); 8];
+    let mut loader_count = 0;
+    let mut device_allocator = std::ptr::null_mut();
+    let mut driver = std::ptr::null_mut();
+    // SAFETY: each out-pointer is written only on success; every object created here is
+    // released at the end of this block (the driver retains what it keeps), and each status is
+    // checked once, in order, so later steps run only after earlier ones succeeded.
+    let result = unsafe {
+        let mut topology = sys::iree_task_topology_t::default();
+        sys::iree_task_topology_initialize_from_group_count(workers, &mut topology);
+        let mut options = sys::iree_task_executor_options_t::default();
+        sys::iree_task_executor_options_initialize(&mut options);
+        let status = sys::iree_task_executor_create(options, &topology, host, &mut executor);
+        sys::iree_task_topology_deinitialize(&mut topology);
+        check(status, op)
+            .and_then(|()| {
+                let status = sys::iree_hal_executable_plugin_manager_create_from_flags(host, &mut plugin_manager);
+                check(status, op)
+            })
+            .and_then(|()| {
+                let status = sys::iree_hal_create_all_available_executable_loaders(
+                    plugin_manager,
+                    loaders.len(),
+                    &mut loader_count,
+                    loaders.as_mut_ptr(),
+                    host,
+                );
+                check(status, op)
+            })
+            .and_then(|()| {
+                let status =
+                    sys::iree_hal_allocator_create_heap(string_view("local"), host, host, &mut device_allocator);
+                check(status, op)
+            })
+            .and_then(|()| {
+                let mut params = sys::iree_hal_task_device_params_t::default();
+                sys::iree_hal_task_device_params_initialize(&mut params);
+                let status = sys::iree_hal_task_driver_create(
+                    string_view("local-task"),
+                    &params,
+                    1,
+                    &executor,
+                    loader_count,
+                    loaders.as_mut_ptr(),
+                    device_allocator,
+                    host,
+                    &mut driver,
+                );
+                check(status, op)
+            })
+    };
+    // SAFETY: releasing our own references (IREE's release functions accept null).
+    unsafe {
+        sys::iree_task_executor_release(executor);
+        for loader in &loaders[..loader_count] {
+            sys::iree_hal_executable_loader_release(*loader);
+        }
+        sys::iree_hal_executable_plugin_manager_release(plugin_manager);
+        sys::iree_hal_allocator_release(device_allocator);
+    }
+    result?;
+    Ok(NonNull::new(driver).expect("iree_hal_task_driver_create returned OK and null"))
+}
