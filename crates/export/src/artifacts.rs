@@ -1,0 +1,338 @@
+//! `export_artifacts`: source model (a directory or a fixture name) → `.mlir`, `.irpa`, `.vmfb`
+//! per target and `manifest.json`.
+//!
+//! Layouts (CONTRACT §2, last point):
+//! - [`Layout::Shared`]: one module `PREFIX.mlir` with every function, one archive `model.irpa`
+//!   with the canonical names, one `.vmfb` per target.
+//! - [`Layout::Three`]: the seed's layout. The prefill, chunk and step graphs each get their own
+//!   module and their own archive whose keys are `p0..pN` in an order of that graph's own
+//!   (`PREFIX-prefill.irpa`, ...); `parameters` maps each graph key to its file and
+//!   `embeddingParameter` is the embedding's key **in the withPast archive**. The redecode graphs
+//!   (if exported) live in `PREFIX-redecode.mlir` over `weights.irpa`, which keeps the canonical
+//!   names and is also `parameters.weights` (what `backend-reference` reads). The key maps are
+//!   in `provenance.parameterKeys` (JSON: graph key → archive key → canonical name).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kv_core::irpa::{IrpaArchive, IrpaWriter};
+use kv_core::manifest::{Functions, Parameters};
+use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
+use kv_core::{Graph, Manifest};
+
+use crate::compile::{compile, Target, COMPILER_VERSION};
+use crate::emit::{emit_module, EmitOptions, WeightFormat};
+use crate::{ExportError, Result};
+
+/// Where the model comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A directory with `manifest.json` (with `architecture`) and its canonically named bf16 archive.
+    Dir(PathBuf),
+    /// A fixture name (`tiny-gemma3:7`), materialized through `fixtures::materialize`.
+    Fixture(String),
+}
+
+impl Source {
+    /// An existing directory, else a fixture name.
+    pub fn parse(s: &str) -> Self {
+        if Path::new(s).is_dir() {
+            Source::Dir(s.into())
+        } else {
+            Source::Fixture(s.into())
+        }
+    }
+
+    fn dir(&self) -> Result<PathBuf> {
+        match self {
+            Source::Dir(d) => Ok(d.clone()),
+            Source::Fixture(name) => Ok(fixtures::materialize(name)?),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Source::Dir(d) => d.display().to_string(),
+            Source::Fixture(name) => name.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// One module and one archive for every graph.
+    #[default]
+    Shared,
+    /// Three modules and three archives with their own key numbering (the seed's layout).
+    Three,
+}
+
+#[derive(Clone, Debug)]
+pub struct ExportOptions {
+    pub targets: Vec<Target>,
+    /// `C` of the chunk graph; `None` = the source's.
+    pub chunk: Option<usize>,
+    /// `SEQ` of the prefill graph; `None` = the source's.
+    pub prefill_seq: Option<usize>,
+    /// `SEQ` of the redecode graphs; `None` = the prefill's.
+    pub redecode_seq: Option<usize>,
+    pub layout: Layout,
+    /// Function-name prefix; `None` = the family's (`gemma`, `llama`).
+    pub prefix: Option<String>,
+    /// `--iree-vulkan-target` for Vulkan targets that name none.
+    pub vulkan_target: Option<String>,
+    pub weights: WeightFormat,
+    /// The graphs to export (default: all five).
+    pub graphs: Vec<Graph>,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            targets: vec![Target::cpu(), Target::vulkan()],
+            chunk: None,
+            prefill_seq: None,
+            redecode_seq: None,
+            layout: Layout::Shared,
+            prefix: None,
+            vulkan_target: None,
+            weights: WeightFormat::PackedI32,
+            graphs: vec![
+                Graph::Prefill,
+                Graph::Chunk,
+                Graph::Step,
+                Graph::Redecode,
+                Graph::RedecodeAt,
+            ],
+        }
+    }
+}
+
+/// One module to write and compile.
+struct ModulePlan {
+    stem: String,
+    graphs: Vec<Graph>,
+    archive: String,
+    /// canonical name → archive key (`None` = identity).
+    keys: Option<BTreeMap<String, String>>,
+}
+
+/// Writes the artifacts of `source` into `out_dir` and returns the manifest written there.
+pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions) -> Result<Manifest> {
+    let src_dir = source.dir()?;
+    let src = Manifest::load(&src_dir)?;
+    let arch = src.require_architecture()?.clone();
+    let weights_name = src
+        .weights_file()
+        .ok_or_else(|| kv_core::Error::manifest("parameters", "the source manifest names no weights archive"))?;
+    let archive = IrpaArchive::open(src_dir.join(weights_name)).map_err(kv_core::Error::from)?;
+
+    let mut m = src.clone();
+    if let Some(c) = options.chunk {
+        m.spec.chunk = c;
+    }
+    if let Some(s) = options.prefill_seq {
+        m.spec.seq = s;
+    }
+    let prefix = options
+        .prefix
+        .clone()
+        .unwrap_or_else(|| arch.family.default_prefix().to_string());
+    m.functions = Functions::with_prefix(&prefix);
+    m.modules.clear();
+    m.validate()?;
+
+    let table = parameter_table(&m.spec, &arch);
+    let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
+    for p in &table {
+        let bytes = archive
+            .data(&p.name)
+            .map_err(|e| kv_core::Error::parameter(&p.name, e.to_string()))?;
+        if bytes.len() != p.numel() * 2 {
+            return Err(kv_core::Error::parameter(
+                &p.name,
+                format!("{} bytes, expected {} (bf16 {:?})", bytes.len(), p.numel() * 2, p.shape),
+            )
+            .into());
+        }
+        data.insert(p.name.clone(), bytes);
+    }
+
+    std::fs::create_dir_all(out_dir).map_err(ExportError::io("creating", out_dir))?;
+    let kv: Vec<Graph> = options
+        .graphs
+        .iter()
+        .copied()
+        .filter(|g| Graph::KV.contains(g))
+        .collect();
+    let redecode: Vec<Graph> = options
+        .graphs
+        .iter()
+        .copied()
+        .filter(|g| !Graph::KV.contains(g))
+        .collect();
+    let mut plans = Vec::new();
+    let mut key_maps: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    match options.layout {
+        Layout::Shared => {
+            plans.push(ModulePlan {
+                stem: prefix.clone(),
+                graphs: options.graphs.clone(),
+                archive: "model.irpa".into(),
+                keys: None,
+            });
+            m.parameters = Some(Parameters::Shared("model.irpa".into()));
+            m.embedding_parameter = Some(TOKEN_EMBD.into());
+        }
+        Layout::Three => {
+            let mut files = BTreeMap::new();
+            for (i, &g) in kv.iter().enumerate() {
+                let keys = numbered_keys(&table, i);
+                key_maps.insert(
+                    g.key().into(),
+                    keys.iter().map(|(c, k)| (k.clone(), c.clone())).collect(),
+                );
+                let archive = format!("{prefix}-{}.irpa", g.key());
+                files.insert(g.key().to_string(), archive.clone());
+                if g == Graph::Step {
+                    m.embedding_parameter = Some(keys[TOKEN_EMBD].clone());
+                }
+                plans.push(ModulePlan {
+                    stem: format!("{prefix}-{}", g.key()),
+                    graphs: vec![g],
+                    archive,
+                    keys: Some(keys),
+                });
+            }
+            files.insert("weights".into(), "weights.irpa".into());
+            for &g in &redecode {
+                files.insert(g.key().into(), "weights.irpa".into());
+            }
+            if !redecode.is_empty() {
+                plans.push(ModulePlan {
+                    stem: format!("{prefix}-redecode"),
+                    graphs: redecode.clone(),
+                    archive: "weights.irpa".into(),
+                    keys: None,
+                });
+            }
+            write_archive(&table, &data, None, &out_dir.join("weights.irpa"))?;
+            m.parameters = Some(Parameters::PerGraph(files));
+            if !kv.contains(&Graph::Step) {
+                m.embedding_parameter = Some(TOKEN_EMBD.into());
+            }
+        }
+    }
+
+    let emit_opts = |keys: &Option<BTreeMap<String, String>>| EmitOptions {
+        weights: options.weights,
+        redecode_seq: options.redecode_seq,
+        keys: keys.clone(),
+    };
+    let targets: Vec<Target> = options
+        .targets
+        .iter()
+        .map(|t| match t {
+            Target::Vulkan { target: None } if options.vulkan_target.is_some() => Target::Vulkan {
+                target: options.vulkan_target.clone(),
+            },
+            other => other.clone(),
+        })
+        .collect();
+    for plan in &plans {
+        let text = emit_module(&m, &plan.graphs, &emit_opts(&plan.keys))?;
+        let mlir = out_dir.join(format!("{}.mlir", plan.stem));
+        std::fs::write(&mlir, text).map_err(ExportError::io("writing", &mlir))?;
+        let archive_path = out_dir.join(&plan.archive);
+        if !archive_path.exists() || plan.keys.is_some() || options.layout == Layout::Shared {
+            write_archive(&table, &data, plan.keys.as_ref(), &archive_path)?;
+        }
+        for target in &targets {
+            let file = format!("{}.{}.vmfb", plan.stem, target.key());
+            compile(&mlir, target, &out_dir.join(&file))?;
+            let entry = m.modules.entry(target.key()).or_default();
+            for g in &plan.graphs {
+                entry.insert(g.key().to_string(), file.clone());
+            }
+        }
+    }
+
+    let p = &mut m.provenance;
+    p.insert("compiler".into(), COMPILER_VERSION.into());
+    p.insert(
+        "targets".into(),
+        targets.iter().map(Target::key).collect::<Vec<_>>().join(","),
+    );
+    p.insert(
+        "source".into(),
+        src.provenance
+            .get("source")
+            .cloned()
+            .unwrap_or_else(|| source.describe()),
+    );
+    p.insert("weightFormat".into(), format!("{:?}", options.weights));
+    p.insert("layout".into(), format!("{:?}", options.layout));
+    p.insert(
+        "redecodeSeq".into(),
+        options.redecode_seq.unwrap_or(m.spec.seq).to_string(),
+    );
+    p.insert(
+        "devices".into(),
+        targets
+            .iter()
+            .map(|t| format!("{}={}", t.key(), t.device()))
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    if !key_maps.is_empty() {
+        p.insert(
+            "parameterKeys".into(),
+            serde_json::to_string(&key_maps).unwrap_or_default(),
+        );
+    }
+    m.validate()?;
+    m.save(out_dir)?;
+    Ok(m)
+}
+
+/// `p0..pN` over the parameters in an order of graph `index`'s own: graph 0 in table order,
+/// graph 1 reversed, graph 2 rotated by half, so no two archives share a numbering (as the seed's).
+fn numbered_keys(table: &[ParamInfo], index: usize) -> BTreeMap<String, String> {
+    let mut order: Vec<&ParamInfo> = table.iter().collect();
+    match index % 3 {
+        0 => {}
+        1 => order.reverse(),
+        _ => order.rotate_left(table.len() / 2),
+    }
+    order
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.clone(), format!("p{i}")))
+        .collect()
+}
+
+fn write_archive(
+    table: &[ParamInfo],
+    data: &BTreeMap<String, &[u8]>,
+    keys: Option<&BTreeMap<String, String>>,
+    path: &Path,
+) -> Result<()> {
+    let mut entries: Vec<(String, &[u8])> = table
+        .iter()
+        .map(|p| {
+            (
+                keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone()),
+                data[&p.name],
+            )
+        })
+        .collect();
+    if keys.is_some() {
+        entries.sort_by_key(|(k, _)| k[1..].parse::<usize>().unwrap_or(usize::MAX));
+    }
+    let mut w = IrpaWriter::new();
+    for (k, bytes) in entries {
+        w.add_data(k, bytes.to_vec()).map_err(kv_core::Error::from)?;
+    }
+    w.write(path).map_err(kv_core::Error::from)?;
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Driving `iree-compile` (the pinned `iree-base-compiler` wheel) for CPU and Vulkan.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{ExportError, Result};
+
+/// The compiler the artifacts are made with (recorded in the manifest's provenance).
+pub const COMPILER_VERSION: &str = "iree-base-compiler 3.13.0";
+
+/// A compilation target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `llvm-cpu` for `local-task` / `local-sync`; `cpu` is `--iree-llvmcpu-target-cpu`
+    /// (`generic` travels; `x86-64-v3` is faster on this kind of machine; never `host` for
+    /// artifacts that travel).
+    Cpu { cpu: String },
+    /// `vulkan-spirv`; `target` is `--iree-vulkan-target` (`None` = IREE's default,
+    /// `vp_android_baseline_2022`; e.g. `valhall`, `adreno`).
+    Vulkan { target: Option<String> },
+}
+
+impl Target {
+    pub fn cpu() -> Self {
+        Target::Cpu { cpu: "generic".into() }
+    }
+
+    pub fn vulkan() -> Self {
+        Target::Vulkan { target: None }
+    }
+
+    /// The key of this target in the manifest's `modules` (`llvm-cpu`, `vulkan`, `vulkan-valhall`).
+    pub fn key(&self) -> String {
+        match self {
+            Target::Cpu { cpu } if cpu == "generic" => "llvm-cpu".into(),
+            Target::Cpu { cpu } => format!("llvm-cpu-{cpu}"),
+            Target::Vulkan { target: None } => "vulkan".into(),
+            Target::Vulkan { target: Some(t) } => format!("vulkan-{t}"),
+        }
+    }
+
+    /// The runtime device that runs this target's modules.
+    pub fn device(&self) -> &'static str {
+        match self {
+            Target::Cpu { .. } => "local-task",
+            Target::Vulkan { .. } => "vulkan",
+        }
+    }
+
+    pub fn flags(&self) -> Vec<String> {
+        match self {
+            Target::Cpu { cpu } => vec![
+                "--iree-hal-target-device=local".into(),
+                "--iree-hal-local-target-device-backends=llvm-cpu".into(),
+                format!("--iree-llvmcpu-target-cpu={cpu}"),
+            ],
+            Target::Vulkan { target } => {
+                let mut f = vec!["--iree-hal-target-device=vulkan".to_string()];
+                if let Some(t) = target {
+                    f.push(format!("--iree-vulkan-target={t}"));
+                }
+                f
+            }
+        }
+    }
+}
+
+/// `IREE_COMPILE`, else `iree-compile` on `PATH`, else `<workspace>/.tools/venv/bin/iree-compile`.
+pub fn find_compiler() -> Result<PathBuf> {
+    let mut searched = Vec::new();
+    if let Some(p) = std::env::var_os("IREE_COMPILE") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        searched.push(format!("IREE_COMPILE={}", p.display()));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("iree-compile");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    searched.push("PATH".into());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let p = workspace.join(".tools/venv/bin/iree-compile");
+    if p.is_file() {
+        return Ok(p);
+    }
+    searched.push(p.display().to_string());
+    Err(ExportError::CompilerMissing {
+        searched: searched.join(", "),
+    })
+}
+
+/// Compiles `mlir` for `target` into `out`. A failure names the function holding the first
+/// `error:` diagnostic (or the module's functions) and quotes that line.
+pub fn compile(mlir: &Path, target: &Target, out: &Path) -> Result<()> {
+    let compiler = find_compiler()?;
+    let output = Command::new(&compiler)
+        .arg("--iree-input-type=stablehlo")
+        .args(target.flags())
+        .arg(mlir)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .map_err(ExportError::io("running iree-compile", &compiler))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let first = stderr
+        .lines()
+        .find(|l| l.contains("error:"))
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            format!(
+                "exit status {}; {}",
+                output.status,
+                stderr.lines().last().unwrap_or("no diagnostic")
+            )
+        });
+    let text = std::fs::read_to_string(mlir).unwrap_or_default();
+    let function = function_at(&text, diagnostic_line(&first, mlir)).unwrap_or_else(|| {
+        let names = function_names(&text);
+        if names.is_empty() {
+            "<no function>".into()
+        } else {
+            names.join(", ")
+        }
+    });
+    Err(ExportError::Compile {
+        function,
+        target: target.key(),
+        mlir: mlir.to_path_buf(),
+        diagnostic: first,
+    })
+}
+
+/// `path:LINE:COL: error: ...` → LINE.
+fn diagnostic_line(diag: &str, mlir: &Path) -> Option<usize> {
+    let name = mlir.file_name()?.to_str()?;
+    let rest = &diag[diag.find(name)? + name.len()..];
+    rest.strip_prefix(':')?.split(':').next()?.parse().ok()
+}
+
+fn function_names(text: &str) -> Vec<String> {
+    text.lines().filter_map(func_name).collect()
+}
+
+fn func_name(line: &str) -> Option<String> {
+    let rest = &line[line.find("func.func @")? + "func.func @".len()..];
+    Some(rest.split('(').next()?.to_string())
+}
+
+/// The function enclosing 1-based line `line`.
+fn function_at(text: &str, line: Option<usize>) -> Option<String> {
+    let line = line?;
+    text.lines().take(line).filter_map(func_name).last()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diagnostic_maps_to_function() {
+        let text = "module {\n  func.func @a() {\n  }\n  func.func @b(%x: f32) {\n    bad\n  }\n}\n";
+        let d = "/tmp/m.mlir:5:5: error: custom op 'bad' is unknown";
+        assert_eq!(diagnostic_line(d, Path::new("/tmp/m.mlir")), Some(5));
+        assert_eq!(function_at(text, Some(5)).as_deref(), Some("b"));
+    }
+}

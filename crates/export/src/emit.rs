@@ -1,0 +1,617 @@
+//! The graphs of the contract as StableHLO, computing exactly `docs/forward.md`.
+//!
+//! Shape choices forced by IREE 3.13 (see `shared/notes/TOOLCHAIN.md` and the crate docs):
+//! - Attention is one batched `dot_general` over **all query heads**: `Q [nHeads, R, d]` against
+//!   the keys repeated per query head `K [nHeads, T, d]`. A batch of size 1 or a unit dimension
+//!   next to a dynamic one makes IREE insert a dynamic `reshape` that does not verify, so a KV
+//!   head is taken out with `real_dynamic_slice` + a one-term reduce and repeated with
+//!   `dynamic_broadcast_in_dim`; the per-head scores `[nHeads, R, T]` then take a per-head mask
+//!   directly, or a head-shared one through a broadcast.
+//! - Weights are `util.global`s bound to external parameters; with [`WeightFormat::PackedI32`]
+//!   a bf16 tensor `[.., n]` is declared as `[.., n/2] i32` and widened in the graph with shifts
+//!   and bitcasts (no 16-bit type reaches the Vulkan code generator).
+//! - RoPE tables of the prefill and redecode graphs (positions `0..SEQ`) are exact constants from
+//!   `kv_core::rope`, the same tables the reference uses; their masks are built from `iota`s.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
+use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::rope::RopeTable;
+use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
+
+use crate::mlir::{Body, Dim, Elem, Reduce, Ty, V};
+use crate::ExportError;
+
+/// How the weights are declared in the graph. The archive holds bf16 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// `tensor<..xbf16>` widened with `stablehlo.convert`. Miscompiles on IREE 3.13 Vulkan for
+    /// tensors of 1024+ elements: CPU only.
+    Bf16,
+    /// `tensor<.., n/2 x i32>` (two bf16 per word, low half = even element), widened with
+    /// shift / and / `bitcast_convert`. Exact on CPU and Vulkan: the default everywhere.
+    #[default]
+    PackedI32,
+}
+
+/// Options of [`emit`] / [`emit_module`].
+#[derive(Clone, Debug, Default)]
+pub struct EmitOptions {
+    pub weights: WeightFormat,
+    /// `SEQ` of the redecode graphs; `None` = the manifest's `seq`.
+    pub redecode_seq: Option<usize>,
+    /// Archive key of each canonical parameter name; `None` = the canonical names.
+    pub keys: Option<BTreeMap<String, String>>,
+}
+
+/// The MLIR module with the single function of `graph`.
+pub fn emit(manifest: &Manifest, graph: Graph, options: &EmitOptions) -> Result<String, ExportError> {
+    emit_module(manifest, &[graph], options)
+}
+
+/// One MLIR module holding the functions of `graphs`, all sharing one set of parameter globals.
+pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions) -> Result<String, ExportError> {
+    let arch = manifest.require_architecture().map_err(ExportError::Core)?.clone();
+    let spec = manifest.spec.clone();
+    spec.validate().map_err(ExportError::Core)?;
+    let table: HashMap<String, ParamInfo> = parameter_table(&spec, &arch)
+        .into_iter()
+        .map(|p| (p.name.clone(), p))
+        .collect();
+    if options.weights == WeightFormat::PackedI32 {
+        if let Some(p) = table.values().find(|p| p.shape.last().is_some_and(|n| n % 2 != 0)) {
+            return Err(ExportError::Unsupported(format!(
+                "parameter `{}` {:?} has an odd last dimension; PackedI32 needs pairs of bf16 (use WeightFormat::Bf16)",
+                p.name, p.shape
+            )));
+        }
+    }
+    let mut module_name: Option<String> = None;
+    let mut globals: BTreeMap<String, String> = BTreeMap::new();
+    let mut funcs = String::new();
+    for &graph in graphs {
+        let qualified = manifest
+            .functions
+            .get(graph)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("module.{}{}", arch.family.default_prefix(), graph.function_suffix()));
+        let (module, func) = qualified.rsplit_once('.').unwrap_or(("module", qualified.as_str()));
+        match &module_name {
+            None => module_name = Some(module.to_string()),
+            Some(m) if m != module => {
+                return Err(ExportError::Unsupported(format!(
+                    "functions of one module must share the module name: `{m}` and `{module}`"
+                )))
+            }
+            _ => {}
+        }
+        let mut f = FuncEmitter {
+            spec: &spec,
+            arch: &arch,
+            options,
+            table: &table,
+            scope: &manifest.parameter_scope,
+            b: Body::new(),
+            loaded: HashMap::new(),
+            globals: &mut globals,
+        };
+        let text = f.function(manifest, graph, func)?;
+        funcs.push_str(&text);
+    }
+    let mut out = String::new();
+    writeln!(out, "module @{} {{", module_name.unwrap_or_else(|| "module".into())).unwrap();
+    for decl in globals.values() {
+        writeln!(out, "  {decl}").unwrap();
+    }
+    out.push_str(&funcs);
+    out.push_str("}\n");
+    Ok(out)
+}
+
+/// The sequence length of a graph's fixed-size token axis (rows `R`).
+fn rows_of(spec: &KvSpec, graph: Graph, options: &EmitOptions) -> usize {
+    match graph {
+        Graph::Prefill => spec.seq,
+        Graph::Chunk => spec.chunk,
+        Graph::Step => 1,
+        Graph::Redecode | Graph::RedecodeAt => options.redecode_seq.unwrap_or(spec.seq),
+    }
+}
+
+fn dyn_dim() -> Dim {
+    Dim::D(String::new())
+}
+
+/// The type of a named argument of `graph` (CONTRACT §2, §3).
+fn arg_type(spec: &KvSpec, graph: Graph, name: &str, rows: usize) -> Result<Ty, ExportError> {
+    let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
+    let ty = match name {
+        "tokens" if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
+        "tokens" | "token" => Ty::fixed(&[rows], Elem::I32),
+        "emb" => Ty::fixed(&[rows, h], Elem::F32),
+        "select" => Ty::fixed(&[1, rows], Elem::F32),
+        n if n.starts_with("cos") || n.starts_with("sin") => Ty::fixed(&[rows, d], Elem::F32),
+        n if n.starts_with("mask") => Ty::new(
+            vec![Dim::S(1), Dim::S(spec.mask_head_count()), Dim::S(rows), dyn_dim()],
+            Elem::F32,
+        ),
+        n if n.starts_with('l') && (n.ends_with(".k") || n.ends_with(".v")) => {
+            Ty::new(vec![Dim::S(1), Dim::S(nkv), dyn_dim(), Dim::S(d)], Elem::F32)
+        }
+        other => {
+            return Err(ExportError::Unsupported(format!(
+                "unknown argument `{other}` of graph {}",
+                graph.key()
+            )))
+        }
+    };
+    Ok(ty)
+}
+
+/// Additive attention mask of a layer.
+enum MaskIn {
+    /// Causal (and windowed) over positions `0..R`, built in the graph.
+    InGraph(Option<usize>),
+    /// `[1, maskHeads, R, T]` handed in.
+    Arg(V),
+    /// The rows handed in are exactly the keys (step).
+    None,
+}
+
+struct FuncEmitter<'a> {
+    spec: &'a KvSpec,
+    arch: &'a Architecture,
+    options: &'a EmitOptions,
+    table: &'a HashMap<String, ParamInfo>,
+    scope: &'a str,
+    b: Body,
+    /// Widened (f32) weights already loaded in this function.
+    loaded: HashMap<String, V>,
+    globals: &'a mut BTreeMap<String, String>,
+}
+
+fn symbol(name: &str) -> String {
+    let mut s = String::from("w_");
+    s.extend(name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
+    s
+}
+
+impl FuncEmitter<'_> {
+    fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str) -> Result<String, ExportError> {
+        let spec = self.spec;
+        if matches!(graph, Graph::Chunk | Graph::Step) && spec.n_heads < 2 {
+            return Err(ExportError::Unsupported(
+                "nHeads == 1: IREE 3.13 cannot compile the unit-batch attention over a dynamic past".into(),
+            ));
+        }
+        let rows = rows_of(spec, graph, self.options);
+        let arg_names = manifest.args_or_canonical(graph);
+        let out_names = manifest.outputs_or_canonical(graph);
+        let mut args: HashMap<String, V> = HashMap::new();
+        let mut sig = Vec::new();
+        for (i, name) in arg_names.iter().enumerate() {
+            let ty = arg_type(spec, graph, name, rows)?;
+            sig.push(format!("%arg{i}: {}", ty.text()));
+            let v = V {
+                name: format!("%arg{i}"),
+                ty,
+            };
+            let v = self.b.refresh_dims(v);
+            args.insert(name.clone(), v);
+        }
+        let arg = |name: &str| -> Result<V, ExportError> {
+            args.get(name)
+                .cloned()
+                .ok_or_else(|| ExportError::Unsupported(format!("graph {} lacks argument `{name}`", graph.key())))
+        };
+
+        let mut outs: HashMap<String, V> = HashMap::new();
+        match graph {
+            Graph::Prefill | Graph::Chunk | Graph::Step => {
+                let emb = arg("emb")?;
+                let mut x = self.embed_scale(&emb);
+                let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
+                let mut masks: HashMap<LayerKind, V> = HashMap::new();
+                for kind in spec.kinds_present() {
+                    let t = if graph == Graph::Prefill {
+                        self.const_rope(kind, rows)
+                    } else {
+                        (arg(&cos_name(kind))?, arg(&sin_name(kind))?)
+                    };
+                    tables.insert(kind, t);
+                    if graph == Graph::Chunk {
+                        masks.insert(kind, arg(&mask_name(kind))?);
+                    }
+                }
+                for l in 0..spec.n_layers {
+                    let kind = spec.layer_kind(l);
+                    let past = if graph == Graph::Prefill {
+                        None
+                    } else {
+                        Some((arg(&k_name(l))?, arg(&v_name(l))?))
+                    };
+                    let mask = match graph {
+                        Graph::Prefill => MaskIn::InGraph(spec.window(kind)),
+                        Graph::Chunk => MaskIn::Arg(masks[&kind].clone()),
+                        _ => MaskIn::None,
+                    };
+                    let (cos, sin) = tables[&kind].clone();
+                    let (nx, k, v) = self.layer(l, &x, &cos, &sin, past, mask);
+                    x = nx;
+                    outs.insert(k_name(l), k);
+                    outs.insert(v_name(l), v);
+                }
+                let select = match graph {
+                    Graph::Step => None,
+                    _ => Some(arg("select")?),
+                };
+                let token = self.head_token(&x, select.as_ref());
+                outs.insert("token".into(), token);
+            }
+            Graph::Redecode | Graph::RedecodeAt => {
+                let tokens = arg("tokens")?;
+                let flat = self.b.reshape_static(&tokens, &[rows]);
+                let raw = self.load_raw(TOKEN_EMBD);
+                let rows_raw = self.b.gather_rows(&raw, &flat);
+                let emb = self.widen(&rows_raw);
+                let mut x = self.embed_scale(&emb);
+                let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
+                for kind in spec.kinds_present() {
+                    let t = self.const_rope(kind, rows);
+                    tables.insert(kind, t);
+                }
+                for l in 0..spec.n_layers {
+                    let kind = spec.layer_kind(l);
+                    let (cos, sin) = tables[&kind].clone();
+                    let (nx, _, _) = self.layer(l, &x, &cos, &sin, None, MaskIn::InGraph(spec.window(kind)));
+                    x = nx;
+                }
+                if graph == Graph::RedecodeAt {
+                    let select = arg("select")?;
+                    let token = self.head_token(&x, Some(&select));
+                    outs.insert("token".into(), token);
+                } else {
+                    let logits = self.logits(&x);
+                    let ids = self.b.argmax_rows(&logits);
+                    outs.insert("ids".into(), ids);
+                }
+            }
+        }
+
+        let mut ret_vals = Vec::new();
+        let mut ret_types = Vec::new();
+        for name in &out_names {
+            let v = outs
+                .get(name)
+                .ok_or_else(|| ExportError::Unsupported(format!("graph {} has no result `{name}`", graph.key())))?;
+            ret_vals.push(v.name.clone());
+            ret_types.push(v.ty.text());
+        }
+        let body = std::mem::take(&mut self.b).finish();
+        let mut text = String::new();
+        writeln!(
+            text,
+            "  func.func @{func}({}) -> ({}) {{",
+            sig.join(", "),
+            ret_types.join(", ")
+        )
+        .unwrap();
+        text.push_str(&body);
+        writeln!(text, "    return {} : {}", ret_vals.join(", "), ret_types.join(", ")).unwrap();
+        text.push_str("  }\n");
+        Ok(text)
+    }
+
+    // ---- weights ---------------------------------------------------------------------------
+
+    /// The parameter as declared (bf16 or packed i32), loaded from its global.
+    fn load_raw(&mut self, name: &str) -> V {
+        let info = self
+            .table
+            .get(name)
+            .unwrap_or_else(|| kv_core::error::invariant(&format!("no parameter `{name}`")));
+        let key = self
+            .options
+            .keys
+            .as_ref()
+            .and_then(|k| k.get(name))
+            .cloned()
+            .unwrap_or_else(|| name.to_string());
+        let ty = match self.options.weights {
+            WeightFormat::Bf16 => Ty::fixed(&info.shape, Elem::Bf16),
+            WeightFormat::PackedI32 => {
+                let mut dims = info.shape.clone();
+                *dims.last_mut().unwrap() /= 2;
+                Ty::fixed(&dims, Elem::I32)
+            }
+        };
+        let sym = symbol(name);
+        self.globals.entry(sym.clone()).or_insert_with(|| {
+            format!(
+                "util.global private @{sym} = #flow.parameter.named<\"{}\"::\"{key}\"> : {}",
+                self.scope,
+                ty.text()
+            )
+        });
+        self.b
+            .op(ty.clone(), format!("util.global.load @{sym} : {}", ty.text()))
+    }
+
+    /// bf16 (or packed pairs of bf16) widened exactly to f32.
+    fn widen(&mut self, raw: &V) -> V {
+        match raw.ty.elem {
+            Elem::Bf16 => self.b.convert(raw, Elem::F32),
+            Elem::I32 => {
+                let dims = raw.ty.static_dims();
+                let sixteen = self.b.splat_i32(16, &raw.ty);
+                let lo = self.b.binary("shift_left", raw, &sixteen);
+                let himask = self.b.splat_i32(-65536, &raw.ty);
+                let hi = self.b.binary("and", raw, &himask);
+                let lo = self.b.bitcast(&lo, Elem::F32);
+                let hi = self.b.bitcast(&hi, Elem::F32);
+                let mut pair_dims = dims.clone();
+                pair_dims.push(1);
+                let lo = self.b.reshape_static(&lo, &pair_dims);
+                let hi = self.b.reshape_static(&hi, &pair_dims);
+                let both = self.b.concat(&[lo, hi], dims.len());
+                let mut full = dims;
+                *full.last_mut().unwrap() *= 2;
+                self.b.reshape_static(&both, &full)
+            }
+            other => kv_core::error::invariant(&format!("widen of {other:?}")),
+        }
+    }
+
+    fn param(&mut self, name: &str) -> V {
+        if let Some(v) = self.loaded.get(name) {
+            return v.clone();
+        }
+        let raw = self.load_raw(name);
+        let v = self.widen(&raw);
+        self.loaded.insert(name.to_string(), v.clone());
+        v
+    }
+
+    // ---- building blocks -------------------------------------------------------------------
+
+    fn embed_scale(&mut self, emb: &V) -> V {
+        if self.arch.embed_scale == 1.0 {
+            emb.clone()
+        } else {
+            self.b.scale(emb, self.arch.embed_scale)
+        }
+    }
+
+    fn const_rope(&mut self, kind: LayerKind, rows: usize) -> (V, V) {
+        let d = self.spec.head_dim;
+        let t = RopeTable::new(0, rows, d, self.spec.rope_base(kind));
+        (
+            self.b.const_f32(&[rows, d], &t.cos),
+            self.b.const_f32(&[rows, d], &t.sin),
+        )
+    }
+
+    /// `x * rsqrt(mean(x²) + eps) * w` over the last axis; `w` is broadcast along the last axis.
+    fn rmsnorm(&mut self, x: &V, w: &V) -> V {
+        let rank = x.ty.rank();
+        let n = x.ty.static_dims()[rank - 1];
+        let sq = self.b.mul(x, x);
+        let sum = self.b.reduce(&sq, &[rank - 1], Reduce::Add);
+        let count = self.b.splat_f32(n as f32, &sum.ty);
+        let mean = self.b.div(&sum, &count);
+        let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
+        let var = self.b.add(&mean, &eps);
+        let r = self.b.unary("rsqrt", &var);
+        let keep: Vec<usize> = (0..rank - 1).collect();
+        let rb = self.b.broadcast(&r, &keep, &x.ty);
+        let y = self.b.mul(x, &rb);
+        let wb = self.b.broadcast(w, &[rank - 1], &x.ty);
+        self.b.mul(&y, &wb)
+    }
+
+    fn norm_param(&mut self, x: &V, name: &str) -> V {
+        let w = self.param(name);
+        self.rmsnorm(x, &w)
+    }
+
+    /// `x · Wᵀ (+ b)` for `x [R, in]`, `W [out, in]`.
+    fn proj(&mut self, x: &V, weight: &str, bias: Option<&str>) -> V {
+        let w = self.param(weight);
+        let y = self.b.dot(x, &w, (&[], &[]), (&[1], &[1]));
+        match bias {
+            None => y,
+            Some(bname) => {
+                let bv = self.param(bname);
+                let bb = self.b.broadcast(&bv, &[1], &y.ty);
+                self.b.add(&y, &bb)
+            }
+        }
+    }
+
+    /// `x·cos + swap_halves(x)·sin` on `x [R, heads, d]` with tables `[R, d]`.
+    fn rope(&mut self, x: &V, cos: &V, sin: &V) -> V {
+        let dims = x.ty.static_dims();
+        let (r, h, d) = (dims[0], dims[1], dims[2]);
+        let first = self.b.slice(x, &[(0, r), (0, h), (0, d / 2)]);
+        let second = self.b.slice(x, &[(0, r), (0, h), (d / 2, d)]);
+        let swapped = self.b.concat(&[second, first], 2);
+        let cb = self.b.broadcast(cos, &[0, 2], &x.ty);
+        let sb = self.b.broadcast(sin, &[0, 2], &x.ty);
+        let a = self.b.mul(x, &cb);
+        let s = self.b.mul(&swapped, &sb);
+        self.b.add(&a, &s)
+    }
+
+    /// `[1, nKV, T, d]` → `[nHeads, T, d]`: query head `h` gets KV head `h / (nHeads / nKV)`.
+    fn repeat_kv(&mut self, kv: &V) -> V {
+        let (nh, nkv) = (self.spec.n_heads, self.spec.n_kv_heads);
+        let group = nh / nkv;
+        let t = kv.ty.dims[2].clone();
+        let d = self.spec.head_dim;
+        let heads = self.b.reduce_unit(kv, &[0]);
+        let target = Ty::new(vec![Dim::S(group), t.clone(), Dim::S(d)], Elem::F32);
+        if nkv == 1 {
+            let one = self.b.reduce_unit(&heads, &[0]);
+            let full = Ty::new(vec![Dim::S(nh), t, Dim::S(d)], Elem::F32);
+            return self.b.broadcast(&one, &[1, 2], &full);
+        }
+        let mut parts = Vec::with_capacity(nkv);
+        for j in 0..nkv {
+            let s = self.b.dyn_slice(&heads, 0, j, j + 1);
+            let one = self.b.reduce_unit(&s, &[0]);
+            parts.push(self.b.broadcast(&one, &[1, 2], &target));
+        }
+        self.b.concat(&parts, 0)
+    }
+
+    /// Attention of `q [R, nHeads, d]` (scaled, rotated) over `k, v [1, nKV, T, d]`: `[R, nHeads·d]`.
+    fn attention(&mut self, q: &V, k: &V, v: &V, mask: MaskIn) -> V {
+        let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
+        let r = q.ty.static_dims()[0];
+        let qh = self.b.transpose(q, &[1, 0, 2]);
+        let kr = self.repeat_kv(k);
+        let scores = self.b.dot(&qh, &kr, (&[0], &[0]), (&[2], &[2]));
+        let scores = match mask {
+            MaskIn::None => scores,
+            MaskIn::InGraph(window) => {
+                let t = scores.ty.static_dims()[2];
+                let qpos = self.b.iota(&[r, t], 0, Elem::I32);
+                let kpos = self.b.iota(&[r, t], 1, Elem::I32);
+                let mut attend = self.b.compare("LE", &kpos, &qpos);
+                if let Some(w) = window {
+                    let wv = self.b.splat_i32(w as i32, &kpos.ty);
+                    let shifted = self.b.add(&kpos, &wv);
+                    let inside = self.b.compare("GT", &shifted, &qpos);
+                    attend = self.b.binary("and", &attend, &inside);
+                }
+                let zero = self.b.splat_f32(0.0, &qpos.ty);
+                let masked = self.b.splat_f32(kv_core::mask::MASKED, &qpos.ty);
+                let add = self.b.select(&attend, &zero, &masked);
+                let addb = self.b.broadcast(&add, &[1, 2], &scores.ty);
+                self.b.add(&scores, &addb)
+            }
+            MaskIn::Arg(m) => {
+                let addb = if self.spec.mask_head_count() == 1 {
+                    let m2 = self.b.reduce_unit(&m, &[0, 1]);
+                    self.b.broadcast(&m2, &[1, 2], &scores.ty)
+                } else {
+                    let m3 = self.b.reduce_unit(&m, &[0]);
+                    // Same static type as the scores; the dynamic length is the mask's own
+                    // (`past + C`), equal to the keys' at run time.
+                    V {
+                        name: m3.name,
+                        ty: scores.ty.clone(),
+                    }
+                };
+                self.b.add(&scores, &addb)
+            }
+        };
+        let max = self.b.reduce(&scores, &[2], Reduce::Max);
+        let maxb = self.b.broadcast(&max, &[0, 1], &scores.ty);
+        let shifted = self.b.sub(&scores, &maxb);
+        let e = self.b.unary("exponential", &shifted);
+        let sum = self.b.reduce(&e, &[2], Reduce::Add);
+        let sumb = self.b.broadcast(&sum, &[0, 1], &scores.ty);
+        let p = self.b.div(&e, &sumb);
+        let vr = self.repeat_kv(v);
+        let o = self.b.dot(&p, &vr, (&[0], &[0]), (&[2], &[1]));
+        let o = self.b.transpose(&o, &[1, 0, 2]);
+        self.b.reshape_static(&o, &[r, nh * d])
+    }
+
+    /// One transformer block over `x [R, hidden]`; returns the new `x` and the layer's full
+    /// `K, V [1, nKV, past + R, d]` (the past rows, then the new ones).
+    fn layer(&mut self, l: usize, x: &V, cos: &V, sin: &V, past: Option<(V, V)>, mask: MaskIn) -> (V, V, V) {
+        let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
+        let arch = self.arch;
+        let r = x.ty.static_dims()[0];
+        let p = |s: &str| layer_param(l, s);
+        let h = self.norm_param(x, &p("attn_norm.weight"));
+        let bias = |s: &str| if arch.attn_bias { Some(p(s)) } else { None };
+        let q = self.proj(&h, &p("attn_q.weight"), bias("attn_q.bias").as_deref());
+        let k = self.proj(&h, &p("attn_k.weight"), bias("attn_k.bias").as_deref());
+        let v = self.proj(&h, &p("attn_v.weight"), bias("attn_v.bias").as_deref());
+        let mut q = self.b.reshape_static(&q, &[r, nh, d]);
+        let mut k = self.b.reshape_static(&k, &[r, nkv, d]);
+        let v = self.b.reshape_static(&v, &[r, nkv, d]);
+        if arch.qk_norm {
+            q = self.norm_param(&q, &p("attn_q_norm.weight"));
+            k = self.norm_param(&k, &p("attn_k_norm.weight"));
+        }
+        let q = self.rope(&q, cos, sin);
+        let k = self.rope(&k, cos, sin);
+        let q = self.b.scale(&q, arch.query_scale);
+        let to_cache = |b: &mut Body, x: &V| {
+            let t = b.transpose(x, &[1, 0, 2]);
+            b.reshape_static(&t, &[1, nkv, r, d])
+        };
+        let k_new = to_cache(&mut self.b, &k);
+        let v_new = to_cache(&mut self.b, &v);
+        let (k_all, v_all) = match past {
+            None => (k_new, v_new),
+            Some((pk, pv)) => (self.b.concat(&[pk, k_new], 2), self.b.concat(&[pv, v_new], 2)),
+        };
+        let o = self.attention(&q, &k_all, &v_all, mask);
+        let mut a = self.proj(&o, &p("attn_output.weight"), None);
+        if arch.post_norms {
+            a = self.norm_param(&a, &p("post_attention_norm.weight"));
+        }
+        let x = self.b.add(x, &a);
+        let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
+        let g = self.proj(&h2, &p("ffn_gate.weight"), None);
+        let u = self.proj(&h2, &p("ffn_up.weight"), None);
+        let act = match arch.activation {
+            Activation::GeluTanh => self.gelu_tanh(&g),
+            Activation::Silu => self.silu(&g),
+        };
+        let gu = self.b.mul(&act, &u);
+        let mut m = self.proj(&gu, &p("ffn_down.weight"), None);
+        if arch.post_norms {
+            m = self.norm_param(&m, &p("post_ffw_norm.weight"));
+        }
+        let x = self.b.add(&x, &m);
+        (x, k_all, v_all)
+    }
+
+    /// `0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³)))`
+    fn gelu_tanh(&mut self, g: &V) -> V {
+        let g2 = self.b.mul(g, g);
+        let g3 = self.b.mul(&g2, g);
+        let c3 = self.b.scale(&g3, 0.044715);
+        let inner = self.b.add(g, &c3);
+        let scaled = self.b.scale(&inner, (2.0f64 / std::f64::consts::PI).sqrt() as f32);
+        let t = self.b.unary("tanh", &scaled);
+        let one = self.b.splat_f32(1.0, &t.ty);
+        let onep = self.b.add(&one, &t);
+        let half = self.b.scale(g, 0.5);
+        self.b.mul(&half, &onep)
+    }
+
+    /// `g / (1 + e^-g)`
+    fn silu(&mut self, g: &V) -> V {
+        let neg = self.b.unary("negate", g);
+        let e = self.b.unary("exponential", &neg);
+        let one = self.b.splat_f32(1.0, &e.ty);
+        let den = self.b.add(&one, &e);
+        self.b.div(g, &den)
+    }
+
+    /// `rmsnorm(x, output_norm) · Eᵀ` for every row of `x [R, hidden]`: `[R, vocab]`.
+    fn logits(&mut self, x: &V) -> V {
+        let y = self.norm_param(x, OUTPUT_NORM);
+        let table = if self.arch.tied_output { TOKEN_EMBD } else { OUTPUT };
+        self.proj(&y, table, None)
+    }
+
+    /// The next token of the row picked by the one-hot `select [1, R]` (or of the only row): `[1] i32`.
+    fn head_token(&mut self, x: &V, select: Option<&V>) -> V {
+        let row = match select {
+            Some(s) => self.b.dot(s, x, (&[], &[]), (&[1], &[0])),
+            None => x.clone(),
+        };
+        let logits = self.logits(&row);
+        self.b.argmax_rows(&logits)
+    }
+}

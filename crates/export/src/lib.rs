@@ -1,0 +1,68 @@
+//! `export`: the graphs of the skainet-kv contract as StableHLO text, compiled with `iree-compile`,
+//! packaged as `manifest.json` + `.irpa` + `.vmfb` artifacts.
+//!
+//! Design:
+//! - **The math is `docs/forward.md`, op for op.** The emitter ([`emit`], [`emit_module`]) writes
+//!   the same steps as `backend-reference`, with the RoPE tables and masks of `kv_core` (constants
+//!   for the prefill and redecode graphs, arguments for the chunk and step graphs).
+//! - **Signatures come from the manifest.** Arguments and results follow the manifest's name
+//!   lists (`args_or_canonical`, `outputs_or_canonical`), so a reordered manifest gives a reordered
+//!   signature and a runtime binding by name works with both.
+//! - **Weights are external parameters** (`#flow.parameter.named<"model"::KEY>`), stored bf16.
+//!   By default ([`WeightFormat::PackedI32`]) they are declared as `i32` pairs and widened in the
+//!   graph: IREE 3.13's Vulkan code generator miscompiles bf16→f32 for 1024+ elements, and the
+//!   packed form is exact on every target, so one `.mlir` serves CPU and Vulkan.
+//! - **Dynamic past without dynamic reshapes.** IREE 3.13 cannot lower a `reshape` to a dynamic
+//!   shape, and canonicalises unit dimensions of a `dot_general` into one; the attention is a
+//!   batched `dot_general` over the query heads with the KV heads repeated by
+//!   `dynamic_broadcast_in_dim`, unit dimensions are dropped with one-term reductions, and a KV
+//!   head is cut out with `real_dynamic_slice`.
+//! - **Errors** ([`ExportError`]) name the function and the first compiler diagnostic; a missing
+//!   compiler is an error with the places searched, never a silent skip.
+
+mod artifacts;
+mod compile;
+mod emit;
+pub mod mlir;
+
+pub use artifacts::{export_artifacts, ExportOptions, Layout, Source};
+pub use compile::{compile, find_compiler, Target, COMPILER_VERSION};
+pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
+
+use std::path::PathBuf;
+
+/// Every failure of an export.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Core(#[from] kv_core::Error),
+    #[error("emit: {0}")]
+    Unsupported(String),
+    #[error(
+        "iree-compile not found (searched: {searched}); install it with `pip install iree-base-compiler==3.13.0` \
+         (or `scripts/env.sh`), or set IREE_COMPILE"
+    )]
+    CompilerMissing { searched: String },
+    #[error("iree-compile failed for {function} ({target}, {mlir}): {diagnostic}")]
+    Compile {
+        function: String,
+        target: String,
+        mlir: PathBuf,
+        diagnostic: String,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl ExportError {
+    pub(crate) fn io(what: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> ExportError {
+        let path = path.display().to_string();
+        move |source| ExportError::Io { what, path, source }
+    }
+}
+
+pub type Result<T, E = ExportError> = std::result::Result<T, E>;

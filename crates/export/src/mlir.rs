@@ -1,0 +1,669 @@
+//! A small typed builder for StableHLO in MLIR's generic-free "pretty" text form.
+//!
+//! Every value carries its type, and every dynamic dimension carries the SSA name of a
+//! `tensor<1xi32>` that holds its runtime size, so broadcasts over a dynamic length can build their
+//! shape operand without re-deriving it. Helpers pick the static op when all shapes are static and
+//! the `dynamic_*` op otherwise (IREE 3.13 rejects a `stablehlo.reshape` to a dynamic shape, so a
+//! unit dimension of a dynamic tensor is removed with a one-term reduce instead).
+
+use std::fmt::Write as _;
+
+/// One dimension: static, or dynamic with the SSA name of its `tensor<1xi32>` size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dim {
+    S(usize),
+    D(String),
+}
+
+impl Dim {
+    pub fn is_static(&self) -> bool {
+        matches!(self, Dim::S(_))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    I32,
+    Bf16,
+    I1,
+}
+
+impl Elem {
+    fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::I32 => "i32",
+            Elem::Bf16 => "bf16",
+            Elem::I1 => "i1",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ty {
+    pub dims: Vec<Dim>,
+    pub elem: Elem,
+}
+
+impl Ty {
+    pub fn new(dims: Vec<Dim>, elem: Elem) -> Self {
+        Ty { dims, elem }
+    }
+    pub fn fixed(dims: &[usize], elem: Elem) -> Self {
+        Ty {
+            dims: dims.iter().map(|&d| Dim::S(d)).collect(),
+            elem,
+        }
+    }
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+    pub fn is_static(&self) -> bool {
+        self.dims.iter().all(Dim::is_static)
+    }
+    pub fn static_dims(&self) -> Vec<usize> {
+        self.dims
+            .iter()
+            .map(|d| match d {
+                Dim::S(n) => *n,
+                Dim::D(_) => panic!("static_dims on a dynamic type"),
+            })
+            .collect()
+    }
+    pub fn with_elem(&self, elem: Elem) -> Ty {
+        Ty {
+            dims: self.dims.clone(),
+            elem,
+        }
+    }
+    /// The MLIR spelling, e.g. `tensor<1x2x?x16xf32>`.
+    pub fn text(&self) -> String {
+        let mut s = String::from("tensor<");
+        for d in &self.dims {
+            match d {
+                Dim::S(n) => write!(s, "{n}x").unwrap(),
+                Dim::D(_) => s.push_str("?x"),
+            }
+        }
+        s.push_str(self.elem.name());
+        s.push('>');
+        s
+    }
+}
+
+/// An SSA value with its type.
+#[derive(Clone, Debug)]
+pub struct V {
+    pub name: String,
+    pub ty: Ty,
+}
+
+/// Reduction bodies of [`Body::reduce`].
+#[derive(Clone, Copy, Debug)]
+pub enum Reduce {
+    Add,
+    Max,
+}
+
+/// The instructions of one function body.
+#[derive(Default)]
+pub struct Body {
+    text: String,
+    next: usize,
+}
+
+fn list(xs: &[usize]) -> String {
+    xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// The tail of an `array<i64...>` literal: `: 1, 2` (empty for no elements).
+fn i64_list(xs: &[usize]) -> String {
+    if xs.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", list(xs))
+    }
+}
+
+/// `f32` as an exact MLIR hex literal.
+pub fn f32_hex(x: f32) -> String {
+    format!("0x{:08X}", x.to_bits())
+}
+
+impl Body {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn finish(self) -> String {
+        self.text
+    }
+
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%v{}", self.next)
+    }
+
+    /// Appends `%vN = rhs` and returns the value.
+    pub fn op(&mut self, ty: Ty, rhs: impl AsRef<str>) -> V {
+        let name = self.fresh();
+        writeln!(self.text, "    {name} = {}", rhs.as_ref()).unwrap();
+        V { name, ty }
+    }
+
+    pub fn line(&mut self, text: impl AsRef<str>) {
+        writeln!(self.text, "    {}", text.as_ref()).unwrap();
+    }
+
+    // ---- constants -------------------------------------------------------------------------
+
+    pub fn scalar_f32(&mut self, x: f32) -> V {
+        let ty = Ty::fixed(&[], Elem::F32);
+        self.op(
+            ty.clone(),
+            format!("stablehlo.constant dense<{}> : {}", f32_hex(x), ty.text()),
+        )
+    }
+
+    pub fn scalar_i32(&mut self, x: i32) -> V {
+        let ty = Ty::fixed(&[], Elem::I32);
+        self.op(ty.clone(), format!("stablehlo.constant dense<{x}> : {}", ty.text()))
+    }
+
+    /// A static f32 tensor from row-major values, as one exact hex blob.
+    pub fn const_f32(&mut self, dims: &[usize], values: &[f32]) -> V {
+        assert_eq!(
+            dims.iter().product::<usize>(),
+            values.len(),
+            "const_f32: shape and data disagree"
+        );
+        let ty = Ty::fixed(dims, Elem::F32);
+        let mut hex = String::with_capacity(values.len() * 8 + 4);
+        hex.push_str("0x");
+        for v in values {
+            for b in v.to_le_bytes() {
+                write!(hex, "{b:02X}").unwrap();
+            }
+        }
+        self.op(
+            ty.clone(),
+            format!("stablehlo.constant dense<\"{hex}\"> : {}", ty.text()),
+        )
+    }
+
+    /// A scalar broadcast to the shape of `like` (with `like`'s element type replaced by `elem`).
+    pub fn splat_f32(&mut self, x: f32, like: &Ty) -> V {
+        let s = self.scalar_f32(x);
+        self.broadcast(&s, &[], &like.with_elem(Elem::F32))
+    }
+
+    pub fn splat_i32(&mut self, x: i32, like: &Ty) -> V {
+        let s = self.scalar_i32(x);
+        self.broadcast(&s, &[], &like.with_elem(Elem::I32))
+    }
+
+    // ---- shapes ----------------------------------------------------------------------------
+
+    /// A `tensor<Nxi32>` holding the runtime shape of `dims`.
+    pub fn shape_tensor(&mut self, dims: &[Dim]) -> V {
+        let mut parts: Vec<V> = Vec::new();
+        let mut run: Vec<usize> = Vec::new();
+        let flush = |b: &mut Body, run: &mut Vec<usize>, parts: &mut Vec<V>| {
+            if !run.is_empty() {
+                let ty = Ty::fixed(&[run.len()], Elem::I32);
+                let v = b.op(
+                    ty.clone(),
+                    format!("stablehlo.constant dense<[{}]> : {}", list(run), ty.text()),
+                );
+                parts.push(v);
+                run.clear();
+            }
+        };
+        for d in dims {
+            match d {
+                Dim::S(n) => run.push(*n),
+                Dim::D(name) => {
+                    flush(self, &mut run, &mut parts);
+                    parts.push(V {
+                        name: name.clone(),
+                        ty: Ty::fixed(&[1], Elem::I32),
+                    });
+                }
+            }
+        }
+        flush(self, &mut run, &mut parts);
+        if parts.len() == 1 {
+            return parts.pop().unwrap();
+        }
+        self.concat(&parts, 0)
+    }
+
+    /// The size of dimension `dim` of `x` as a [`Dim`] (queried at run time when dynamic).
+    pub fn dim_of(&mut self, x: &V, dim: usize) -> Dim {
+        match &x.ty.dims[dim] {
+            Dim::S(n) => Dim::S(*n),
+            Dim::D(_) => {
+                let s = self.op(
+                    Ty::fixed(&[], Elem::I32),
+                    format!(
+                        "stablehlo.get_dimension_size {}, dim = {dim} : ({}) -> tensor<i32>",
+                        x.name,
+                        x.ty.text()
+                    ),
+                );
+                let r = self.reshape_static(&s, &[1]);
+                Dim::D(r.name)
+            }
+        }
+    }
+
+    /// Re-reads every dynamic dimension of `x` from `x` itself (after an op that creates a new
+    /// dynamic length, e.g. a concatenation).
+    pub fn refresh_dims(&mut self, mut x: V) -> V {
+        for i in 0..x.ty.rank() {
+            if !x.ty.dims[i].is_static() {
+                let d = self.dim_of(&x, i);
+                x.ty.dims[i] = d;
+            }
+        }
+        x
+    }
+
+    pub fn reshape_static(&mut self, x: &V, dims: &[usize]) -> V {
+        assert!(
+            x.ty.is_static(),
+            "reshape of a dynamic tensor (IREE 3.13 rejects it): use reduce_unit"
+        );
+        let from: usize = x.ty.static_dims().iter().product();
+        assert_eq!(
+            from,
+            dims.iter().product::<usize>(),
+            "reshape changes the element count"
+        );
+        let ty = Ty::fixed(dims, x.ty.elem);
+        self.op(
+            ty.clone(),
+            format!("stablehlo.reshape {} : ({}) -> {}", x.name, x.ty.text(), ty.text()),
+        )
+    }
+
+    /// Removes unit dimensions `dims` of a possibly dynamic tensor with a one-term sum.
+    pub fn reduce_unit(&mut self, x: &V, dims: &[usize]) -> V {
+        for &d in dims {
+            assert_eq!(
+                x.ty.dims[d],
+                Dim::S(1),
+                "reduce_unit: dimension {d} is not a unit dimension"
+            );
+        }
+        if x.ty.is_static() {
+            let keep: Vec<usize> =
+                x.ty.static_dims()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !dims.contains(i))
+                    .map(|(_, &n)| n)
+                    .collect();
+            return self.reshape_static(x, &keep);
+        }
+        self.reduce(x, dims, Reduce::Add)
+    }
+
+    pub fn transpose(&mut self, x: &V, perm: &[usize]) -> V {
+        let ty = Ty::new(perm.iter().map(|&p| x.ty.dims[p].clone()).collect(), x.ty.elem);
+        self.op(
+            ty.clone(),
+            format!(
+                "stablehlo.transpose {}, dims = [{}] : ({}) -> {}",
+                x.name,
+                list(perm),
+                x.ty.text(),
+                ty.text()
+            ),
+        )
+    }
+
+    /// Static slice `[start, limit)` per dimension (a dynamic dimension must be taken whole: pass
+    /// `None`, which keeps it unless the tensor is dynamic, where only [`Body::dyn_slice`] works).
+    pub fn slice(&mut self, x: &V, ranges: &[(usize, usize)]) -> V {
+        assert!(x.ty.is_static(), "static slice of a dynamic tensor");
+        let dims: Vec<usize> = ranges.iter().map(|(a, b)| b - a).collect();
+        let ty = Ty::fixed(&dims, x.ty.elem);
+        let r = ranges
+            .iter()
+            .map(|(a, b)| format!("{a}:{b}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.op(
+            ty.clone(),
+            format!("stablehlo.slice {} [{r}] : ({}) -> {}", x.name, x.ty.text(), ty.text()),
+        )
+    }
+
+    /// `real_dynamic_slice` along static dimension `dim` (`[start, limit)`), every other dimension whole.
+    pub fn dyn_slice(&mut self, x: &V, dim: usize, start: usize, limit: usize) -> V {
+        if x.ty.is_static() {
+            let ranges: Vec<(usize, usize)> =
+                x.ty.static_dims()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| if i == dim { (start, limit) } else { (0, n) })
+                    .collect();
+            return self.slice(x, &ranges);
+        }
+        assert!(x.ty.dims[dim].is_static(), "dyn_slice along a dynamic dimension");
+        let rank = x.ty.rank();
+        let starts: Vec<Dim> = (0..rank).map(|i| Dim::S(if i == dim { start } else { 0 })).collect();
+        let mut limits = x.ty.dims.clone();
+        limits[dim] = Dim::S(limit);
+        let mut out = x.ty.clone();
+        out.dims[dim] = Dim::S(limit - start);
+        let s = self.shape_tensor(&starts);
+        let l = self.shape_tensor(&limits);
+        let st = self.shape_tensor(&vec![Dim::S(1); rank]);
+        self.op(
+            out.clone(),
+            format!(
+                "stablehlo.real_dynamic_slice {}, {}, {}, {} : ({}, {}, {}, {}) -> {}",
+                x.name,
+                s.name,
+                l.name,
+                st.name,
+                x.ty.text(),
+                s.ty.text(),
+                l.ty.text(),
+                st.ty.text(),
+                out.text()
+            ),
+        )
+    }
+
+    pub fn concat(&mut self, xs: &[V], dim: usize) -> V {
+        assert!(!xs.is_empty());
+        let mut dims = xs[0].ty.dims.clone();
+        let all_static = xs.iter().all(|x| x.ty.dims[dim].is_static());
+        dims[dim] = if all_static {
+            Dim::S(
+                xs.iter()
+                    .map(|x| if let Dim::S(n) = x.ty.dims[dim] { n } else { 0 })
+                    .sum(),
+            )
+        } else {
+            Dim::D(String::new()) // filled in by refresh below
+        };
+        let ty = Ty::new(dims, xs[0].ty.elem);
+        let names = xs.iter().map(|x| x.name.as_str()).collect::<Vec<_>>().join(", ");
+        let types = xs.iter().map(|x| x.ty.text()).collect::<Vec<_>>().join(", ");
+        let v = self.op(
+            ty.clone(),
+            format!(
+                "stablehlo.concatenate {names}, dim = {dim} : ({types}) -> {}",
+                ty.text()
+            ),
+        );
+        if all_static {
+            v
+        } else {
+            let d = self.dim_of(&v, dim);
+            let mut v = v;
+            v.ty.dims[dim] = d;
+            v
+        }
+    }
+
+    /// Broadcasts `x` into `target` (`map[i]` = target dimension of `x`'s dimension `i`).
+    pub fn broadcast(&mut self, x: &V, map: &[usize], target: &Ty) -> V {
+        let ty = target.with_elem(x.ty.elem);
+        if ty.is_static() && x.ty.is_static() {
+            return self.op(
+                ty.clone(),
+                format!(
+                    "stablehlo.broadcast_in_dim {}, dims = [{}] : ({}) -> {}",
+                    x.name,
+                    list(map),
+                    x.ty.text(),
+                    ty.text()
+                ),
+            );
+        }
+        // Every operand dimension keeps its size (we only add dimensions): saying so is what
+        // lets IREE 3.13 legalise the op at all.
+        let shape = self.shape_tensor(&ty.dims);
+        let keep: Vec<usize> = (0..x.ty.rank()).collect();
+        self.op(
+            ty.clone(),
+            format!(
+                "\"stablehlo.dynamic_broadcast_in_dim\"({}, {}) {{broadcast_dimensions = array<i64{}>, known_nonexpanding_dimensions = array<i64{}>}} : ({}, {}) -> {}",
+                x.name,
+                shape.name,
+                i64_list(map),
+                i64_list(&keep),
+                x.ty.text(),
+                shape.ty.text(),
+                ty.text()
+            ),
+        )
+    }
+
+    // ---- elementwise -----------------------------------------------------------------------
+
+    pub fn unary(&mut self, op: &str, x: &V) -> V {
+        self.op(x.ty.clone(), format!("stablehlo.{op} {} : {}", x.name, x.ty.text()))
+    }
+
+    pub fn binary(&mut self, op: &str, a: &V, b: &V) -> V {
+        assert_eq!(a.ty.text(), b.ty.text(), "binary {op}: operand types differ");
+        self.op(
+            a.ty.clone(),
+            format!("stablehlo.{op} {}, {} : {}", a.name, b.name, a.ty.text()),
+        )
+    }
+
+    pub fn add(&mut self, a: &V, b: &V) -> V {
+        self.binary("add", a, b)
+    }
+    pub fn sub(&mut self, a: &V, b: &V) -> V {
+        self.binary("subtract", a, b)
+    }
+    pub fn mul(&mut self, a: &V, b: &V) -> V {
+        self.binary("multiply", a, b)
+    }
+    pub fn div(&mut self, a: &V, b: &V) -> V {
+        self.binary("divide", a, b)
+    }
+
+    /// `x * c` for a scalar constant.
+    pub fn scale(&mut self, x: &V, c: f32) -> V {
+        let s = self.splat_f32(c, &x.ty);
+        self.mul(x, &s)
+    }
+
+    pub fn compare(&mut self, dir: &str, a: &V, b: &V) -> V {
+        assert_eq!(a.ty.text(), b.ty.text(), "compare: operand types differ");
+        self.op(
+            a.ty.with_elem(Elem::I1),
+            format!(
+                "stablehlo.compare {dir}, {}, {} : ({}, {}) -> {}",
+                a.name,
+                b.name,
+                a.ty.text(),
+                b.ty.text(),
+                a.ty.with_elem(Elem::I1).text()
+            ),
+        )
+    }
+
+    pub fn select(&mut self, p: &V, a: &V, b: &V) -> V {
+        self.op(
+            a.ty.clone(),
+            format!(
+                "stablehlo.select {}, {}, {} : {}, {}",
+                p.name,
+                a.name,
+                b.name,
+                p.ty.text(),
+                a.ty.text()
+            ),
+        )
+    }
+
+    pub fn convert(&mut self, x: &V, elem: Elem) -> V {
+        let ty = x.ty.with_elem(elem);
+        self.op(
+            ty.clone(),
+            format!("stablehlo.convert {} : ({}) -> {}", x.name, x.ty.text(), ty.text()),
+        )
+    }
+
+    pub fn bitcast(&mut self, x: &V, elem: Elem) -> V {
+        let ty = x.ty.with_elem(elem);
+        self.op(
+            ty.clone(),
+            format!(
+                "stablehlo.bitcast_convert {} : ({}) -> {}",
+                x.name,
+                x.ty.text(),
+                ty.text()
+            ),
+        )
+    }
+
+    pub fn iota(&mut self, dims: &[usize], dim: usize, elem: Elem) -> V {
+        let ty = Ty::fixed(dims, elem);
+        self.op(ty.clone(), format!("stablehlo.iota dim = {dim} : {}", ty.text()))
+    }
+
+    // ---- reductions and contractions -------------------------------------------------------
+
+    pub fn reduce(&mut self, x: &V, dims: &[usize], kind: Reduce) -> V {
+        let init = match kind {
+            Reduce::Add => 0.0,
+            Reduce::Max => f32::NEG_INFINITY,
+        };
+        assert_eq!(x.ty.elem, Elem::F32, "reduce: f32 only");
+        let z = self.scalar_f32(init);
+        let ty = Ty::new(
+            x.ty.dims
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !dims.contains(i))
+                .map(|(_, d)| d.clone())
+                .collect(),
+            x.ty.elem,
+        );
+        let op = match kind {
+            Reduce::Add => "stablehlo.add",
+            Reduce::Max => "stablehlo.maximum",
+        };
+        self.op(
+            ty.clone(),
+            format!(
+                "stablehlo.reduce({} init: {}) applies {op} across dimensions = [{}] : ({}, tensor<f32>) -> {}",
+                x.name,
+                z.name,
+                list(dims),
+                x.ty.text(),
+                ty.text()
+            ),
+        )
+    }
+
+    /// `dot_general`; the result is batch dims, then lhs free dims, then rhs free dims.
+    pub fn dot(&mut self, a: &V, b: &V, batch: (&[usize], &[usize]), contract: (&[usize], &[usize])) -> V {
+        let mut dims: Vec<Dim> = batch.0.iter().map(|&i| a.ty.dims[i].clone()).collect();
+        for (i, d) in a.ty.dims.iter().enumerate() {
+            if !batch.0.contains(&i) && !contract.0.contains(&i) {
+                dims.push(d.clone());
+            }
+        }
+        for (i, d) in b.ty.dims.iter().enumerate() {
+            if !batch.1.contains(&i) && !contract.1.contains(&i) {
+                dims.push(d.clone());
+            }
+        }
+        let ty = Ty::new(dims, Elem::F32);
+        let batching = if batch.0.is_empty() {
+            String::new()
+        } else {
+            format!("batching_dims = [{}] x [{}], ", list(batch.0), list(batch.1))
+        };
+        self.op(
+            ty.clone(),
+            format!(
+                "stablehlo.dot_general {}, {}, {batching}contracting_dims = [{}] x [{}] : ({}, {}) -> {}",
+                a.name,
+                b.name,
+                list(contract.0),
+                list(contract.1),
+                a.ty.text(),
+                b.ty.text(),
+                ty.text()
+            ),
+        )
+    }
+
+    /// Index of the largest value along the last axis of a rank-2 `[rows, n]` f32 tensor, the
+    /// lowest index on ties, as `[rows]` i32: a variadic reduce over `(value, iota)`.
+    pub fn argmax_rows(&mut self, x: &V) -> V {
+        assert_eq!(x.ty.rank(), 2);
+        let dims = x.ty.static_dims();
+        let iota = self.iota(&dims, 1, Elem::I32);
+        let ninf = self.scalar_f32(f32::NEG_INFINITY);
+        let zero = self.scalar_i32(0);
+        let out_f = Ty::fixed(&dims[..1], Elem::F32);
+        let out_i = Ty::fixed(&dims[..1], Elem::I32);
+        let name = self.fresh();
+        let t = x.ty.text();
+        let it = iota.ty.text();
+        let mut s = String::new();
+        writeln!(
+            s,
+            "    {name}:2 = stablehlo.reduce({} init: {}), ({} init: {}) across dimensions = [1] : ({t}, {it}, tensor<f32>, tensor<i32>) -> ({}, {})",
+            x.name,
+            ninf.name,
+            iota.name,
+            zero.name,
+            out_f.text(),
+            out_i.text()
+        )
+        .unwrap();
+        s.push_str(
+            "      reducer(%a: tensor<f32>, %b: tensor<f32>) (%ai: tensor<i32>, %bi: tensor<i32>) {\n\
+             \x20       %gt = stablehlo.compare GT, %a, %b : (tensor<f32>, tensor<f32>) -> tensor<i1>\n\
+             \x20       %eq = stablehlo.compare EQ, %a, %b : (tensor<f32>, tensor<f32>) -> tensor<i1>\n\
+             \x20       %lt = stablehlo.compare LT, %ai, %bi : (tensor<i32>, tensor<i32>) -> tensor<i1>\n\
+             \x20       %tie = stablehlo.and %eq, %lt : tensor<i1>\n\
+             \x20       %pick = stablehlo.or %gt, %tie : tensor<i1>\n\
+             \x20       %x = stablehlo.select %pick, %a, %b : tensor<i1>, tensor<f32>\n\
+             \x20       %y = stablehlo.select %pick, %ai, %bi : tensor<i1>, tensor<i32>\n\
+             \x20       stablehlo.return %x, %y : tensor<f32>, tensor<i32>\n\
+             \x20     }\n",
+        );
+        self.text.push_str(&s);
+        V {
+            name: format!("{name}#1"),
+            ty: out_i,
+        }
+    }
+
+    /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.
+    pub fn gather_rows(&mut self, table: &V, indices: &V) -> V {
+        let td = table.ty.static_dims();
+        let n = indices.ty.static_dims()[0];
+        let idx = self.reshape_static(indices, &[n, 1]);
+        let ty = Ty::fixed(&[n, td[1]], table.ty.elem);
+        self.op(
+            ty.clone(),
+            format!(
+                "\"stablehlo.gather\"({}, {}) {{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, {}>}} : ({}, {}) -> {}",
+                table.name,
+                idx.name,
+                td[1],
+                table.ty.text(),
+                idx.ty.text(),
+                ty.text()
+            ),
+        )
+    }
+}
