@@ -40,5 +40,8 @@ pub fn reference_kv(model: Arc<ReferenceModel>, rule: RuleChoice) -> ReferenceKv
 }
 
 pub fn reference_redecode(model: Arc<ReferenceModel>, seq: Option<usize>) -> Result<ReferenceRedecode> {
-    Ok(ReferenceRedecode::new(model, seq)?)
+    Ok(match seq {
+        Some(seq) => ReferenceRedecode::with_seq(model, seq)?,
+        None => ReferenceRedecode::new(model),
+    })
 }

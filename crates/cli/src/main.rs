@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "skainet-kv", version, about = "Stateful KV-cache LLM sessions through IREE, with an FP32 reference")]
+#[command(
+    name = "skainet-kv",
+    version,
+    about = "Stateful KV-cache LLM sessions through IREE, with an FP32 reference"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,7 +42,10 @@ fn main() -> ExitCode {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        let location = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        let location = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
         eprintln!("error: internal bug: {message}{location}");
     }));
     let cli = Cli::parse();

@@ -1,1 +1,49 @@
-//! placeholder
+//! The conformance suite: the same problems on every backend, compared by token stream and
+//! per-layer K/V against the FP32 reference and against an independent no-cache recompute.
+//!
+//! - [`problems`]: each problem is a function of a [`BackendFactory`]; [`conformance_suite!`]
+//!   expands every problem into `#[test]`s for one backend (`tests/reference.rs`, and one file per
+//!   IREE device), so a backend cannot be skipped silently.
+//! - [`naive`]: a plain, loop-by-loop forward with no cache, written independently of
+//!   `backend-reference` (its own RoPE, its own masks); the oracle of the cached path.
+//! - [`divergence`]: known divergences, as data keyed by backend with their reason.
+//! - [`compare`]: tolerance asserts that print the first mismatches.
+
+pub mod compare;
+pub mod divergence;
+pub mod factory;
+pub mod naive;
+pub mod problems;
+
+pub use factory::{BackendFactory, ReferenceFactory};
+
+/// Expands every problem of [`problems`] into a `#[test]` for the factory expression `$factory`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        fn factory() -> impl $crate::BackendFactory {
+            $factory
+        }
+        $crate::conformance_suite!(@tests
+            prefill_equals_prefix_chunks_and_steps,
+            snapshot_trees_replay_fresh_runs,
+            cached_path_matches_naive_recompute,
+            seed_step_rule_sees_one_key_more,
+            gqa_and_llama_families_match_naive,
+            bad_input_is_refused_and_session_survives,
+            foreign_snapshot_is_refused,
+            snapshots_branch_and_outlive_later_calls,
+            redecode_matches_kv_stream,
+            redecode_refuses_prompts_without_room,
+            kv_matches_reference_call_by_call
+        );
+    };
+    (@tests $($problem:ident),*) => {
+        $(
+            #[test]
+            fn $problem() {
+                $crate::problems::$problem(&factory());
+            }
+        )*
+    };
+}

@@ -25,7 +25,10 @@ impl SessionId {
         if self == other {
             Ok(())
         } else {
-            Err(Error::ForeignSnapshot { session: self.0, snapshot_session: other.0 })
+            Err(Error::ForeignSnapshot {
+                session: self.0,
+                snapshot_session: other.0,
+            })
         }
     }
 }
@@ -64,7 +67,10 @@ impl LayerKv {
     /// The rows for absolute positions `from..first_position + rows` (a sliding layer may hold
     /// more than another backend; compare on the common tail).
     pub fn tail_from(&self, from: usize) -> LayerKv {
-        assert!(from >= self.first_position && from <= self.first_position + self.rows, "tail_from out of range");
+        assert!(
+            from >= self.first_position && from <= self.first_position + self.rows,
+            "tail_from out of range"
+        );
         let skip = from - self.first_position;
         let rows = self.rows - skip;
         let take = |data: &[f32]| {
@@ -75,7 +81,14 @@ impl LayerKv {
                 })
                 .collect()
         };
-        LayerKv { first_position: from, rows, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, k: take(&self.k), v: take(&self.v) }
+        LayerKv {
+            first_position: from,
+            rows,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            k: take(&self.k),
+            v: take(&self.v),
+        }
     }
 }
 

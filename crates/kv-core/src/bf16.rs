@@ -20,9 +20,7 @@ pub enum ConvertError {
         elem_size: usize,
     },
     /// The output buffer does not have exactly one slot per input element.
-    #[error(
-        "{what}: input holds {input_elems} elements but the output has room for {output_elems}"
-    )]
+    #[error("{what}: input holds {input_elems} elements but the output has room for {output_elems}")]
     LengthMismatch {
         what: &'static str,
         input_elems: usize,
@@ -32,11 +30,7 @@ pub enum ConvertError {
 
 fn check_ragged(what: &'static str, len: usize, elem_size: usize) -> Result<usize, ConvertError> {
     if len % elem_size != 0 {
-        return Err(ConvertError::RaggedLength {
-            what,
-            len,
-            elem_size,
-        });
+        return Err(ConvertError::RaggedLength { what, len, elem_size });
     }
     Ok(len / elem_size)
 }
@@ -162,14 +156,8 @@ mod tests {
     #[test]
     fn known_values() {
         // 1.0 = 0x3F80, -2.0 = 0xC000
-        assert_eq!(
-            bf16_bytes_to_f32(&[0x80, 0x3f, 0x00, 0xc0]).unwrap(),
-            vec![1.0, -2.0]
-        );
-        assert_eq!(
-            f32_to_bf16_bytes(&[1.0, -2.0]),
-            vec![0x80, 0x3f, 0x00, 0xc0]
-        );
+        assert_eq!(bf16_bytes_to_f32(&[0x80, 0x3f, 0x00, 0xc0]).unwrap(), vec![1.0, -2.0]);
+        assert_eq!(f32_to_bf16_bytes(&[1.0, -2.0]), vec![0x80, 0x3f, 0x00, 0xc0]);
         // 1 + 2^-8 is a tie between 1.0 and 1 + 2^-7: even mantissa (1.0) wins.
         assert_eq!(f32_to_bf16_bytes(&[1.0 + 1.0 / 256.0]), vec![0x80, 0x3f]);
     }

@@ -59,7 +59,12 @@ impl<B: KvBackend> KvDecoder<B> {
         let spec = self.backend.spec().clone();
         spec.check_tokens("prefill_prefix", ids)?;
         if ids.len() > spec.max_positions {
-            return Err(Error::ContextOverflow { op: "prefill_prefix", position: 0, n: ids.len(), max: spec.max_positions });
+            return Err(Error::ContextOverflow {
+                op: "prefill_prefix",
+                position: 0,
+                n: ids.len(),
+                max: spec.max_positions,
+            });
         }
         let (head, rest) = ids.split_at(ids.len().min(spec.seq));
         self.backend.prefill(head)?;
@@ -72,10 +77,21 @@ impl<B: KvBackend> KvDecoder<B> {
     /// Restores `prefix`, feeds the utterance in chunk calls, then decodes greedily until `eos`
     /// or `max_new` ids. Checks the whole request before the first call, so a bad utterance
     /// leaves the session untouched.
-    pub fn generate(&mut self, prefix: &B::Snapshot, utterance: &[i32], eos: Option<i32>, max_new: usize) -> Result<Generation> {
+    pub fn generate(
+        &mut self,
+        prefix: &B::Snapshot,
+        utterance: &[i32],
+        eos: Option<i32>,
+        max_new: usize,
+    ) -> Result<Generation> {
         let spec = self.backend.spec().clone();
         if utterance.is_empty() {
-            return Err(Error::BadTokenCount { op: "generate", n: 0, min: 1, max: usize::MAX });
+            return Err(Error::BadTokenCount {
+                op: "generate",
+                n: 0,
+                min: 1,
+                max: usize::MAX,
+            });
         }
         spec.check_tokens("generate", utterance)?;
         let mut timing = StageTiming::default();
@@ -87,7 +103,12 @@ impl<B: KvBackend> KvDecoder<B> {
         // Room for the utterance and every step; the last generated id needs no step.
         let needed = utterance.len() + max_new.saturating_sub(1);
         if start + needed > spec.max_positions {
-            return Err(Error::ContextOverflow { op: "generate", position: start, n: needed, max: spec.max_positions });
+            return Err(Error::ContextOverflow {
+                op: "generate",
+                position: start,
+                n: needed,
+                max: spec.max_positions,
+            });
         }
 
         let t = Instant::now();
@@ -115,7 +136,11 @@ impl<B: KvBackend> KvDecoder<B> {
             timing.decode_tokens += 1;
         }
         timing.decode = t.elapsed();
-        Ok(Generation { ids, stopped_at_eos, timing })
+        Ok(Generation {
+            ids,
+            stopped_at_eos,
+            timing,
+        })
     }
 }
 
@@ -141,7 +166,12 @@ impl<B: RedecodeBackend> RedecodeDecoder<B> {
         }
         let vocab = self.backend.vocab_size();
         if let Some(index) = prompt.iter().position(|&t| t < 0 || t as usize >= vocab) {
-            return Err(Error::TokenOutOfRange { op: "redecode", index, id: prompt[index] as i64, vocab });
+            return Err(Error::TokenOutOfRange {
+                op: "redecode",
+                index,
+                id: prompt[index] as i64,
+                vocab,
+            });
         }
         let mut buffer = prompt.to_vec();
         buffer.resize(seq, 0);

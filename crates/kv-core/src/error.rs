@@ -8,11 +8,26 @@ use crate::irpa::IrpaError;
 pub enum Error {
     // --- bad input: the session is left exactly as it was ---
     #[error("{op}: token id {id} at index {index} is outside the vocabulary [0, {vocab})")]
-    TokenOutOfRange { op: &'static str, index: usize, id: i64, vocab: usize },
+    TokenOutOfRange {
+        op: &'static str,
+        index: usize,
+        id: i64,
+        vocab: usize,
+    },
     #[error("{op}: got {n} tokens, expected {min}..={max}")]
-    BadTokenCount { op: &'static str, n: usize, min: usize, max: usize },
+    BadTokenCount {
+        op: &'static str,
+        n: usize,
+        min: usize,
+        max: usize,
+    },
     #[error("{op}: context overflow: position {position} + {n} tokens exceeds maxPositions {max}")]
-    ContextOverflow { op: &'static str, position: usize, n: usize, max: usize },
+    ContextOverflow {
+        op: &'static str,
+        position: usize,
+        n: usize,
+        max: usize,
+    },
     #[error("{op}: the session holds no prefix yet; call prefill first")]
     NotPrefilled { op: &'static str },
     #[error("restore: the snapshot belongs to session {snapshot_session}, not to this session ({session})")]
@@ -32,22 +47,36 @@ pub enum Error {
     #[error("parameter `{name}`: {reason}")]
     Parameter { name: String, reason: String },
     #[error("{what} {path}: {source}")]
-    Io { what: &'static str, path: String, source: std::io::Error },
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
 
     // --- a backend's own failure (IREE status, driver error, ...) ---
     #[error("{backend}: {op}: {message}")]
-    Backend { backend: &'static str, op: String, message: String },
+    Backend {
+        backend: &'static str,
+        op: String,
+        message: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn manifest(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Manifest { key: key.into(), reason: reason.into() }
+        Error::Manifest {
+            key: key.into(),
+            reason: reason.into(),
+        }
     }
 
     pub fn parameter(name: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Parameter { name: name.into(), reason: reason.into() }
+        Error::Parameter {
+            name: name.into(),
+            reason: reason.into(),
+        }
     }
 }
 

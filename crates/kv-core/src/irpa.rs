@@ -77,19 +77,14 @@ pub enum IrpaError {
     #[error("irpa: bad magic {found:#010x} at offset {offset} (expected {MAGIC:#010x}, `IRPA`)")]
     BadMagic { offset: u64, found: u32 },
     /// A header version this reader does not understand (only 0.0 exists).
-    #[error(
-        "irpa: unsupported archive version {major}.{minor} at offset {offset} (supported: 0.0)"
-    )]
+    #[error("irpa: unsupported archive version {major}.{minor} at offset {offset} (supported: 0.0)")]
     UnsupportedVersion { offset: u64, major: u16, minor: u16 },
     /// A structurally invalid field.
     #[error("irpa: corrupt {what}: {detail}")]
     Corrupt { what: String, detail: String },
     /// No (live) entry has this name.
     #[error("irpa: no entry named {name:?} (the archive has {available_count} entries)")]
-    MissingEntry {
-        name: String,
-        available_count: usize,
-    },
+    MissingEntry { name: String, available_count: usize },
     /// The entry exists but its bytes are not stored in this archive (splat or external).
     #[error("irpa: entry {name:?} is a {kind} entry, its bytes are not stored in this archive")]
     NotStored { name: String, kind: &'static str },
@@ -112,11 +107,7 @@ pub enum IrpaEntryKind {
     Data { offset: u64, length: u64 },
     /// `length` bytes at absolute `offset` in another file. Not supported by IREE's parser;
     /// reported here, but [`IrpaArchive::data`] refuses it.
-    External {
-        path: String,
-        offset: u64,
-        length: u64,
-    },
+    External { path: String, offset: u64, length: u64 },
 }
 
 impl IrpaEntryKind {
@@ -341,12 +332,7 @@ impl IrpaArchive {
 // ---------------------------------------------------------------------------------------------
 // Parsing
 
-fn checked_slice(
-    buf: &[u8],
-    offset: u64,
-    needed: u64,
-    what: impl FnOnce() -> String,
-) -> Result<&[u8], IrpaError> {
+fn checked_slice(buf: &[u8], offset: u64, needed: u64, what: impl FnOnce() -> String) -> Result<&[u8], IrpaError> {
     let len = buf.len() as u64;
     match offset.checked_add(needed) {
         Some(end) if end <= len => Ok(&buf[offset as usize..end as usize]),
@@ -395,9 +381,7 @@ fn overflow(what: String, detail: impl Into<String>) -> IrpaError {
 
 fn align_up(value: u64, alignment: u64) -> Option<u64> {
     debug_assert!(alignment.is_power_of_two());
-    value
-        .checked_add(alignment - 1)
-        .map(|v| v & !(alignment - 1))
+    value.checked_add(alignment - 1).map(|v| v & !(alignment - 1))
 }
 
 struct HeaderV0 {
@@ -410,12 +394,7 @@ struct HeaderV0 {
 
 impl HeaderV0 {
     /// Resolves a reference into the metadata segment to absolute bytes.
-    fn metadata_bytes<'a>(
-        &self,
-        buf: &'a [u8],
-        r: Range,
-        what: impl Fn() -> String,
-    ) -> Result<&'a [u8], IrpaError> {
+    fn metadata_bytes<'a>(&self, buf: &'a [u8], r: Range, what: impl Fn() -> String) -> Result<&'a [u8], IrpaError> {
         if r.length == 0 {
             return Ok(&[]);
         }
@@ -440,12 +419,7 @@ impl HeaderV0 {
     }
 
     /// Resolves a storage reference to an absolute (offset, length) inside the file.
-    fn storage_range(
-        &self,
-        buf: &[u8],
-        r: Range,
-        what: impl Fn() -> String,
-    ) -> Result<(u64, u64), IrpaError> {
+    fn storage_range(&self, buf: &[u8], r: Range, what: impl Fn() -> String) -> Result<(u64, u64), IrpaError> {
         if r.length == 0 {
             return Ok((0, 0));
         }
@@ -500,9 +474,7 @@ fn parse_header(buf: &[u8], base: u64) -> Result<(HeaderV0, u64), IrpaError> {
         });
     }
     let next_header_offset = prefix.u64(16);
-    let h = Fields(checked_slice(buf, base, HEADER_SIZE, || {
-        "archive header".to_owned()
-    })?);
+    let h = Fields(checked_slice(buf, base, HEADER_SIZE, || "archive header".to_owned())?);
     let header = HeaderV0 {
         base,
         entry_count: h.u64(32),
@@ -566,11 +538,7 @@ fn parse_entries(buf: &[u8]) -> Result<Vec<IrpaEntry>, IrpaError> {
     }
 }
 
-fn parse_entry_table(
-    buf: &[u8],
-    header: &HeaderV0,
-    out: &mut Vec<IrpaEntry>,
-) -> Result<(), IrpaError> {
+fn parse_entry_table(buf: &[u8], header: &HeaderV0, out: &mut Vec<IrpaEntry>) -> Result<(), IrpaError> {
     let mut offset = header
         .base
         .checked_add(header.entries.offset)
@@ -644,16 +612,14 @@ fn parse_entry_table(
             }
             TYPE_DATA => {
                 need(DATA_ENTRY_SIZE, "data")?;
-                let (offset, length) = header.storage_range(buf, entry.range(60), || {
-                    format!("storage of {}", what_named())
-                })?;
+                let (offset, length) =
+                    header.storage_range(buf, entry.range(60), || format!("storage of {}", what_named()))?;
                 IrpaEntryKind::Data { offset, length }
             }
             TYPE_EXTERNAL => {
                 need(EXTERNAL_ENTRY_SIZE, "external")?;
-                let path = header.metadata_bytes(buf, entry.range(60), || {
-                    format!("external path of {}", what_named())
-                })?;
+                let path =
+                    header.metadata_bytes(buf, entry.range(60), || format!("external path of {}", what_named()))?;
                 let path = String::from_utf8_lossy(path).into_owned();
                 let range = entry.range(76);
                 IrpaEntryKind::External {
@@ -678,8 +644,7 @@ fn parse_entry_table(
             table_offset: at,
         });
 
-        let step = align_up(entry_size, ENTRY_ALIGNMENT)
-            .ok_or_else(|| overflow(what(), "entry size overflows"))?;
+        let step = align_up(entry_size, ENTRY_ALIGNMENT).ok_or_else(|| overflow(what(), "entry size overflows"))?;
         offset = offset
             .checked_add(step)
             .ok_or_else(|| overflow(what(), "entry offset overflows"))?;
@@ -746,30 +711,17 @@ impl IrpaWriter {
         self.entries.is_empty()
     }
 
-    fn push(
-        &mut self,
-        name: String,
-        metadata: Vec<u8>,
-        body: Pending,
-    ) -> Result<&mut Self, IrpaError> {
+    fn push(&mut self, name: String, metadata: Vec<u8>, body: Pending) -> Result<&mut Self, IrpaError> {
         if self.names.contains(&name) {
             return Err(IrpaError::DuplicateEntry { name });
         }
         self.names.insert(name.clone());
-        self.entries.push(PendingEntry {
-            name,
-            metadata,
-            body,
-        });
+        self.entries.push(PendingEntry { name, metadata, body });
         Ok(self)
     }
 
     /// Adds a data entry holding `bytes` (no metadata, like `save_archive_file`).
-    pub fn add_data(
-        &mut self,
-        name: impl Into<String>,
-        bytes: impl Into<Vec<u8>>,
-    ) -> Result<&mut Self, IrpaError> {
+    pub fn add_data(&mut self, name: impl Into<String>, bytes: impl Into<Vec<u8>>) -> Result<&mut Self, IrpaError> {
         self.push(name.into(), Vec::new(), Pending::Data(bytes.into()))
     }
 
@@ -784,30 +736,17 @@ impl IrpaWriter {
     }
 
     /// Adds little-endian f32 values.
-    pub fn add_f32(
-        &mut self,
-        name: impl Into<String>,
-        values: &[f32],
-    ) -> Result<&mut Self, IrpaError> {
+    pub fn add_f32(&mut self, name: impl Into<String>, values: &[f32]) -> Result<&mut Self, IrpaError> {
         self.add_data(name, crate::bf16::f32_to_bytes(values))
     }
 
     /// Adds f32 values rounded to bf16 (nearest, ties to even), little-endian.
-    pub fn add_bf16_from_f32(
-        &mut self,
-        name: impl Into<String>,
-        values: &[f32],
-    ) -> Result<&mut Self, IrpaError> {
+    pub fn add_bf16_from_f32(&mut self, name: impl Into<String>, values: &[f32]) -> Result<&mut Self, IrpaError> {
         self.add_data(name, crate::bf16::f32_to_bf16_bytes(values))
     }
 
     /// Adds a splat entry: `length` bytes repeating `pattern` (1, 2, 4, 8 or 16 bytes).
-    pub fn add_splat(
-        &mut self,
-        name: impl Into<String>,
-        pattern: &[u8],
-        length: u64,
-    ) -> Result<&mut Self, IrpaError> {
+    pub fn add_splat(&mut self, name: impl Into<String>, pattern: &[u8], length: u64) -> Result<&mut Self, IrpaError> {
         self.add_splat_with_metadata(name, pattern, length, Vec::new())
     }
 
@@ -851,8 +790,7 @@ impl IrpaWriter {
                 Pending::Splat { .. } => SPLAT_ENTRY_SIZE,
                 Pending::Data(_) => DATA_ENTRY_SIZE,
             };
-            entry_segment_size =
-                align_up(entry_segment_size, ENTRY_ALIGNMENT).expect("size") + size;
+            entry_segment_size = align_up(entry_segment_size, ENTRY_ALIGNMENT).expect("size") + size;
             metadata_segment_size += (e.name.len() + e.metadata.len()) as u64;
             match &e.body {
                 Pending::Splat { .. } => data_offsets.push(None),
@@ -877,18 +815,10 @@ impl IrpaWriter {
             length: metadata_segment_size,
         };
         let storage_segment = Range {
-            offset: align_up(
-                metadata_segment.offset + metadata_segment.length,
-                storage_alignment,
-            )
-            .expect("size"),
+            offset: align_up(metadata_segment.offset + metadata_segment.length, storage_alignment).expect("size"),
             length: storage_segment_size,
         };
-        let total = align_up(
-            storage_segment.offset + storage_segment.length,
-            FILE_ALIGNMENT,
-        )
-        .expect("size");
+        let total = align_up(storage_segment.offset + storage_segment.length, FILE_ALIGNMENT).expect("size");
 
         let mut p = Vec::with_capacity(storage_segment.offset as usize);
         let put_range = |p: &mut Vec<u8>, r: Range| {
@@ -910,21 +840,14 @@ impl IrpaWriter {
 
         let mut metadata_offset = 0u64;
         for (e, data_offset) in self.entries.iter().zip(&data_offsets) {
-            p.resize(
-                align_up(p.len() as u64, ENTRY_ALIGNMENT).expect("size") as usize,
-                0,
-            );
+            p.resize(align_up(p.len() as u64, ENTRY_ALIGNMENT).expect("size") as usize, 0);
             let name_ref = Range {
                 offset: metadata_offset,
                 length: e.name.len() as u64,
             };
             metadata_offset += name_ref.length;
             let meta_ref = Range {
-                offset: if e.metadata.is_empty() {
-                    0
-                } else {
-                    metadata_offset
-                },
+                offset: if e.metadata.is_empty() { 0 } else { metadata_offset },
                 length: e.metadata.len() as u64,
             };
             metadata_offset += meta_ref.length;

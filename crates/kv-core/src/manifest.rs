@@ -242,19 +242,26 @@ impl Manifest {
     /// Reads and validates `dir/manifest.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| Error::Io { what: "reading manifest", path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+            what: "reading manifest",
+            path: path.display().to_string(),
+            source,
+        })?;
         parse(&text, &path.display().to_string())
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| crate::error::invariant(&format!("manifest serialises: {e}")))
+        serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| crate::error::invariant(&format!("manifest serialises: {e}")))
     }
 
     pub fn save(&self, dir: &Path) -> Result<PathBuf> {
         let path = dir.join(MANIFEST_FILE);
-        std::fs::write(&path, self.to_json())
-            .map_err(|source| Error::Io { what: "writing manifest", path: path.display().to_string(), source })?;
+        std::fs::write(&path, self.to_json()).map_err(|source| Error::Io {
+            what: "writing manifest",
+            path: path.display().to_string(),
+            source,
+        })?;
         Ok(path)
     }
 
@@ -262,7 +269,10 @@ impl Manifest {
         if self.contract_version != CONTRACT_VERSION {
             return Err(Error::manifest(
                 "contractVersion",
-                format!("{} is not supported (this runtime speaks {CONTRACT_VERSION})", self.contract_version),
+                format!(
+                    "{} is not supported (this runtime speaks {CONTRACT_VERSION})",
+                    self.contract_version
+                ),
             ));
         }
         self.spec.validate()?;
@@ -296,7 +306,9 @@ impl Manifest {
 
     /// The argument names, falling back to the canonical order when the manifest has no list.
     pub fn args_or_canonical(&self, graph: Graph) -> Vec<String> {
-        self.args(graph).map(<[String]>::to_vec).unwrap_or_else(|| canonical_args(graph, &self.spec))
+        self.args(graph)
+            .map(<[String]>::to_vec)
+            .unwrap_or_else(|| canonical_args(graph, &self.spec))
     }
 
     pub fn outputs(&self, graph: Graph) -> Option<&[String]> {
@@ -309,7 +321,9 @@ impl Manifest {
     }
 
     pub fn outputs_or_canonical(&self, graph: Graph) -> Vec<String> {
-        self.outputs(graph).map(<[String]>::to_vec).unwrap_or_else(|| canonical_outputs(graph, &self.spec))
+        self.outputs(graph)
+            .map(<[String]>::to_vec)
+            .unwrap_or_else(|| canonical_outputs(graph, &self.spec))
     }
 
     /// The archive file holding a graph's parameters, if the manifest names one.
@@ -324,7 +338,10 @@ impl Manifest {
     pub fn weights_file(&self) -> Option<&str> {
         match self.parameters.as_ref()? {
             Parameters::Shared(file) => Some(file),
-            Parameters::PerGraph(map) => map.get("weights").or_else(|| map.get(Graph::Step.key())).map(String::as_str),
+            Parameters::PerGraph(map) => map
+                .get("weights")
+                .or_else(|| map.get(Graph::Step.key()))
+                .map(String::as_str),
         }
     }
 
@@ -337,8 +354,10 @@ impl Manifest {
 
 /// Parses and validates; a type error names the key it sits under.
 fn parse(text: &str, origin: &str) -> Result<Manifest> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|source| Error::ManifestParse { path: origin.into(), source })?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|source| Error::ManifestParse {
+        path: origin.into(),
+        source,
+    })?;
     let keyed = |e: serde_path_to_error::Error<serde_json::Error>| {
         let key = e.path().to_string();
         Error::manifest(key, format!("{} (in {origin})", e.into_inner()))
@@ -369,7 +388,10 @@ fn check_same_names(key: &str, got: &[String], want: &[String]) -> Result<()> {
             return Err(Error::manifest(key, format!("`{name}` is listed twice")));
         }
         if !want.contains(name) {
-            return Err(Error::manifest(key, format!("`{name}` is not an argument of this graph for this spec")));
+            return Err(Error::manifest(
+                key,
+                format!("`{name}` is not an argument of this graph for this spec"),
+            ));
         }
     }
     if let Some(missing) = want.iter().find(|n| !seen.contains(n.as_str())) {

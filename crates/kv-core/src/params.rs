@@ -33,9 +33,17 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
     let q = spec.n_heads * spec.head_dim;
     let kv = spec.n_kv_heads * spec.head_dim;
     let f = arch.ffn_size;
-    let mut table = vec![ParamInfo { name: TOKEN_EMBD.into(), shape: vec![spec.vocab_size, h] }];
+    let mut table = vec![ParamInfo {
+        name: TOKEN_EMBD.into(),
+        shape: vec![spec.vocab_size, h],
+    }];
     for l in 0..spec.n_layers {
-        let mut push = |suffix: &str, shape: Vec<usize>| table.push(ParamInfo { name: layer_param(l, suffix), shape });
+        let mut push = |suffix: &str, shape: Vec<usize>| {
+            table.push(ParamInfo {
+                name: layer_param(l, suffix),
+                shape,
+            })
+        };
         push("attn_norm.weight", vec![h]);
         push("attn_q.weight", vec![q, h]);
         push("attn_k.weight", vec![kv, h]);
@@ -61,9 +69,15 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
             push("post_ffw_norm.weight", vec![h]);
         }
     }
-    table.push(ParamInfo { name: OUTPUT_NORM.into(), shape: vec![h] });
+    table.push(ParamInfo {
+        name: OUTPUT_NORM.into(),
+        shape: vec![h],
+    });
     if !arch.tied_output {
-        table.push(ParamInfo { name: OUTPUT.into(), shape: vec![spec.vocab_size, h] });
+        table.push(ParamInfo {
+            name: OUTPUT.into(),
+            shape: vec![spec.vocab_size, h],
+        });
     }
     table
 }

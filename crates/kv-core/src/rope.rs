@@ -16,12 +16,16 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new(start: usize, rows: usize, head_dim: usize, base: f32) -> Self {
-        assert!(head_dim % 2 == 0, "split-half RoPE needs an even head width, got {head_dim}");
+        assert!(
+            head_dim % 2 == 0,
+            "split-half RoPE needs an even head width, got {head_dim}"
+        );
         let half = head_dim / 2;
         // The angle in f64: positions reach the thousands, and the tables are the one place where
         // every backend's rotation comes from, so they are computed as exactly as we can.
-        let inv_freq: Vec<f64> =
-            (0..half).map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect();
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+            .collect();
         let mut cos = vec![0.0f32; rows * head_dim];
         let mut sin = vec![0.0f32; rows * head_dim];
         for r in 0..rows {
@@ -35,7 +39,13 @@ impl RopeTable {
                 sin[row + i + half] = s as f32;
             }
         }
-        RopeTable { start, rows, head_dim, cos, sin }
+        RopeTable {
+            start,
+            rows,
+            head_dim,
+            cos,
+            sin,
+        }
     }
 
     pub fn cos_row(&self, r: usize) -> &[f32] {

@@ -91,24 +91,42 @@ impl KvSpec {
             }
         }
         if self.head_dim % 2 != 0 {
-            return Err(Error::manifest("headDim", format!("{} is odd; split-half RoPE needs an even width", self.head_dim)));
+            return Err(Error::manifest(
+                "headDim",
+                format!("{} is odd; split-half RoPE needs an even width", self.head_dim),
+            ));
         }
         if self.n_heads % self.n_kv_heads != 0 {
             return Err(Error::manifest(
                 "nKvHeads",
-                format!("nHeads {} is not a multiple of nKvHeads {}", self.n_heads, self.n_kv_heads),
+                format!(
+                    "nHeads {} is not a multiple of nKvHeads {}",
+                    self.n_heads, self.n_kv_heads
+                ),
             ));
         }
         if self.sliding_window == 1 {
-            return Err(Error::manifest("slidingWindow", "a window of 1 leaves a step call no past rows; use 0 (none) or >= 2"));
+            return Err(Error::manifest(
+                "slidingWindow",
+                "a window of 1 leaves a step call no past rows; use 0 (none) or >= 2",
+            ));
         }
         if self.mask_heads > 1 {
-            return Err(Error::manifest("maskHeads", format!("{} is neither 0 (nHeads) nor 1 (broadcast)", self.mask_heads)));
+            return Err(Error::manifest(
+                "maskHeads",
+                format!("{} is neither 0 (nHeads) nor 1 (broadcast)", self.mask_heads),
+            ));
         }
         if self.seq > self.max_positions {
-            return Err(Error::manifest("seq", format!("{} exceeds maxPositions {}", self.seq, self.max_positions)));
+            return Err(Error::manifest(
+                "seq",
+                format!("{} exceeds maxPositions {}", self.seq, self.max_positions),
+            ));
         }
-        for (key, base) in [("slidingRopeBase", self.sliding_rope_base), ("globalRopeBase", self.global_rope_base)] {
+        for (key, base) in [
+            ("slidingRopeBase", self.sliding_rope_base),
+            ("globalRopeBase", self.global_rope_base),
+        ] {
             if !(base.is_finite() && base > 1.0) {
                 return Err(Error::manifest(key, format!("{base} is not a RoPE base > 1")));
             }
@@ -173,7 +191,12 @@ impl KvSpec {
     pub fn check_tokens(&self, op: &'static str, tokens: &[i32]) -> Result<()> {
         match tokens.iter().position(|&t| t < 0 || t as usize >= self.vocab_size) {
             None => Ok(()),
-            Some(index) => Err(Error::TokenOutOfRange { op, index, id: tokens[index] as i64, vocab: self.vocab_size }),
+            Some(index) => Err(Error::TokenOutOfRange {
+                op,
+                index,
+                id: tokens[index] as i64,
+                vocab: self.vocab_size,
+            }),
         }
     }
 }

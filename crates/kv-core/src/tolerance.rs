@@ -25,7 +25,13 @@ impl Tolerance {
 
     /// Indices and values of the first `limit` elements outside the tolerance.
     pub fn mismatches(&self, a: &[f32], b: &[f32], limit: usize) -> Vec<(usize, f32, f32)> {
-        a.iter().zip(b).enumerate().filter(|(_, (x, y))| !self.close(**x, **y)).take(limit).map(|(i, (x, y))| (i, *x, *y)).collect()
+        a.iter()
+            .zip(b)
+            .enumerate()
+            .filter(|(_, (x, y))| !self.close(**x, **y))
+            .take(limit)
+            .map(|(i, (x, y))| (i, *x, *y))
+            .collect()
     }
 }
 

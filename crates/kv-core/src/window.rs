@@ -106,7 +106,10 @@ impl StepPlan {
 }
 
 fn find_kind(kinds: &[KindInputs], kind: LayerKind) -> &KindInputs {
-    kinds.iter().find(|k| k.kind == kind).unwrap_or_else(|| crate::error::invariant("plan lacks a layer kind the spec has"))
+    kinds
+        .iter()
+        .find(|k| k.kind == kind)
+        .unwrap_or_else(|| crate::error::invariant("plan lacks a layer kind the spec has"))
 }
 
 fn one_hot(len: usize, at: usize) -> Vec<f32> {
@@ -125,10 +128,19 @@ fn padded(tokens: &[i32], len: usize) -> Vec<i32> {
 pub fn plan_prefill(spec: &KvSpec, tokens: &[i32]) -> Result<PrefillPlan> {
     let n = tokens.len();
     if n == 0 || n > spec.seq {
-        return Err(Error::BadTokenCount { op: "prefill", n, min: 1, max: spec.seq });
+        return Err(Error::BadTokenCount {
+            op: "prefill",
+            n,
+            min: 1,
+            max: spec.seq,
+        });
     }
     spec.check_tokens("prefill", tokens)?;
-    Ok(PrefillPlan { n, tokens: padded(tokens, spec.seq), select: one_hot(spec.seq, n - 1) })
+    Ok(PrefillPlan {
+        n,
+        tokens: padded(tokens, spec.seq),
+        select: one_hot(spec.seq, n - 1),
+    })
 }
 
 /// Validates a chunk call (1..=C tokens after a prefix, within maxPositions) and plans it.
@@ -138,11 +150,21 @@ pub fn plan_chunk(spec: &KvSpec, position: usize, tokens: &[i32]) -> Result<Chun
         return Err(Error::NotPrefilled { op: "chunk" });
     }
     if n == 0 || n > spec.chunk {
-        return Err(Error::BadTokenCount { op: "chunk", n, min: 1, max: spec.chunk });
+        return Err(Error::BadTokenCount {
+            op: "chunk",
+            n,
+            min: 1,
+            max: spec.chunk,
+        });
     }
     spec.check_tokens("chunk", tokens)?;
     if position + n > spec.max_positions {
-        return Err(Error::ContextOverflow { op: "chunk", position, n, max: spec.max_positions });
+        return Err(Error::ContextOverflow {
+            op: "chunk",
+            position,
+            n,
+            max: spec.max_positions,
+        });
     }
     let kinds = spec
         .kinds_present()
@@ -157,7 +179,13 @@ pub fn plan_chunk(spec: &KvSpec, position: usize, tokens: &[i32]) -> Result<Chun
             }
         })
         .collect();
-    Ok(ChunkPlan { position, n, tokens: padded(tokens, spec.chunk), select: one_hot(spec.chunk, n - 1), kinds })
+    Ok(ChunkPlan {
+        position,
+        n,
+        tokens: padded(tokens, spec.chunk),
+        select: one_hot(spec.chunk, n - 1),
+        kinds,
+    })
 }
 
 /// Validates a step call (one in-vocabulary token after a prefix, within maxPositions) and plans it.
@@ -167,7 +195,12 @@ pub fn plan_step(spec: &KvSpec, position: usize, token: i32, rule: WindowRule) -
     }
     spec.check_tokens("step", &[token])?;
     if position + 1 > spec.max_positions {
-        return Err(Error::ContextOverflow { op: "step", position, n: 1, max: spec.max_positions });
+        return Err(Error::ContextOverflow {
+            op: "step",
+            position,
+            n: 1,
+            max: spec.max_positions,
+        });
     }
     let kinds = spec
         .kinds_present()

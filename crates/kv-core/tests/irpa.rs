@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kv_core::bf16::{
-    bf16_bytes_to_f32, bf16_bytes_to_f32_into, f32_bytes_to_vec, f32_to_bf16_bytes,
-    f32_to_bf16_bytes_into, ConvertError,
+    bf16_bytes_to_f32, bf16_bytes_to_f32_into, f32_bytes_to_vec, f32_to_bf16_bytes, f32_to_bf16_bytes_into,
+    ConvertError,
 };
 use kv_core::irpa::{IrpaArchive, IrpaEntryKind, IrpaError, IrpaWriter};
 use proptest::prelude::*;
@@ -35,14 +35,10 @@ fn venv_bin(tool: &str) -> PathBuf {
 
 /// Deterministic pseudo-random bytes.
 fn lcg_bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (s >> 33) as u8
         })
         .collect()
@@ -54,13 +50,10 @@ fn mixed_writer() -> IrpaWriter {
     w.add_splat_with_metadata("zeros", &[0, 0, 0, 0], 4096, "TENSORv0:{}")
         .unwrap();
     w.add_data("a", vec![1u8, 2, 3]).unwrap();
-    w.add_data_with_metadata("bb", lcg_bytes(1, 70), "meta for bb")
-        .unwrap();
+    w.add_data_with_metadata("bb", lcg_bytes(1, 70), "meta for bb").unwrap();
     w.add_data("empty", Vec::new()).unwrap();
-    w.add_splat("pat16", &(0u8..16).collect::<Vec<_>>(), 48)
-        .unwrap();
-    w.add_data("blk.0.ffn_up.weight", lcg_bytes(2, 1000))
-        .unwrap();
+    w.add_splat("pat16", &(0u8..16).collect::<Vec<_>>(), 48).unwrap();
+    w.add_data("blk.0.ffn_up.weight", lcg_bytes(2, 1000)).unwrap();
     w.add_data("ünïcode", lcg_bytes(3, 65)).unwrap();
     w.add_splat("one", &[0x7f], 3).unwrap();
     w.add_data("tail", lcg_bytes(4, 1)).unwrap();
@@ -83,10 +76,7 @@ fn golden_reads_with_sensible_values_and_rewrites_byte_for_byte() {
     for (e, (name, offset, length)) in ar.entries().iter().zip(expect) {
         assert_eq!(e.name(), name);
         assert_eq!(e.kind(), &IrpaEntryKind::Data { offset, length });
-        assert!(
-            e.metadata().is_empty(),
-            "save_archive_file writes no metadata"
-        );
+        assert!(e.metadata().is_empty(), "save_archive_file writes no metadata");
         assert_eq!(e.minimum_alignment(), 64);
     }
 
@@ -95,16 +85,10 @@ fn golden_reads_with_sensible_values_and_rewrites_byte_for_byte() {
     let g = f32_bytes_to_vec(ar.data("g").unwrap()).unwrap();
     let emb = bf16_bytes_to_f32(ar.data("emb").unwrap()).unwrap();
     assert_eq!((w.len(), g.len(), emb.len()), (32, 8, 512));
-    assert_eq!(
-        w[..4],
-        [0.125_976_56, -0.131_835_94, 0.640_625, 0.104_980_47]
-    );
+    assert_eq!(w[..4], [0.125_976_56, -0.131_835_94, 0.640_625, 0.104_980_47]);
     assert_eq!(g[0], 0.984_077_5);
     for x in w.iter().chain(&emb) {
-        assert!(
-            x.is_finite() && x.abs() < 8.0,
-            "implausible bf16 weight {x}"
-        );
+        assert!(x.is_finite() && x.abs() < 8.0, "implausible bf16 weight {x}");
     }
     for x in &g {
         assert!((0.8..1.2).contains(x), "implausible norm gain {x}");
@@ -235,10 +219,7 @@ fn iree_dump_parameters_accepts_our_archive() {
     let out = Command::new(&tool)
         .arg("--parameter_mode=preload")
         .arg(format!("--parameters={}", path.display()))
-        .arg(format!(
-            "--extract=blk.0.ffn_up.weight={}",
-            extracted.display()
-        ))
+        .arg(format!("--extract=blk.0.ffn_up.weight={}", extracted.display()))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -257,15 +238,9 @@ fn iree_dump_parameters_accepts_our_archive() {
         "one",
         "tail",
     ] {
-        assert!(
-            stdout.contains(&format!("`{name}`")),
-            "{name} missing from:\n{stdout}"
-        );
+        assert!(stdout.contains(&format!("`{name}`")), "{name} missing from:\n{stdout}");
     }
-    assert!(
-        stdout.contains("(9 entries"),
-        "unexpected summary:\n{stdout}"
-    );
+    assert!(stdout.contains("(9 entries"), "unexpected summary:\n{stdout}");
     assert_eq!(std::fs::read(&extracted).unwrap(), lcg_bytes(2, 1000));
 }
 
@@ -281,8 +256,7 @@ fn round_trip_many_odd_entries() {
         let bytes = lcg_bytes(i as u64, len);
         let name = format!("layer.{i}.{}", "w".repeat(i % 7));
         if i % 9 == 4 {
-            w.add_splat(name.clone(), &[i as u8, 1], len as u64 * 2)
-                .unwrap();
+            w.add_splat(name.clone(), &[i as u8, 1], len as u64 * 2).unwrap();
             expect.push((name, None, len as u64 * 2));
         } else if i % 5 == 1 {
             w.add_data_with_metadata(name.clone(), bytes.clone(), format!("m{i}"))
@@ -321,11 +295,7 @@ fn round_trip_many_odd_entries() {
                 } else {
                     panic!("entry {i} is not data");
                 }
-                let want_meta = if i % 5 == 1 {
-                    format!("m{i}")
-                } else {
-                    String::new()
-                };
+                let want_meta = if i % 5 == 1 { format!("m{i}") } else { String::new() };
                 assert_eq!(e.metadata(), want_meta.as_bytes());
             }
             None => {
@@ -336,10 +306,7 @@ fn round_trip_many_odd_entries() {
                         length: *len
                     }
                 );
-                assert!(matches!(
-                    ar.data(name),
-                    Err(IrpaError::NotStored { kind: "splat", .. })
-                ));
+                assert!(matches!(ar.data(name), Err(IrpaError::NotStored { kind: "splat", .. })));
             }
         }
     }
@@ -387,10 +354,7 @@ fn reader_rejects_duplicate_names() {
     assert_eq!(&bytes[252..254], b"ab");
     bytes[253] = b'a';
     let err = IrpaArchive::from_bytes(bytes).unwrap_err();
-    assert!(
-        err.to_string().contains("duplicate entry name \"a\""),
-        "{err}"
-    );
+    assert!(err.to_string().contains("duplicate entry name \"a\""), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -446,10 +410,7 @@ fn open_errors_name_the_file() {
 
     let empty = dir.path().join("empty.irpa");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(
-        IrpaArchive::open(&empty),
-        Err(IrpaError::Truncated { .. })
-    ));
+    assert!(matches!(IrpaArchive::open(&empty), Err(IrpaError::Truncated { .. })));
 
     let cut = dir.path().join("cut.irpa");
     std::fs::write(&cut, &golden_bytes()[..1535]).unwrap();
@@ -466,11 +427,7 @@ fn open_errors_name_the_file() {
     v1[6] = 1;
     assert!(matches!(
         IrpaArchive::from_bytes(v1),
-        Err(IrpaError::UnsupportedVersion {
-            major: 0,
-            minor: 1,
-            ..
-        })
+        Err(IrpaError::UnsupportedVersion { major: 0, minor: 1, .. })
     ));
 }
 
@@ -483,9 +440,7 @@ fn parse_never_escapes(bytes: Vec<u8>) {
     let base = ar.as_bytes().as_ptr() as usize;
     for e in ar.entries() {
         if let IrpaEntryKind::Data { offset, length } = e.kind() {
-            assert!(offset
-                .checked_add(*length)
-                .is_some_and(|end| end <= len as u64));
+            assert!(offset.checked_add(*length).is_some_and(|end| end <= len as u64));
         }
         if let Ok(d) = ar.entry_data(e) {
             let p = d.as_ptr() as usize;
@@ -563,14 +518,9 @@ proptest! {
 fn missing_entry_error_names_it() {
     let ar = IrpaArchive::open(GOLDEN).unwrap();
     let err = ar.data("token_embd.weight").unwrap_err();
-    assert!(
-        matches!(&err, IrpaError::MissingEntry { name, available_count: 3 } if name == "token_embd.weight")
-    );
+    assert!(matches!(&err, IrpaError::MissingEntry { name, available_count: 3 } if name == "token_embd.weight"));
     let msg = err.to_string();
-    assert!(
-        msg.contains("token_embd.weight") && msg.contains('3'),
-        "{msg}"
-    );
+    assert!(msg.contains("token_embd.weight") && msg.contains('3'), "{msg}");
     assert!(ar.get("token_embd.weight").is_none());
     // Skip entries are invisible to lookups.
     let mut bytes = golden_bytes();
@@ -579,10 +529,7 @@ fn missing_entry_error_names_it() {
     assert_eq!(ar.entries()[0].kind(), &IrpaEntryKind::Skip);
     assert!(matches!(
         ar.data("w"),
-        Err(IrpaError::MissingEntry {
-            available_count: 2,
-            ..
-        })
+        Err(IrpaError::MissingEntry { available_count: 2, .. })
     ));
 }
 

@@ -2,15 +2,36 @@ use kv_core::manifest::{canonical_args, Graph, Manifest};
 use kv_core::{Error, KvSpec};
 
 fn small() -> KvSpec {
-    KvSpec { n_layers: 4, sliding_window: 8, global_layer_period: 2, seq: 64, ..KvSpec::default() }
+    KvSpec {
+        n_layers: 4,
+        sliding_window: 8,
+        global_layer_period: 2,
+        seq: 64,
+        ..KvSpec::default()
+    }
 }
 
 #[test]
 fn canonical_chunk_args_follow_the_contract() {
     let args = canonical_args(Graph::Chunk, &small());
     let want = [
-        "tokens", "emb", "cosSliding", "sinSliding", "l0.k", "l0.v", "maskSliding", "cosGlobal", "sinGlobal", "l1.k", "l1.v",
-        "maskGlobal", "l2.k", "l2.v", "l3.k", "l3.v", "select",
+        "tokens",
+        "emb",
+        "cosSliding",
+        "sinSliding",
+        "l0.k",
+        "l0.v",
+        "maskSliding",
+        "cosGlobal",
+        "sinGlobal",
+        "l1.k",
+        "l1.v",
+        "maskGlobal",
+        "l2.k",
+        "l2.v",
+        "l3.k",
+        "l3.v",
+        "select",
     ];
     assert_eq!(args, want);
     let step = canonical_args(Graph::Step, &small());

@@ -40,10 +40,25 @@ fn past_rows_per_call_and_position() {
     // (position, chunk past, exact step past, seed step past) on a sliding layer of window 4.
     let table = [(1, 1, 1, 1), (3, 3, 3, 3), (4, 4, 3, 4), (5, 4, 3, 4), (17, 4, 3, 4)];
     for (pos, chunk, exact, seed) in table {
-        assert_eq!(past_rows(&s, LayerKind::Sliding, PastCall::Chunk, pos, WindowRule::Exact), chunk, "chunk at {pos}");
-        assert_eq!(past_rows(&s, LayerKind::Sliding, PastCall::Step, pos, WindowRule::Exact), exact, "step at {pos}");
-        assert_eq!(past_rows(&s, LayerKind::Sliding, PastCall::Step, pos, WindowRule::SeedStep), seed, "seed step at {pos}");
-        assert_eq!(past_rows(&s, LayerKind::Global, PastCall::Step, pos, WindowRule::Exact), pos);
+        assert_eq!(
+            past_rows(&s, LayerKind::Sliding, PastCall::Chunk, pos, WindowRule::Exact),
+            chunk,
+            "chunk at {pos}"
+        );
+        assert_eq!(
+            past_rows(&s, LayerKind::Sliding, PastCall::Step, pos, WindowRule::Exact),
+            exact,
+            "step at {pos}"
+        );
+        assert_eq!(
+            past_rows(&s, LayerKind::Sliding, PastCall::Step, pos, WindowRule::SeedStep),
+            seed,
+            "seed step at {pos}"
+        );
+        assert_eq!(
+            past_rows(&s, LayerKind::Global, PastCall::Step, pos, WindowRule::Exact),
+            pos
+        );
     }
     // Exact: a step at position 9 with window 4 sees keys 6, 7, 8 and itself.
     assert_eq!(step_keys(&s, LayerKind::Sliding, 9, WindowRule::Exact), 6..10);
@@ -82,11 +97,26 @@ fn plans_validate_before_anything_runs() {
     let s = spec(4);
     assert!(matches!(plan_chunk(&s, 0, &[1]), Err(Error::NotPrefilled { .. })));
     assert!(matches!(plan_chunk(&s, 3, &[]), Err(Error::BadTokenCount { n: 0, .. })));
-    assert!(matches!(plan_chunk(&s, 3, &[1; 5]), Err(Error::BadTokenCount { n: 5, max: 4, .. })));
-    assert!(matches!(plan_chunk(&s, 3, &[1, 10]), Err(Error::TokenOutOfRange { index: 1, id: 10, .. })));
-    assert!(matches!(plan_chunk(&s, 3, &[-1]), Err(Error::TokenOutOfRange { id: -1, .. })));
-    assert!(matches!(plan_chunk(&s, 18, &[1, 2, 3]), Err(Error::ContextOverflow { .. })));
-    assert!(matches!(plan_step(&s, 20, 1, WindowRule::Exact), Err(Error::ContextOverflow { .. })));
+    assert!(matches!(
+        plan_chunk(&s, 3, &[1; 5]),
+        Err(Error::BadTokenCount { n: 5, max: 4, .. })
+    ));
+    assert!(matches!(
+        plan_chunk(&s, 3, &[1, 10]),
+        Err(Error::TokenOutOfRange { index: 1, id: 10, .. })
+    ));
+    assert!(matches!(
+        plan_chunk(&s, 3, &[-1]),
+        Err(Error::TokenOutOfRange { id: -1, .. })
+    ));
+    assert!(matches!(
+        plan_chunk(&s, 18, &[1, 2, 3]),
+        Err(Error::ContextOverflow { .. })
+    ));
+    assert!(matches!(
+        plan_step(&s, 20, 1, WindowRule::Exact),
+        Err(Error::ContextOverflow { .. })
+    ));
     let plan = plan_chunk(&s, 6, &[1, 2]).unwrap();
     assert_eq!(plan.tokens, [1, 2, 0, 0]);
     assert_eq!(plan.select, [0.0, 1.0, 0.0, 0.0]);

@@ -66,7 +66,13 @@ pub fn demo_utterances(spec: &KvSpec) -> Vec<Vec<i32>> {
         .collect()
 }
 
-pub fn run_demo<B: KvBackend>(backend: B, model: &str, open: Duration, prefix_tokens: Option<usize>, max_new: usize) -> Result<DemoReport> {
+pub fn run_demo<B: KvBackend>(
+    backend: B,
+    model: &str,
+    open: Duration,
+    prefix_tokens: Option<usize>,
+    max_new: usize,
+) -> Result<DemoReport> {
     let spec = backend.spec().clone();
     let name = backend.name();
     let prefix_len = prefix_tokens.unwrap_or(200).min(spec.max_positions / 2).max(1);
@@ -87,7 +93,11 @@ pub fn run_demo<B: KvBackend>(backend: B, model: &str, open: Duration, prefix_to
             chunk_calls: timing.chunk_calls,
             decode_ms: ms(timing.decode),
             decode_tokens: timing.decode_tokens,
-            ms_per_token: if timing.decode_tokens == 0 { 0.0 } else { ms(timing.decode) / timing.decode_tokens as f64 },
+            ms_per_token: if timing.decode_tokens == 0 {
+                0.0
+            } else {
+                ms(timing.decode) / timing.decode_tokens as f64
+            },
         });
     }
     Ok(DemoReport {
@@ -121,9 +131,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
 fn print_table(r: &DemoReport) {
     println!("skainet-kv demo: model {} on {}", r.model, r.backend);
     println!("  open                 {:>10.3} ms", r.open_ms);
-    println!("  prefix prefill       {:>10.3} ms  ({} tokens, once)", r.prefix_prefill_ms, r.prefix_tokens);
+    println!(
+        "  prefix prefill       {:>10.3} ms  ({} tokens, once)",
+        r.prefix_prefill_ms, r.prefix_tokens
+    );
     println!();
-    println!("  {:<3} {:>10} {:>10} {:>6} {:>10} {:>7} {:>9}  ids", "#", "restore ms", "chunk ms", "calls", "decode ms", "tokens", "ms/token");
+    println!(
+        "  {:<3} {:>10} {:>10} {:>6} {:>10} {:>7} {:>9}  ids",
+        "#", "restore ms", "chunk ms", "calls", "decode ms", "tokens", "ms/token"
+    );
     for (i, u) in r.utterances.iter().enumerate() {
         println!(
             "  {:<3} {:>10.3} {:>10.3} {:>6} {:>10.3} {:>7} {:>9.3}  {}",

@@ -44,7 +44,10 @@ struct GenerateReport {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let prefix: Vec<i32> = args.prefix_ids.concat();
     let ids: Vec<i32> = args.ids.concat();
-    anyhow::ensure!(!prefix.is_empty(), "--prefix-ids: give at least one id (the prefix is prefilled once)");
+    anyhow::ensure!(
+        !prefix.is_empty(),
+        "--prefix-ids: give at least one id (the prefix is prefilled once)"
+    );
     anyhow::ensure!(!ids.is_empty(), "--ids: give at least one id");
     let dir = crate::model::resolve(&args.model)?;
     let generation = match args.backend {

@@ -22,18 +22,51 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     let s = &manifest.spec;
     println!("{}", dir.display());
-    println!("  layers {} (period {}, window {}), heads {}/{} x {}, hidden {}, vocab {}", s.n_layers, s.global_layer_period, s.sliding_window, s.n_heads, s.n_kv_heads, s.head_dim, s.hidden_size, s.vocab_size);
-    println!("  chunk {}, seq {}, maxPositions {}, maskHeads {}", s.chunk, s.seq, s.max_positions, s.mask_heads);
+    println!(
+        "  layers {} (period {}, window {}), heads {}/{} x {}, hidden {}, vocab {}",
+        s.n_layers,
+        s.global_layer_period,
+        s.sliding_window,
+        s.n_heads,
+        s.n_kv_heads,
+        s.head_dim,
+        s.hidden_size,
+        s.vocab_size
+    );
+    println!(
+        "  chunk {}, seq {}, maxPositions {}, maskHeads {}",
+        s.chunk, s.seq, s.max_positions, s.mask_heads
+    );
     if let Some(arch) = &manifest.architecture {
-        println!("  architecture {:?}, ffn {}, qkNorm {}, attnBias {}", arch.family, arch.ffn_size, arch.qk_norm, arch.attn_bias);
+        println!(
+            "  architecture {:?}, ffn {}, qkNorm {}, attnBias {}",
+            arch.family, arch.ffn_size, arch.qk_norm, arch.attn_bias
+        );
     }
-    for graph in [Graph::Prefill, Graph::Chunk, Graph::Step, Graph::Redecode, Graph::RedecodeAt] {
+    for graph in [
+        Graph::Prefill,
+        Graph::Chunk,
+        Graph::Step,
+        Graph::Redecode,
+        Graph::RedecodeAt,
+    ] {
         if let Some(name) = manifest.functions.get(graph) {
-            println!("  {:<16} {name}  params {}", graph.key(), manifest.parameter_file(graph).unwrap_or("-"));
+            println!(
+                "  {:<16} {name}  params {}",
+                graph.key(),
+                manifest.parameter_file(graph).unwrap_or("-")
+            );
         }
     }
     for (target, modules) in &manifest.modules {
-        println!("  modules[{target}]: {}", modules.iter().map(|(g, f)| format!("{g}={f}")).collect::<Vec<_>>().join(" "));
+        println!(
+            "  modules[{target}]: {}",
+            modules
+                .iter()
+                .map(|(g, f)| format!("{g}={f}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     Ok(())
 }

@@ -1,0 +1,68 @@
+//! How a backend is opened for a problem.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
+use kv_core::tolerance::Tolerance;
+use kv_core::{KvBackend, RedecodeBackend, Result, WindowRule};
+
+/// Opens sessions of one backend on fixture models (`tiny-gemma3:7`, `tiny-gemma3:7:w5`, ...).
+pub trait BackendFactory {
+    type Kv: KvBackend;
+    type Redecode: RedecodeBackend;
+
+    fn name(&self) -> String;
+
+    fn kv(&self, model: &str, rule: WindowRule) -> Result<Self::Kv>;
+
+    /// A redecode session of the model's `seq`.
+    fn redecode(&self, model: &str) -> Result<Self::Redecode>;
+
+    /// How close this backend's K/V must be to the reference's.
+    fn tolerance(&self) -> Tolerance;
+
+    /// Property-test cases per problem: the reference is cheap, compiled backends less so.
+    fn cases(&self) -> u32;
+}
+
+/// The FP32 reference. Models are loaded once per process.
+#[derive(Default)]
+pub struct ReferenceFactory;
+
+pub fn reference_model(model: &str) -> Result<Arc<ReferenceModel>> {
+    static CACHE: Mutex<Option<HashMap<String, Arc<ReferenceModel>>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(m) = cache.get(model) {
+        return Ok(m.clone());
+    }
+    let loaded = ReferenceModel::open(&fixtures::materialize(model)?)?;
+    cache.insert(model.to_string(), loaded.clone());
+    Ok(loaded)
+}
+
+impl BackendFactory for ReferenceFactory {
+    type Kv = ReferenceKv;
+    type Redecode = ReferenceRedecode;
+
+    fn name(&self) -> String {
+        "reference".into()
+    }
+
+    fn kv(&self, model: &str, rule: WindowRule) -> Result<ReferenceKv> {
+        Ok(ReferenceKv::new(reference_model(model)?, rule))
+    }
+
+    fn redecode(&self, model: &str) -> Result<ReferenceRedecode> {
+        Ok(ReferenceRedecode::new(reference_model(model)?))
+    }
+
+    fn tolerance(&self) -> Tolerance {
+        Tolerance::SAME_BACKEND
+    }
+
+    fn cases(&self) -> u32 {
+        24
+    }
+}

@@ -1,0 +1,564 @@
+//! The problems, each a function of a backend factory. Each keeps its oracle next to it: a fresh
+//! run on the same path, the independent [`crate::naive`] recompute, or the FP32 reference.
+
+use kv_core::{Error, KvBackend, KvDecoder, LayerKv, RedecodeBackend, RedecodeDecoder, WindowRule};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed, TestRunner};
+
+use crate::compare::assert_layers_close;
+use crate::divergence;
+use crate::factory::{reference_model, BackendFactory, ReferenceFactory};
+use crate::naive;
+
+/// Models every backend runs: both families, GQA, and three windows (12, 5, 3).
+pub const MODELS: &[&str] = &[
+    "tiny-gemma3:1",
+    "tiny-gemma3:2:w5",
+    "tiny-gemma3-gqa:3:w3",
+    "tiny-llama:4",
+];
+/// The families beyond the default Gemma 3 layout.
+pub const FAMILIES: &[&str] = &["tiny-gemma3-gqa:5", "tiny-llama:6", "tiny-qwen2:7", "tiny-qwen3:8"];
+
+/// A logit gap below this is a near-tie that FP32 summation order may flip.
+const NEAR_TIE: f32 = 1e-3;
+
+fn runner(cases: u32) -> TestRunner {
+    let seed = std::env::var("SKAINET_PROPTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5ca1_ab1e);
+    TestRunner::new(Config {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        max_shrink_iters: 64,
+        ..Config::default()
+    })
+}
+
+fn run_cases<S: Strategy>(name: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
+where
+    S::Value: std::fmt::Debug,
+{
+    if let Err(e) = runner(cases).run(&strategy, |value| {
+        test(value);
+        Ok(())
+    }) {
+        panic!("{name}: {e}");
+    }
+}
+
+/// Skips nothing: a known divergence is still run, and must still fail, or its entry is stale.
+fn check_known<F: BackendFactory>(factory: &F, problem: &str, body: impl FnOnce()) {
+    let known = divergence::known(&factory.name(), problem);
+    // The body's state is dropped on a panic, never observed again.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    match (outcome, known) {
+        (Ok(()), None) => {}
+        (Err(e), None) => std::panic::resume_unwind(e),
+        (Err(_), Some(d)) => eprintln!("{problem} on {}: known divergence: {}", factory.name(), d.reason),
+        (Ok(()), Some(d)) => panic!(
+            "{problem} on {} passed but is listed as a known divergence ({}): remove the entry",
+            factory.name(),
+            d.reason
+        ),
+    }
+}
+
+fn spec_of(model: &str) -> kv_core::KvSpec {
+    fixtures::Fixture::parse(model).expect("fixture name").manifest().spec
+}
+
+fn tokens(vocab: usize, len: usize) -> impl Strategy<Value = Vec<i32>> {
+    prop::collection::vec(0..vocab as i32, len)
+}
+
+/// One call after the prefix: a chunk of tokens or a step.
+#[derive(Clone, Debug)]
+enum Piece {
+    Chunk(Vec<i32>),
+    Step(i32),
+}
+
+fn apply<B: KvBackend>(b: &mut B, piece: &Piece) -> i32 {
+    match piece {
+        Piece::Chunk(t) => b.chunk(t).unwrap_or_else(|e| panic!("chunk {t:?}: {e}")),
+        Piece::Step(t) => b.step(*t).unwrap_or_else(|e| panic!("step {t}: {e}")),
+    }
+}
+
+/// Splits `rest` into chunk calls (sizes from `sizes`, 0 meaning one step).
+fn pieces(rest: &[i32], sizes: &[usize], chunk: usize) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut s = sizes.iter().cycle();
+    while i < rest.len() {
+        let size = *s.next().unwrap_or(&1) % (chunk + 1);
+        if size == 0 {
+            out.push(Piece::Step(rest[i]));
+            i += 1;
+        } else {
+            let end = (i + size).min(rest.len());
+            out.push(Piece::Chunk(rest[i..end].to_vec()));
+            i = end;
+        }
+    }
+    out
+}
+
+fn layers<B: KvBackend>(b: &B) -> Vec<LayerKv> {
+    (0..b.spec().n_layers)
+        .map(|l| b.read_layer(l).expect("read_layer"))
+        .collect()
+}
+
+/// Asserts `got == want`, or that the naive logits at `position` make them a near-tie.
+#[track_caller]
+fn assert_token(what: &str, model: &str, context: &[i32], got: i32, want: i32) {
+    if got == want {
+        return;
+    }
+    let m = reference_model(model).expect("model");
+    let spec = m.spec().clone();
+    let logits = naive::logits(&m, context, &|_| spec.sliding_window);
+    let last = logits.last().expect("non-empty context");
+    let (gap_got, gap_want) = (naive::gap_to(last, got), naive::gap_to(last, want));
+    assert!(
+        (gap_got - gap_want).abs() < NEAR_TIE,
+        "{what}: token {got}, expected {want} (naive logit gaps {gap_got:e} / {gap_want:e}: not a near-tie)"
+    );
+}
+
+/// A whole prefill equals a prefix + chunk calls + steps: same token, same K/V.
+pub fn prefill_equals_prefix_chunks_and_steps<F: BackendFactory>(factory: &F) {
+    let strategy = prop::sample::select(MODELS).prop_flat_map(|model| {
+        let spec = spec_of(model);
+        let max_len = spec.seq.min(3 * spec.sliding_window.max(8) + 12);
+        (2..=max_len).prop_flat_map(move |len| {
+            (
+                Just(model),
+                tokens(spec.vocab_size, len),
+                1..len,
+                prop::collection::vec(0..=spec.chunk, 1..6),
+            )
+        })
+    });
+    check_known(factory, "prefill_equals_prefix_chunks_and_steps", || {
+        run_cases(
+            "prefill_equals_prefix_chunks_and_steps",
+            factory.cases(),
+            strategy,
+            |(model, toks, split, sizes)| {
+                let mut whole = factory.kv(model, WindowRule::Exact).unwrap();
+                let want = whole.prefill(&toks).unwrap();
+                let mut parts = factory.kv(model, WindowRule::Exact).unwrap();
+                let mut got = parts.prefill(&toks[..split]).unwrap();
+                for piece in pieces(&toks[split..], &sizes, parts.spec().chunk) {
+                    got = apply(&mut parts, &piece);
+                }
+                assert_eq!(parts.position(), toks.len());
+                assert_token("final token", model, &toks, got, want);
+                for (l, (g, w)) in layers(&parts).iter().zip(layers(&whole).iter()).enumerate() {
+                    assert_layers_close(&format!("{model} layer {l}"), g, w, factory.tolerance());
+                }
+            },
+        )
+    });
+}
+
+#[derive(Clone, Debug)]
+enum TreeOp {
+    Call(Piece),
+    Snapshot,
+    Restore(usize),
+}
+
+/// Any tree of snapshots and restores reproduces a fresh run along the same path.
+pub fn snapshot_trees_replay_fresh_runs<F: BackendFactory>(factory: &F) {
+    let strategy = prop::sample::select(MODELS).prop_flat_map(|model| {
+        let spec = spec_of(model);
+        let vocab = spec.vocab_size as i32;
+        let op = prop_oneof![
+            3 => prop::collection::vec(0..vocab, 1..=spec.chunk).prop_map(|t| TreeOp::Call(Piece::Chunk(t))),
+            3 => (0..vocab).prop_map(|t| TreeOp::Call(Piece::Step(t))),
+            2 => Just(TreeOp::Snapshot),
+            2 => (0..8usize).prop_map(TreeOp::Restore),
+        ];
+        (
+            Just(model),
+            tokens(spec.vocab_size, 1 + spec.sliding_window.max(4)),
+            prop::collection::vec(op, 1..14),
+        )
+    });
+    check_known(factory, "snapshot_trees_replay_fresh_runs", || {
+        run_cases(
+            "snapshot_trees_replay_fresh_runs",
+            factory.cases().div_ceil(2),
+            strategy,
+            |(model, prefix, ops)| {
+                let mut s = factory.kv(model, WindowRule::Exact).unwrap();
+                s.prefill(&prefix).unwrap();
+                let mut snapshots = vec![(s.snapshot().unwrap(), Vec::<Piece>::new())];
+                let mut path: Vec<Piece> = Vec::new();
+                let mut outputs: Vec<(Vec<Piece>, i32)> = Vec::new();
+                for op in &ops {
+                    match op {
+                        TreeOp::Call(piece) => {
+                            path.push(piece.clone());
+                            outputs.push((path.clone(), apply(&mut s, piece)));
+                        }
+                        TreeOp::Snapshot => snapshots.push((s.snapshot().unwrap(), path.clone())),
+                        TreeOp::Restore(i) => {
+                            let (snap, snap_path) = &snapshots[i % snapshots.len()];
+                            s.restore(snap).unwrap();
+                            path = snap_path.clone();
+                            assert_eq!(s.position(), prefix.len() + path.iter().map(piece_len).sum::<usize>());
+                        }
+                    }
+                }
+                for (path, token) in outputs {
+                    let mut fresh = factory.kv(model, WindowRule::Exact).unwrap();
+                    fresh.prefill(&prefix).unwrap();
+                    let mut want = 0;
+                    for piece in &path {
+                        want = apply(&mut fresh, piece);
+                    }
+                    assert_eq!(token, want, "{model}: output after {path:?} differs from a fresh run");
+                }
+                // The live state equals a fresh run of its path, K/V included.
+                let mut fresh = factory.kv(model, WindowRule::Exact).unwrap();
+                fresh.prefill(&prefix).unwrap();
+                for piece in &path {
+                    apply(&mut fresh, piece);
+                }
+                for (l, (g, w)) in layers(&s).iter().zip(layers(&fresh).iter()).enumerate() {
+                    assert_layers_close(&format!("{model} layer {l} after the tree"), g, w, factory.tolerance());
+                }
+            },
+        )
+    });
+}
+
+fn piece_len(p: &Piece) -> usize {
+    match p {
+        Piece::Chunk(t) => t.len(),
+        Piece::Step(_) => 1,
+    }
+}
+
+/// Feeds `stream` as prefix + pieces and checks every returned token against the naive
+/// recompute with the given window per query.
+fn check_against_naive<F: BackendFactory>(
+    factory: &F,
+    model: &str,
+    rule: WindowRule,
+    prefix_len: usize,
+    stream: &[i32],
+    sizes: &[usize],
+) {
+    let m = reference_model(model).unwrap();
+    let spec = m.spec().clone();
+    let window = spec.sliding_window;
+    let mut s = factory.kv(model, rule).unwrap();
+    let mut outputs = vec![(prefix_len, s.prefill(&stream[..prefix_len]).unwrap())];
+    let mut stepped = vec![false; stream.len()];
+    let mut fed = prefix_len;
+    for piece in pieces(&stream[prefix_len..], sizes, spec.chunk) {
+        if matches!(piece, Piece::Step(_)) {
+            stepped[fed] = true;
+        }
+        let token = apply(&mut s, &piece);
+        fed += piece_len(&piece);
+        outputs.push((fed, token));
+    }
+    let window_at = |q: usize| {
+        if rule == WindowRule::SeedStep && stepped[q] {
+            window + 1
+        } else {
+            window
+        }
+    };
+    let logits = naive::logits(&m, stream, &window_at);
+    for (fed, token) in outputs {
+        let want = &logits[fed - 1];
+        let gap = naive::gap_to(want, token);
+        assert!(
+            gap < NEAR_TIE,
+            "{model} ({rule:?}): after {fed} tokens the backend chose {token}, the naive recompute {} (gap {gap:e})",
+            naive::argmax(want)
+        );
+    }
+}
+
+/// The cached path agrees with a full no-cache recompute, well past the sliding window.
+pub fn cached_path_matches_naive_recompute<F: BackendFactory>(factory: &F) {
+    let strategy = prop::sample::select(MODELS).prop_flat_map(|model| {
+        let spec = spec_of(model);
+        let len = 3 * spec.sliding_window.max(8) + 9;
+        (
+            Just(model),
+            tokens(spec.vocab_size, len),
+            1..spec.sliding_window.max(8) + 4,
+            prop::collection::vec(0..=spec.chunk, 1..6),
+        )
+    });
+    check_known(factory, "cached_path_matches_naive_recompute", || {
+        run_cases(
+            "cached_path_matches_naive_recompute",
+            factory.cases().div_ceil(2),
+            strategy,
+            |(model, stream, prefix, sizes)| {
+                check_against_naive(factory, model, WindowRule::Exact, prefix, &stream, &sizes);
+            },
+        )
+    });
+}
+
+/// The seed's step rule hands a sliding layer `window` rows: the step sees `window + 1` keys.
+pub fn seed_step_rule_sees_one_key_more<F: BackendFactory>(factory: &F) {
+    check_known(factory, "seed_step_rule_sees_one_key_more", || {
+        let model = "tiny-gemma3:2:w5";
+        let spec = spec_of(model);
+        let stream: Vec<i32> = (0..30).map(|i| (i * 37 + 11) % spec.vocab_size as i32).collect();
+        // Prefill 7 (past the window), then steps only, then a chunk, then steps.
+        check_against_naive(
+            factory,
+            model,
+            WindowRule::SeedStep,
+            7,
+            &stream,
+            &[0, 0, 0, 0, 0, 0, 3, 0],
+        );
+        check_against_naive(factory, model, WindowRule::Exact, 7, &stream, &[0, 0, 0, 0, 0, 0, 3, 0]);
+    });
+}
+
+/// GQA Gemma, Llama, Qwen2 biases and Qwen3 QK-norm, each against the naive recompute.
+pub fn gqa_and_llama_families_match_naive<F: BackendFactory>(factory: &F) {
+    check_known(factory, "gqa_and_llama_families_match_naive", || {
+        for model in FAMILIES {
+            let spec = spec_of(model);
+            let len = 2 * spec.sliding_window.max(10) + 7;
+            let stream: Vec<i32> = (0..len as i32)
+                .map(|i| (i * 101 + 7) % spec.vocab_size as i32)
+                .collect();
+            check_against_naive(factory, model, WindowRule::Exact, 9, &stream, &[3, 0, 8, 0, 0, 5]);
+        }
+    });
+}
+
+/// Every bad input is a clear error, and the session then behaves as if it never happened.
+pub fn bad_input_is_refused_and_session_survives<F: BackendFactory>(factory: &F) {
+    check_known(factory, "bad_input_is_refused_and_session_survives", || {
+        let model = "tiny-gemma3:1";
+        let spec = spec_of(model);
+        let vocab = spec.vocab_size as i32;
+        let prefix: Vec<i32> = (1..=20).collect();
+        let mut fresh = factory.kv(model, WindowRule::Exact).unwrap();
+        assert!(
+            matches!(fresh.step(3), Err(Error::NotPrefilled { .. })),
+            "step before prefill"
+        );
+        assert!(
+            matches!(fresh.chunk(&[3]), Err(Error::NotPrefilled { .. })),
+            "chunk before prefill"
+        );
+
+        let mut s = factory.kv(model, WindowRule::Exact).unwrap();
+        let mut control = factory.kv(model, WindowRule::Exact).unwrap();
+        s.prefill(&prefix).unwrap();
+        control.prefill(&prefix).unwrap();
+        let too_long = vec![1; spec.chunk + 1];
+        type BadCall<B> = Box<dyn Fn(&mut B) -> kv_core::Result<i32>>;
+        let cases: Vec<(&str, BadCall<F::Kv>)> = vec![
+            ("empty chunk", Box::new(|b| b.chunk(&[]))),
+            ("oversized chunk", Box::new(move |b| b.chunk(&too_long))),
+            ("id = vocab in chunk", Box::new(move |b| b.chunk(&[1, vocab]))),
+            ("negative id in chunk", Box::new(|b| b.chunk(&[-1]))),
+            ("id = vocab in step", Box::new(move |b| b.step(vocab))),
+            ("negative id in step", Box::new(|b| b.step(-5))),
+            ("empty prefill", Box::new(|b| b.prefill(&[]))),
+            (
+                "prefill longer than SEQ",
+                Box::new(move |b| b.prefill(&vec![1; spec.seq + 1])),
+            ),
+            ("id = vocab in prefill", Box::new(move |b| b.prefill(&[2, vocab]))),
+        ];
+        for (what, call) in &cases {
+            let err = call(&mut s).expect_err(what);
+            assert!(!err.to_string().is_empty());
+            assert_eq!(s.position(), prefix.len(), "{what} moved the position");
+        }
+        let err = s.read_layer(spec.n_layers).expect_err("layer out of range");
+        assert!(matches!(err, Error::LayerOutOfRange { .. }), "{err}");
+        // Still usable, and exactly as a session that never saw the bad input.
+        assert_eq!(s.chunk(&[5, 6, 7]).unwrap(), control.chunk(&[5, 6, 7]).unwrap());
+        assert_eq!(s.step(9).unwrap(), control.step(9).unwrap());
+
+        // Context overflow: walk up to the limit with full chunks, then one token too many.
+        let mut walker = factory.kv(model, WindowRule::Exact).unwrap();
+        walker.prefill(&vec![4; spec.seq]).unwrap();
+        while walker.position() + spec.chunk <= spec.max_positions {
+            walker.chunk(&vec![7; spec.chunk]).unwrap();
+        }
+        let room = spec.max_positions - walker.position();
+        let err = walker.chunk(&vec![7; room + 1]).expect_err("chunk past maxPositions");
+        assert!(matches!(err, Error::ContextOverflow { .. }), "{err}");
+        for _ in 0..room {
+            walker.step(7).unwrap();
+        }
+        assert_eq!(walker.position(), spec.max_positions);
+        assert!(matches!(walker.step(7), Err(Error::ContextOverflow { .. })));
+        // A decoder refuses a request that cannot fit before making any call.
+        let mut decoder = KvDecoder::new(factory.kv(model, WindowRule::Exact).unwrap());
+        let snap = decoder.prefill_prefix(&prefix).unwrap();
+        let err = decoder.generate(&snap, &[1, 2], None, spec.max_positions).unwrap_err();
+        assert!(matches!(err, Error::ContextOverflow { .. }), "{err}");
+        assert!(decoder.generate(&snap, &[1, 2], None, 3).is_ok());
+    });
+}
+
+/// A snapshot of another session is refused, and both sessions keep working.
+pub fn foreign_snapshot_is_refused<F: BackendFactory>(factory: &F) {
+    check_known(factory, "foreign_snapshot_is_refused", || {
+        let model = "tiny-gemma3:1";
+        let mut a = factory.kv(model, WindowRule::Exact).unwrap();
+        let mut b = factory.kv(model, WindowRule::Exact).unwrap();
+        a.prefill(&[1, 2, 3]).unwrap();
+        b.prefill(&[1, 2, 3, 4, 5]).unwrap();
+        let from_a = a.snapshot().unwrap();
+        let err = b.restore(&from_a).expect_err("foreign snapshot");
+        assert!(matches!(err, Error::ForeignSnapshot { .. }), "{err}");
+        assert_eq!(b.position(), 5);
+        let mut control = factory.kv(model, WindowRule::Exact).unwrap();
+        control.prefill(&[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(b.step(8).unwrap(), control.step(8).unwrap());
+        a.restore(&from_a).unwrap();
+    });
+}
+
+/// One prefix, many continuations: a snapshot restores the same state after any later calls.
+pub fn snapshots_branch_and_outlive_later_calls<F: BackendFactory>(factory: &F) {
+    check_known(factory, "snapshots_branch_and_outlive_later_calls", || {
+        let model = "tiny-gemma3:1";
+        let prefix: Vec<i32> = (0..40).map(|i| (i * 13 + 5) % 500).collect();
+        let mut decoder = KvDecoder::new(factory.kv(model, WindowRule::Exact).unwrap());
+        let snap = decoder.prefill_prefix(&prefix).unwrap();
+        let first = decoder
+            .generate(&snap, &[10, 11, 12, 13, 14, 15, 16, 17, 18, 19], None, 12)
+            .unwrap();
+        let kv_first = layers(decoder.backend());
+        let other = decoder.generate(&snap, &[200, 201], None, 20).unwrap();
+        assert_eq!(other.timing.chunk_calls, 1);
+        let again = decoder
+            .generate(&snap, &[10, 11, 12, 13, 14, 15, 16, 17, 18, 19], None, 12)
+            .unwrap();
+        assert_eq!(first.ids, again.ids);
+        assert_eq!(first.timing.chunk_calls, 2, "10 tokens in chunks of 8");
+        assert_eq!(first.ids.len(), 12);
+        assert_eq!(first.timing.decode_tokens, 11);
+        for (l, (g, w)) in layers(decoder.backend()).iter().zip(kv_first.iter()).enumerate() {
+            assert_layers_close(
+                &format!("layer {l} on the replayed branch"),
+                g,
+                w,
+                kv_core::tolerance::Tolerance::SAME_BACKEND,
+            );
+        }
+        // The snapshot position is the prefix.
+        decoder.backend_mut().restore(&snap).unwrap();
+        assert_eq!(decoder.backend().position(), prefix.len());
+        // eos stops generation without emitting it.
+        let eos = first.ids[3];
+        let cut = decoder
+            .generate(&snap, &[10, 11, 12, 13, 14, 15, 16, 17, 18, 19], Some(eos), 12)
+            .unwrap();
+        let until = first.ids.iter().position(|&t| t == eos).unwrap();
+        assert_eq!(cut.ids, first.ids[..until]);
+        assert!(cut.stopped_at_eos);
+    });
+}
+
+/// The redecode graph's greedy stream equals the KV session's.
+pub fn redecode_matches_kv_stream<F: BackendFactory>(factory: &F) {
+    check_known(factory, "redecode_matches_kv_stream", || {
+        for model in ["tiny-gemma3:1", "tiny-llama:4"] {
+            let prompt: Vec<i32> = (0..17).map(|i| (i * 29 + 3) % 300).collect();
+            let redecoded = RedecodeDecoder::new(factory.redecode(model).unwrap())
+                .generate(&prompt, None, 6)
+                .unwrap();
+            let mut kv = factory.kv(model, WindowRule::Exact).unwrap();
+            let mut stream = vec![kv.prefill(&prompt).unwrap()];
+            while stream.len() < 6 {
+                stream.push(kv.step(*stream.last().unwrap()).unwrap());
+            }
+            let mut context = prompt.clone();
+            for (i, (&r, &k)) in redecoded.iter().zip(&stream).enumerate() {
+                assert_token(&format!("{model} token {i}"), model, &context, r, k);
+                context.push(k);
+            }
+            assert_eq!(redecoded.len(), 6);
+        }
+    });
+}
+
+/// Redecode needs `1 <= prompt < SEQ` and in-vocabulary ids.
+pub fn redecode_refuses_prompts_without_room<F: BackendFactory>(factory: &F) {
+    check_known(factory, "redecode_refuses_prompts_without_room", || {
+        let model = "tiny-llama:4";
+        let mut decoder = RedecodeDecoder::new(factory.redecode(model).unwrap());
+        let seq = decoder.backend_mut().seq();
+        for prompt in [vec![], vec![1; seq]] {
+            let err = decoder.generate(&prompt, None, 2).unwrap_err();
+            assert!(matches!(err, Error::PromptDoesNotFit { .. }), "{err}");
+        }
+        let err = decoder.generate(&[1, 100_000], None, 2).unwrap_err();
+        assert!(matches!(err, Error::TokenOutOfRange { .. }), "{err}");
+        // Generation stops when the graph is full.
+        let near_full: Vec<i32> = (0..seq as i32 - 2).map(|i| i % 50).collect();
+        assert_eq!(decoder.generate(&near_full, None, 10).unwrap().len(), 2);
+        assert!(
+            decoder.backend_mut().run(&[1, 2]).is_err(),
+            "run with fewer than SEQ ids"
+        );
+    });
+}
+
+/// Call by call against the FP32 reference: tokens equal, K/V within the backend's tolerance.
+pub fn kv_matches_reference_call_by_call<F: BackendFactory>(factory: &F) {
+    check_known(factory, "kv_matches_reference_call_by_call", || {
+        for model in MODELS {
+            let spec = spec_of(model);
+            let stream: Vec<i32> = (0..60).map(|i| (i * 53 + 1) % spec.vocab_size as i32).collect();
+            let mut backend = factory.kv(model, WindowRule::Exact).unwrap();
+            let mut reference = ReferenceFactory.kv(model, WindowRule::Exact).unwrap();
+            let prefix = 2 * spec.sliding_window.max(4) + 1;
+            let mut context = stream[..prefix].to_vec();
+            let (got, want) = (backend.prefill(&context).unwrap(), reference.prefill(&context).unwrap());
+            assert_token("prefill", model, &context, got, want);
+            for piece in pieces(&stream[prefix..], &[5, 0, 8, 3, 0, 0], spec.chunk) {
+                let (got, want) = (apply(&mut backend, &piece), apply(&mut reference, &piece));
+                match &piece {
+                    Piece::Chunk(t) => context.extend(t),
+                    Piece::Step(t) => context.push(*t),
+                }
+                assert_token(
+                    &format!("{model} after {} tokens", context.len()),
+                    model,
+                    &context,
+                    got,
+                    want,
+                );
+                for (l, (g, w)) in layers(&backend).iter().zip(layers(&reference).iter()).enumerate() {
+                    assert_layers_close(
+                        &format!("{model} layer {l} at {}", context.len()),
+                        g,
+                        w,
+                        factory.tolerance(),
+                    );
+                }
+            }
+        }
+    });
+}
