@@ -1,0 +1,150 @@
+//! The binary as a user runs it: JSON shapes, and errors as one line with a non-zero exit.
+
+use std::process::Command;
+
+fn skainet(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args(args)
+        .output()
+        .expect("run skainet-kv");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn demo_json_has_the_documented_keys() {
+    let (ok, stdout, stderr) = skainet(&["demo", "--json", "--max-new", "4"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    for key in ["backend", "open_ms", "prefix_tokens", "prefix_prefill_ms", "utterances"] {
+        assert!(v.get(key).is_some(), "missing {key}: {stdout}");
+    }
+    let utterances = v["utterances"].as_array().unwrap();
+    assert_eq!(utterances.len(), 3);
+    for u in utterances {
+        for key in [
+            "ids",
+            "restore_ms",
+            "chunk_ms",
+            "chunk_calls",
+            "decode_ms",
+            "decode_tokens",
+        ] {
+            assert!(u.get(key).is_some(), "missing utterances[].{key}");
+        }
+        assert_eq!(u["ids"].as_array().unwrap().len(), 4);
+    }
+    assert!(
+        v["prefix_tokens"].as_u64().unwrap() > 12,
+        "the prefix must be longer than the window"
+    );
+}
+
+#[test]
+fn generate_prints_ids_as_json_and_matches_the_library() {
+    let (ok, stdout, stderr) = skainet(&[
+        "generate",
+        "--model",
+        "tiny-llama:3",
+        "--prefix-ids",
+        "1,2,3",
+        "--ids",
+        "4,5",
+        "--max-new",
+        "5",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let ids: Vec<i32> = serde_json::from_value(v["ids"].clone()).unwrap();
+
+    let model = backend_reference::ReferenceModel::open(&fixtures::materialize("tiny-llama:3").unwrap()).unwrap();
+    let mut decoder = kv_core::KvDecoder::new(backend_reference::ReferenceKv::new(model, kv_core::WindowRule::Exact));
+    let snap = decoder.prefill_prefix(&[1, 2, 3]).unwrap();
+    assert_eq!(ids, decoder.generate(&snap, &[4, 5], None, 5).unwrap().ids);
+}
+
+#[test]
+fn redecode_prints_ids() {
+    let (ok, stdout, stderr) = skainet(&[
+        "redecode",
+        "--model",
+        "tiny-llama:3",
+        "--seq",
+        "16",
+        "--ids",
+        "1,2,3",
+        "--max-new",
+        "3",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["ids"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn errors_are_one_line_and_fail() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["demo", "--model", "no-such-model"], "neither a fixture name"),
+        (&["demo", "--model", "tiny-gpt:1"], "unknown fixture family"),
+        (
+            &[
+                "generate",
+                "--model",
+                "tiny-llama:3",
+                "--prefix-ids",
+                "1",
+                "--ids",
+                "4,999",
+                "--max-new",
+                "2",
+            ],
+            "outside the vocabulary",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "tiny-llama:3",
+                "--prefix-ids",
+                "1",
+                "--ids",
+                "4,x",
+                "--max-new",
+                "2",
+            ],
+            "not a token id",
+        ),
+        (
+            &[
+                "redecode",
+                "--model",
+                "tiny-llama:3",
+                "--seq",
+                "4",
+                "--ids",
+                "1,2,3,4",
+                "--max-new",
+                "2",
+            ],
+            "leaves no room",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (ok, _, stderr) = skainet(args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+            "{args:?}: {stderr}"
+        );
+        // clap adds its own "try --help" hint to argument errors.
+        if !stderr.contains("--help") {
+            assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        }
+    }
+}
