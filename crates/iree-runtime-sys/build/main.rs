@@ -1,5 +1,5 @@
 //! Build script of iree-runtime-sys: get a static IREE runtime (prebuilt, or built from source
-//! with CMake + Ninja under OUT_DIR), link it, and generate bindings with bindgen.
+//! with CMake + Ninja, cached beside cargo's build dir), link it, and generate bindings with bindgen.
 //!
 //! Every environment variable is read in `vars.rs`; the source search order is in `locate.rs`.
 
@@ -64,8 +64,8 @@ fn main() {
     println!("cargo:include={}", include_dir.display());
 }
 
-/// Configures (when the arguments changed) and builds + installs the runtime into
-/// `OUT_DIR/prefix`. Ninja makes a no-op build take well under a second.
+/// Configures (when the arguments changed) and builds + installs the runtime into a prefix
+/// under [`cmake_cache_root`]. Ninja makes a no-op build take well under a second.
 fn build_with_cmake(vars: &Vars, iree_root: &Path) -> PathBuf {
     let cargo = &vars.cargo;
     if cargo.target != cargo.host
@@ -87,8 +87,21 @@ fn build_with_cmake(vars: &Vars, iree_root: &Path) -> PathBuf {
     }
     let cmake = locate::cmake(vars);
     let ninja = locate::ninja(vars);
-    let build_dir = cargo.out_dir.join("cmake-build");
-    let prefix = cargo.out_dir.join("prefix");
+    // Everything that decides the archive's contents; it names the build directory.
+    let mut key_parts: Vec<String> = vec![
+        cmake.display().to_string(),
+        ninja.display().to_string(),
+        iree_root.display().to_string(),
+        cargo.target.clone(),
+    ];
+    key_parts.extend(
+        vars.cmake_passthrough
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.to_string_lossy())),
+    );
+    let root = cmake_cache_root(&cargo.out_dir).join(format!("{:016x}", fnv1a(&key_parts.join("\n"))));
+    let build_dir = root.join("build");
+    let prefix = root.join("prefix");
 
     let mut configure: Vec<String> = vec![
         "-G".into(),
@@ -113,7 +126,7 @@ fn build_with_cmake(vars: &Vars, iree_root: &Path) -> PathBuf {
         build_dir.join("CMakeCache.txt").is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
     if !cached {
         run(Command::new(&cmake).args(&configure), "configure IREE");
-        std::fs::write(&stamp, wanted).expect("write the configure stamp in OUT_DIR");
+        std::fs::write(&stamp, wanted).expect("write the configure stamp");
     }
     run(
         Command::new(&cmake).arg("--build").arg(&build_dir).args([
@@ -125,6 +138,28 @@ fn build_with_cmake(vars: &Vars, iree_root: &Path) -> PathBuf {
         "build IREE",
     );
     prefix
+}
+
+/// Where CMake builds go: `<target>/<profile>/iree-runtime-sys/`, next to cargo's own `build/`.
+///
+/// Not OUT_DIR itself: cargo gives the build script a new OUT_DIR whenever the resolved features
+/// of its build-dependencies change (e.g. `cargo build` vs `cargo test` vs `cargo clippy`, or
+/// another workspace crate adding a dependency), and each would rebuild IREE from scratch. Runs
+/// are serialized by cargo's lock on the target directory. Falls back to OUT_DIR when the layout
+/// is not cargo's usual `<profile>/build/<pkg>-<hash>/out`.
+fn cmake_cache_root(out_dir: &Path) -> PathBuf {
+    let build = out_dir.parent().and_then(Path::parent);
+    match build.and_then(|b| Some((b.file_name()?, b.parent()?))) {
+        Some((name, profile_dir)) if name == "build" => profile_dir.join("iree-runtime-sys"),
+        _ => out_dir.join("cmake"),
+    }
+}
+
+/// FNV-1a, 64 bit: a hash that stays the same across Rust releases (unlike `DefaultHasher`).
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf29ce484222325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn run(command: &mut Command, what: &str) {

@@ -19,8 +19,10 @@
 //!
 //! A source build uses `CMAKE` / `NINJA` when set, else `cmake` (≥ 3.26) and `ninja` on `PATH`,
 //! else `<workspace>/.tools/venv/bin` (installed by `scripts/setup.sh`). It is a Release build of
-//! the local-sync, local-task and vulkan HAL drivers, cached under `OUT_DIR` (a cold build takes
-//! about 1–2 minutes on 2 cores). For cross builds set `CMAKE_TOOLCHAIN_FILE` (plus
+//! the local-sync, local-task and vulkan HAL drivers, cached in
+//! `target/<profile>/iree-runtime-sys/<config hash>/` so that the differing `OUT_DIR`s cargo uses
+//! for `build`, `test` and `clippy` share one build (a cold build takes under a minute on 2
+//! cores). For cross builds set `CMAKE_TOOLCHAIN_FILE` (plus
 //! `ANDROID_ABI` / `ANDROID_PLATFORM` for the NDK) and `IREE_HOST_BIN_DIR` (host
 //! `iree-flatcc-cli` and `iree-c-embed-data`; the iree-base-runtime wheel ships both); they are
 //! passed to CMake as they are. `CC`, `CXX`, `CFLAGS` and `CXXFLAGS` are read by CMake itself.
