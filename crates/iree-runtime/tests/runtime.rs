@@ -222,7 +222,8 @@ fn kv_result(session: &mut Session, heads: usize) -> (BufferView, Vec<f32>) {
     let out = session.call("module.double_kv", &[&x]).unwrap().remove(0);
     let doubled: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
     if heads == 1 {
-        // Re-view the first head as [1, 1, 5, 3] through the zero-copy path itself.
+        // The module is [1, 2, 5, 3]: upload the first head of its result as a device-local
+        // [1, 1, 5, 3] view.
         let host = out.to_f32_vec().unwrap();
         let one = BufferView::from_f32(&device, &[1, 1, rows, width], &host[..rows * width]).unwrap();
         (one, doubled)
@@ -246,8 +247,7 @@ fn rows_of_single_head_result(device_name: &str) {
         assert_eq!(rows.shape(), vec![1, 1, r1 - r0, 3]);
         assert_close(&rows.to_f32_vec().unwrap(), &expected_rows(&data, 1, r0, r1));
     }
-    // A sub-view can be fed back to a function (here: the whole range, same shape as input).
-    assert!(view.rows(3, 6).is_err());
+    assert!(view.rows(3, 6).is_err(), "rows past R must be rejected");
 }
 
 fn rows_of_two_head_result(device_name: &str) {
