@@ -239,6 +239,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             other => other.clone(),
         })
         .collect();
+    let mut jobs = Vec::new();
     for plan in &plans {
         let text = emit_module(&m, &plan.graphs, &emit_opts(&plan.keys))?;
         let mlir = out_dir.join(format!("{}.mlir", plan.stem));
@@ -249,13 +250,14 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         }
         for target in &targets {
             let file = format!("{}.{}.vmfb", plan.stem, target.key());
-            compile(&mlir, target, &out_dir.join(&file))?;
+            jobs.push((mlir.clone(), target.clone(), out_dir.join(&file)));
             let entry = m.modules.entry(target.key()).or_default();
             for g in &plan.graphs {
                 entry.insert(g.key().to_string(), file.clone());
             }
         }
     }
+    compile_all(&jobs)?;
 
     let p = &mut m.provenance;
     p.insert("compiler".into(), COMPILER_VERSION.into());
@@ -293,6 +295,21 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     m.validate()?;
     m.save(out_dir)?;
     Ok(m)
+}
+
+/// Runs the compilations on as many threads as the machine has cores; the first failure (in job
+/// order) is the error.
+fn compile_all(jobs: &[(PathBuf, Target, PathBuf)]) -> Result<()> {
+    let width = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).max(1);
+    for batch in jobs.chunks(width) {
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                batch.iter().map(|(mlir, target, out)| s.spawn(move || compile(mlir, target, out))).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| kv_core::error::invariant("compile thread panicked"))).collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>>>()?;
+    }
+    Ok(())
 }
 
 /// `p0..pN` over the parameters in an order of graph `index`'s own: graph 0 in table order,
