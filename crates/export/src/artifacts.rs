@@ -20,7 +20,7 @@ use kv_core::manifest::{Functions, Parameters};
 use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
 use kv_core::{Graph, Manifest};
 
-use crate::compile::{compile, Target, COMPILER_VERSION};
+use crate::compile::{compile_with, Target, COMPILER_VERSION};
 use crate::emit::{emit_module, EmitOptions, WeightFormat};
 use crate::{ExportError, Result};
 
@@ -84,6 +84,8 @@ pub struct ExportOptions {
     pub weights: WeightFormat,
     /// The graphs to export (default: all five).
     pub graphs: Vec<Graph>,
+    /// Extra `iree-compile` flags for every module (recorded in the provenance).
+    pub compile_flags: Vec<String>,
 }
 
 impl Default for ExportOptions {
@@ -104,6 +106,7 @@ impl Default for ExportOptions {
                 Graph::Redecode,
                 Graph::RedecodeAt,
             ],
+            compile_flags: Vec::new(),
         }
     }
 }
@@ -257,7 +260,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             }
         }
     }
-    compile_all(&jobs)?;
+    compile_all(&jobs, &options.compile_flags)?;
 
     let p = &mut m.provenance;
     p.insert("compiler".into(), COMPILER_VERSION.into());
@@ -286,6 +289,9 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             .collect::<Vec<_>>()
             .join(","),
     );
+    if !options.compile_flags.is_empty() {
+        p.insert("compileFlags".into(), options.compile_flags.join(" "));
+    }
     if !key_maps.is_empty() {
         p.insert(
             "parameterKeys".into(),
@@ -299,13 +305,24 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
 
 /// Runs the compilations on as many threads as the machine has cores; the first failure (in job
 /// order) is the error.
-fn compile_all(jobs: &[(PathBuf, Target, PathBuf)]) -> Result<()> {
-    let width = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).max(1);
+fn compile_all(jobs: &[(PathBuf, Target, PathBuf)], flags: &[String]) -> Result<()> {
+    let width = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(1);
     for batch in jobs.chunks(width) {
         let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> =
-                batch.iter().map(|(mlir, target, out)| s.spawn(move || compile(mlir, target, out))).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| kv_core::error::invariant("compile thread panicked"))).collect()
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|(mlir, target, out)| s.spawn(move || compile_with(mlir, target, out, flags)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| kv_core::error::invariant("compile thread panicked"))
+                })
+                .collect()
         });
         results.into_iter().collect::<Result<Vec<()>>>()?;
     }

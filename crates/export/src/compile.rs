@@ -98,10 +98,18 @@ pub fn find_compiler() -> Result<PathBuf> {
 /// Compiles `mlir` for `target` into `out`. A failure names the function holding the first
 /// `error:` diagnostic (or the module's functions) and quotes that line.
 pub fn compile(mlir: &Path, target: &Target, out: &Path) -> Result<()> {
+    compile_with(mlir, target, out, &[])
+}
+
+/// [`compile`] with extra `iree-compile` flags (e.g. `--iree-opt-const-expr-hoisting=false`,
+/// which halves compile time at the price of widening the weights on every call instead of once
+/// at load).
+pub fn compile_with(mlir: &Path, target: &Target, out: &Path, extra: &[String]) -> Result<()> {
     let compiler = find_compiler()?;
     let output = Command::new(&compiler)
         .arg("--iree-input-type=stablehlo")
         .args(target.flags())
+        .args(extra)
         .arg(mlir)
         .arg("-o")
         .arg(out)
@@ -171,5 +179,32 @@ mod tests {
         let d = "/tmp/m.mlir:5:5: error: custom op 'bad' is unknown";
         assert_eq!(diagnostic_line(d, Path::new("/tmp/m.mlir")), Some(5));
         assert_eq!(function_at(text, Some(5)).as_deref(), Some("b"));
+    }
+}
+
+#[cfg(test)]
+mod compiler_tests {
+    use super::*;
+
+    /// Needs the compiler: a missing `iree-compile` fails here with the install hint.
+    #[test]
+    fn failed_compile_names_function_and_first_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mlir = dir.path().join("bad.mlir");
+        std::fs::write(
+            &mlir,
+            "module @module {\n  func.func @ok(%a: tensor<2xf32>) -> tensor<2xf32> {\n    return %a : tensor<2xf32>\n  }\n  \
+             func.func @broken(%a: tensor<2xf32>) -> tensor<3xf32> {\n    %b = stablehlo.add %a, %a : tensor<3xf32>\n    \
+             return %b : tensor<3xf32>\n  }\n}\n",
+        )
+        .unwrap();
+        let err = compile(&mlir, &Target::cpu(), &dir.path().join("bad.vmfb")).unwrap_err();
+        match &err {
+            ExportError::Compile { function, diagnostic, .. } => {
+                assert_eq!(function, "broken", "{err}");
+                assert!(diagnostic.contains("error:"), "{err}");
+            }
+            other => panic!("expected a compile error, got: {other}"),
+        }
     }
 }

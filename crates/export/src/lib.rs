@@ -26,7 +26,7 @@ mod emit;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, ExportOptions, Layout, Source};
-pub use compile::{compile, find_compiler, Target, COMPILER_VERSION};
+pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
 
 use std::path::PathBuf;

@@ -74,12 +74,26 @@ pub fn read_npy(path: &Path) -> Array {
     let body = &data[start + hlen..];
     let shape_text = &header[header.find("'shape': (").unwrap() + 10..];
     let shape_text = &shape_text[..shape_text.find(')').unwrap()];
-    let shape: Vec<usize> =
-        shape_text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
     if header.contains("'<f4'") {
-        Array::F32(shape, body.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        Array::F32(
+            shape,
+            body.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
     } else if header.contains("'<i4'") {
-        Array::I32(shape, body.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect())
+        Array::I32(
+            shape,
+            body.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
     } else {
         panic!("unsupported npy header {header}")
     }
@@ -95,7 +109,9 @@ pub fn iree_tool(name: &str) -> PathBuf {
             }
         }
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/venv/bin").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.tools/venv/bin")
+        .join(name);
     assert!(
         p.is_file(),
         "{name} not found on PATH nor at {}: install the pinned IREE wheels (`pip install iree-base-compiler==3.13.0 \
@@ -106,9 +122,20 @@ pub fn iree_tool(name: &str) -> PathBuf {
 }
 
 /// Runs `function` of `vmfb` on `device` with parameters `irpa` (scope `model`); returns the results.
-pub fn run_module(work: &Path, device: &str, vmfb: &Path, irpa: &Path, function: &str, inputs: &[Array], n_out: usize) -> Vec<Array> {
+pub fn run_module(
+    work: &Path,
+    device: &str,
+    vmfb: &Path,
+    irpa: &Path,
+    function: &str,
+    inputs: &[Array],
+    n_out: usize,
+) -> Vec<Array> {
     let mut cmd = Command::new(iree_tool("iree-run-module"));
-    cmd.env("XDG_RUNTIME_DIR", std::env::var_os("XDG_RUNTIME_DIR").unwrap_or_else(|| "/tmp".into()));
+    cmd.env(
+        "XDG_RUNTIME_DIR",
+        std::env::var_os("XDG_RUNTIME_DIR").unwrap_or_else(|| "/tmp".into()),
+    );
     cmd.arg(format!("--device={device}"))
         .arg(format!("--module={}", vmfb.display()))
         .arg(format!("--parameters=model={}", irpa.display()))
@@ -246,19 +273,34 @@ impl GraphSession {
     }
 
     /// Keeps, per layer, `(first_position, rows)` of each result.
-    fn keep_rows(&mut self, results: &std::collections::HashMap<String, Array>, which: impl Fn(usize) -> (usize, usize)) {
+    fn keep_rows(
+        &mut self,
+        results: &std::collections::HashMap<String, Array>,
+        which: impl Fn(usize) -> (usize, usize),
+    ) {
         let (nkv, d) = (self.m.spec.n_kv_heads, self.m.spec.head_dim);
         let mut layers = Vec::new();
         for l in 0..self.m.spec.n_layers {
             let (first, keep) = which(l);
             let take = |a: &Array| {
                 let shape = a.shape();
-                assert_eq!((shape.len(), shape[0], shape[1], shape[3]), (4, 1, nkv, d), "K/V result shape {shape:?}");
+                assert_eq!(
+                    (shape.len(), shape[0], shape[1], shape[3]),
+                    (4, 1, nkv, d),
+                    "K/V result shape {shape:?}"
+                );
                 let rows = shape[2];
                 assert!(keep <= rows, "keep {keep} of {rows} rows");
-                (0..nkv).flat_map(|h| a.f32()[h * rows * d..(h * rows + keep) * d].to_vec()).collect::<Vec<f32>>()
+                (0..nkv)
+                    .flat_map(|h| a.f32()[h * rows * d..(h * rows + keep) * d].to_vec())
+                    .collect::<Vec<f32>>()
             };
-            layers.push(Layer { first_position: first, rows: keep, k: take(&results[&k_name(l)]), v: take(&results[&v_name(l)]) });
+            layers.push(Layer {
+                first_position: first,
+                rows: keep,
+                k: take(&results[&k_name(l)]),
+                v: take(&results[&v_name(l)]),
+            });
         }
         self.layers = layers;
     }
@@ -311,7 +353,9 @@ impl GraphSession {
         };
         let r = self.call(Graph::Chunk, &named);
         let pos = self.position;
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| self.kind_inputs(&plan.kinds, l).past).collect();
+        let pasts: Vec<usize> = (0..spec.n_layers)
+            .map(|l| self.kind_inputs(&plan.kinds, l).past)
+            .collect();
         self.keep_rows(&r, |l| (pos - pasts[l], pasts[l] + plan.n));
         self.position += plan.n;
         Self::token(&r)
@@ -341,7 +385,9 @@ impl GraphSession {
         };
         let r = self.call(Graph::Step, &named);
         let pos = self.position;
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| self.kind_inputs(&plan.kinds, l).past).collect();
+        let pasts: Vec<usize> = (0..spec.n_layers)
+            .map(|l| self.kind_inputs(&plan.kinds, l).past)
+            .collect();
         self.keep_rows(&r, |l| (pos - pasts[l], pasts[l] + 1));
         self.position += 1;
         Self::token(&r)
@@ -389,7 +435,11 @@ pub fn assert_layers_close(what: &str, graph: &GraphSession, reference: &impl Kv
         let g = graph.layer(l);
         let r = reference.read_layer(l).unwrap();
         let from = g.first_position.max(r.first_position);
-        assert_eq!(g.first_position + g.rows, r.first_position + r.rows, "{what}: layer {l} ends at another position");
+        assert_eq!(
+            g.first_position + g.rows,
+            r.first_position + r.rows,
+            "{what}: layer {l} ends at another position"
+        );
         let (g, r) = (g.tail_from(from), r.tail_from(from));
         for (name, a, b) in [("K", &g.k, &r.k), ("V", &g.v, &r.v)] {
             let bad = tol.mismatches(a, b, 5);
