@@ -12,6 +12,8 @@
 pub mod compare;
 pub mod divergence;
 pub mod factory;
+#[cfg(feature = "iree")]
+pub mod iree;
 pub mod naive;
 pub mod problems;
 

@@ -1,0 +1,420 @@
+//! [`IreeKvBackend`]: the stateful KV session on an IREE device.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use iree_runtime::{BufferView, Device, ElementType, Function, Session};
+use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
+use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
+use kv_core::{Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, Result, SessionId};
+
+use crate::convert::{contract_err, iree_err};
+use crate::embedding::Embedding;
+use crate::open::{open_graphs, IreeOptions, Opened};
+
+/// One layer's cache: a `[1, nKvHeads, rows, d]` view covering positions `first..first + rows`.
+#[derive(Clone)]
+struct LayerCache {
+    k: BufferView,
+    v: BufferView,
+    /// Absolute position of row 0.
+    first: usize,
+    rows: usize,
+}
+
+/// The caches at one position. Clones retain the device buffers; nothing is copied.
+#[derive(Clone)]
+pub struct IreeSnapshot {
+    session: SessionId,
+    position: usize,
+    layers: Vec<LayerCache>,
+}
+
+impl IreeSnapshot {
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}
+
+/// A KV-cache session: prefill, chunk and step graphs on one device.
+///
+/// Calls take `&mut self`: they replace the per-layer caches and run IREE invocations, which
+/// must not be concurrent on one context.
+pub struct IreeKvBackend {
+    id: SessionId,
+    manifest: Manifest,
+    options: IreeOptions,
+    device: Device,
+    sessions: Vec<Option<Session>>,
+    functions: HashMap<Graph, (usize, Function)>,
+    args: HashMap<Graph, Vec<String>>,
+    outputs: HashMap<Graph, Vec<String>>,
+    embedding: Embedding,
+    target: String,
+    layers: Vec<LayerCache>,
+    position: usize,
+}
+
+impl IreeKvBackend {
+    /// Opens the prefill, chunk and step graphs of the artifact directory `dir`.
+    pub fn open(dir: &Path, options: IreeOptions) -> Result<Self> {
+        let manifest = Manifest::load(dir)?;
+        let Opened {
+            device,
+            sessions,
+            functions,
+            target,
+        } = open_graphs(dir, &manifest, &Graph::KV, &options)?;
+        // The seed reads the table from the with-past archive; its key there is `embeddingParameter`.
+        let archive = manifest
+            .parameter_file(Graph::Step)
+            .ok_or_else(|| Error::manifest("parameters", "no archive for `withPast`"))?;
+        let embedding = Embedding::open(
+            &dir.join(archive),
+            manifest.embedding_parameter.as_deref(),
+            &manifest.spec,
+        )?;
+        let args = Graph::KV.iter().map(|&g| (g, manifest.args_or_canonical(g))).collect();
+        let outputs = Graph::KV
+            .iter()
+            .map(|&g| (g, manifest.outputs_or_canonical(g)))
+            .collect();
+        Ok(IreeKvBackend {
+            id: SessionId::fresh(),
+            manifest,
+            options,
+            device,
+            sessions,
+            functions,
+            args,
+            outputs,
+            embedding,
+            target,
+            layers: Vec::new(),
+            position: 0,
+        })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The `modules` key this session runs (`llvm-cpu`, `vulkan`, ...).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Drops the prefill graph's session when no other graph shares it (the seed's three-archive
+    /// layout: frees its weights once the prefix snapshot exists). Later `prefill` calls fail.
+    /// Returns whether anything was released.
+    pub fn release_prefill(&mut self) -> bool {
+        let Some(&(index, _)) = self.functions.get(&Graph::Prefill) else {
+            return false;
+        };
+        let shared = self
+            .functions
+            .iter()
+            .any(|(&g, &(i, _))| g != Graph::Prefill && i == index);
+        if shared {
+            return false;
+        }
+        self.functions.remove(&Graph::Prefill);
+        self.sessions[index].take().is_some()
+    }
+
+    fn f32_view(&self, shape: &[usize], data: &[f32]) -> Result<BufferView> {
+        BufferView::from_f32(&self.device, shape, data).map_err(iree_err("upload f32 input"))
+    }
+
+    fn i32_view(&self, shape: &[usize], data: &[i32]) -> Result<BufferView> {
+        BufferView::from_i32(&self.device, shape, data).map_err(iree_err("upload i32 input"))
+    }
+
+    /// Calls `graph` with its arguments bound by manifest name; checks every result's shape and
+    /// type; returns the results by name.
+    fn call(
+        &mut self,
+        graph: Graph,
+        mut inputs: HashMap<String, BufferView>,
+        expect: &dyn Fn(&str) -> (Vec<usize>, ElementType),
+    ) -> Result<HashMap<String, BufferView>> {
+        let (index, function) = self
+            .functions
+            .get(&graph)
+            .ok_or_else(|| contract_err(graph.key(), "this graph's session was released (release_prefill)"))?;
+        let ordered: Vec<BufferView> = self.args[&graph]
+            .iter()
+            .map(|name| {
+                inputs
+                    .remove(name)
+                    .ok_or_else(|| contract_err(graph.key(), format!("no value for argument `{name}`")))
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&BufferView> = ordered.iter().collect();
+        let session = self.sessions[*index]
+            .as_mut()
+            .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));
+        let results = session
+            .call_function(function, &refs)
+            .map_err(iree_err(format!("call {}", function.name)))?;
+        let names = &self.outputs[&graph];
+        if results.len() != names.len() {
+            return Err(contract_err(
+                graph.key(),
+                format!(
+                    "{} returned {} results, the contract has {}",
+                    function.name,
+                    results.len(),
+                    names.len()
+                ),
+            ));
+        }
+        let mut out = HashMap::with_capacity(names.len());
+        for (name, view) in names.iter().zip(results) {
+            let (shape, element) = expect(name);
+            if view.shape() != shape || view.element_type() != element {
+                return Err(contract_err(
+                    graph.key(),
+                    format!(
+                        "result `{name}` of {} is {:?} {:?}, the contract says {:?} {:?}: a vmfb of another contract?",
+                        function.name,
+                        view.element_type(),
+                        view.shape(),
+                        element,
+                        shape
+                    ),
+                ));
+            }
+            out.insert(name.clone(), view);
+        }
+        Ok(out)
+    }
+
+    fn read_token(results: &HashMap<String, BufferView>) -> Result<i32> {
+        let token = results["token"].to_i32_vec().map_err(iree_err("read token"))?;
+        Ok(token[0])
+    }
+
+    /// The last `past` rows of a layer's cache.
+    fn tail(cache: &LayerCache, past: usize) -> Result<(BufferView, BufferView)> {
+        if past == cache.rows {
+            return Ok((cache.k.clone(), cache.v.clone()));
+        }
+        if past > cache.rows {
+            kv_core::error::invariant("a layer holds fewer rows than the window plan needs");
+        }
+        let r0 = cache.rows - past;
+        let k = cache.k.rows(r0, cache.rows).map_err(iree_err("take window rows"))?;
+        let v = cache.v.rows(r0, cache.rows).map_err(iree_err("take window rows"))?;
+        Ok((k, v))
+    }
+
+    fn kind_inputs(
+        &self,
+        inputs: &mut HashMap<String, BufferView>,
+        kinds: &[KindInputs],
+        rows: usize,
+        with_mask: bool,
+    ) -> Result<()> {
+        let spec = &self.manifest.spec;
+        for k in kinds {
+            inputs.insert(cos_name(k.kind), self.f32_view(&[rows, spec.head_dim], &k.rope.cos)?);
+            inputs.insert(sin_name(k.kind), self.f32_view(&[rows, spec.head_dim], &k.rope.sin)?);
+            if with_mask {
+                let shape = [1, spec.mask_head_count(), rows, k.past + rows];
+                inputs.insert(mask_name(k.kind), self.f32_view(&shape, &k.mask)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_shape(spec: &KvSpec, rows: usize) -> (Vec<usize>, ElementType) {
+        (vec![1, spec.n_kv_heads, rows, spec.head_dim], ElementType::F32)
+    }
+}
+
+impl KvBackend for IreeKvBackend {
+    type Snapshot = IreeSnapshot;
+
+    fn spec(&self) -> &KvSpec {
+        &self.manifest.spec
+    }
+
+    fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        let plan = plan_prefill(&spec, tokens)?;
+        let mut inputs = HashMap::new();
+        inputs.insert("tokens".into(), self.i32_view(&[spec.seq], &plan.tokens)?);
+        inputs.insert(
+            "emb".into(),
+            self.f32_view(&[spec.seq, spec.hidden_size], &self.embedding.gather(&plan.tokens)?)?,
+        );
+        inputs.insert("select".into(), self.f32_view(&[1, spec.seq], &plan.select)?);
+        let results = self.call(Graph::Prefill, inputs, &|name| match name {
+            "token" => (vec![1], ElementType::I32),
+            _ => Self::kv_shape(&spec, spec.seq),
+        })?;
+        let token = Self::read_token(&results)?;
+        self.layers = (0..spec.n_layers)
+            .map(|l| Self::kept(&results, l, 0, spec.seq, plan.n))
+            .collect::<Result<_>>()?;
+        self.position = plan.n;
+        Ok(token)
+    }
+
+    fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        let plan = plan_chunk(&spec, self.position, tokens)?;
+        let mut inputs = HashMap::new();
+        inputs.insert("tokens".into(), self.i32_view(&[spec.chunk], &plan.tokens)?);
+        inputs.insert(
+            "emb".into(),
+            self.f32_view(&[spec.chunk, spec.hidden_size], &self.embedding.gather(&plan.tokens)?)?,
+        );
+        inputs.insert("select".into(), self.f32_view(&[1, spec.chunk], &plan.select)?);
+        self.kind_inputs(&mut inputs, &plan.kinds, spec.chunk, true)?;
+        let mut firsts = Vec::with_capacity(spec.n_layers);
+        let mut pasts = Vec::with_capacity(spec.n_layers);
+        for (l, cache) in self.layers.iter().enumerate() {
+            let past = plan.kind(spec.layer_kind(l)).past;
+            let (k, v) = Self::tail(cache, past)?;
+            inputs.insert(k_name(l), k);
+            inputs.insert(v_name(l), v);
+            firsts.push(self.position - past);
+            pasts.push(past);
+        }
+        let layer_of = |name: &str| {
+            name.strip_prefix('l')
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<usize>().ok())
+        };
+        let results = self.call(Graph::Chunk, inputs, &|name| match (name, layer_of(name)) {
+            ("token", _) => (vec![1], ElementType::I32),
+            (_, Some(l)) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + spec.chunk),
+            _ => (vec![], ElementType::F32),
+        })?;
+        let token = Self::read_token(&results)?;
+        self.layers = (0..spec.n_layers)
+            .map(|l| Self::kept(&results, l, firsts[l], pasts[l] + spec.chunk, pasts[l] + plan.n))
+            .collect::<Result<_>>()?;
+        self.position += plan.n;
+        Ok(token)
+    }
+
+    fn step(&mut self, token: i32) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        let plan = plan_step(&spec, self.position, token, self.options.rule)?;
+        let mut inputs = HashMap::new();
+        inputs.insert("token".into(), self.i32_view(&[1], &[token])?);
+        inputs.insert(
+            "emb".into(),
+            self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
+        );
+        self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
+        let mut firsts = Vec::with_capacity(spec.n_layers);
+        let mut pasts = Vec::with_capacity(spec.n_layers);
+        for (l, cache) in self.layers.iter().enumerate() {
+            let past = plan.kind(spec.layer_kind(l)).past;
+            let (k, v) = Self::tail(cache, past)?;
+            inputs.insert(k_name(l), k);
+            inputs.insert(v_name(l), v);
+            firsts.push(self.position - past);
+            pasts.push(past);
+        }
+        let layer_of = |name: &str| {
+            name.strip_prefix('l')
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<usize>().ok())
+        };
+        let results = self.call(Graph::Step, inputs, &|name| match (name, layer_of(name)) {
+            ("token", _) => (vec![1], ElementType::I32),
+            (_, Some(l)) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + 1),
+            _ => (vec![], ElementType::F32),
+        })?;
+        let next = Self::read_token(&results)?;
+        self.layers = (0..spec.n_layers)
+            .map(|l| Self::kept(&results, l, firsts[l], pasts[l] + 1, pasts[l] + 1))
+            .collect::<Result<_>>()?;
+        self.position += 1;
+        Ok(next)
+    }
+
+    fn snapshot(&self) -> Result<IreeSnapshot> {
+        Ok(IreeSnapshot {
+            session: self.id,
+            position: self.position,
+            layers: self.layers.clone(),
+        })
+    }
+
+    fn restore(&mut self, snapshot: &IreeSnapshot) -> Result<()> {
+        self.id.check_owner(snapshot.session)?;
+        self.layers = snapshot.layers.clone();
+        self.position = snapshot.position;
+        Ok(())
+    }
+
+    fn position(&self) -> usize {
+        self.position
+    }
+
+    fn read_layer(&self, layer: usize) -> Result<LayerKv> {
+        let spec = &self.manifest.spec;
+        if layer >= spec.n_layers {
+            return Err(Error::LayerOutOfRange {
+                layer,
+                n_layers: spec.n_layers,
+            });
+        }
+        let Some(cache) = self.layers.get(layer) else {
+            return Ok(LayerKv {
+                first_position: 0,
+                rows: 0,
+                n_kv_heads: spec.n_kv_heads,
+                head_dim: spec.head_dim,
+                k: vec![],
+                v: vec![],
+            });
+        };
+        Ok(LayerKv {
+            first_position: cache.first,
+            rows: cache.rows,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
+            v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
+        })
+    }
+
+    fn name(&self) -> String {
+        format!("iree-{}", self.options.device)
+    }
+}
+
+impl IreeKvBackend {
+    /// Layer `l`'s new cache from a call's results: the first `keep` of `total` rows (padding
+    /// rows of a fixed-size call are dropped by a view).
+    fn kept(
+        results: &HashMap<String, BufferView>,
+        l: usize,
+        first: usize,
+        total: usize,
+        keep: usize,
+    ) -> Result<LayerCache> {
+        let (k, v) = (&results[&k_name(l)], &results[&v_name(l)]);
+        let (k, v) = if keep == total {
+            (k.clone(), v.clone())
+        } else {
+            (
+                k.rows(0, keep).map_err(iree_err("trim padding rows"))?,
+                v.rows(0, keep).map_err(iree_err("trim padding rows"))?,
+            )
+        };
+        Ok(LayerCache {
+            k,
+            v,
+            first,
+            rows: keep,
+        })
+    }
+}

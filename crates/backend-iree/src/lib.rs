@@ -1,0 +1,29 @@
+//! skainet-kv on the IREE runtime (CONTRACT §2–4): the Rust counterpart of the seed's
+//! `iree_kv_jni.c` and `iree_redecode_jni.c`.
+//!
+//! Design:
+//! - **Artifacts come from the manifest.** Each graph's module (`modules[target][graph]`),
+//!   archive (`parameters`) and function name (`functions`) are read from `manifest.json`; graphs
+//!   that share a module and an archive share one IREE session (the shared layout), otherwise each
+//!   gets its own on the one device (the seed's three-archive layout).
+//! - **Arguments are bound by name** from the manifest's lists, and every result's rank, shape and
+//!   element type is checked before it is read, so a vmfb of another contract fails loudly.
+//! - **The cache lives on the device.** Each layer is a `[1, nKvHeads, rows, d]` buffer view; a
+//!   call's outputs become the new caches (trimmed to the real rows by a view); sliding layers are
+//!   handed tail views under the window rule of `kv_core::window`. With `nKvHeads == 1` every view
+//!   is a zero-copy subspan; with more heads rows are not contiguous and a view is a
+//!   device-to-device copy (as upstream does).
+//! - **Snapshots retain views**: O(layers), independent of the prefix length, no copy.
+//! - **Embeddings are gathered on the host** from the memory-mapped archive (bf16 → f32), because
+//!   IREE's SPIR-V backend cannot lower the in-graph gather.
+
+mod convert;
+mod embedding;
+mod kv;
+mod open;
+mod redecode;
+
+pub use embedding::Embedding;
+pub use kv::{IreeKvBackend, IreeSnapshot};
+pub use open::{IreeOptions, DEVICES};
+pub use redecode::IreeRedecodeBackend;

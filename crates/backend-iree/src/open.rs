@@ -1,0 +1,169 @@
+//! Opening a manifest's artifacts on a device: one IREE session per distinct (module, archive).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use iree_runtime::{Device, Function, Instance, Session};
+use kv_core::{Error, Graph, Manifest, Result, WindowRule};
+
+use crate::convert::iree_err;
+
+/// The device names a session can be opened on.
+pub const DEVICES: &[&str] = &["local-task", "local-sync", "vulkan"];
+
+/// How to open a session.
+#[derive(Clone, Debug)]
+pub struct IreeOptions {
+    /// `local-task`, `local-sync` or `vulkan`.
+    pub device: String,
+    /// Key of `modules` to run (`llvm-cpu`, `vulkan`, `vulkan-valhall`); `None` picks the first
+    /// one made for the device.
+    pub target: Option<String>,
+    /// Worker count of the local-task executor (`None` = IREE's default).
+    pub workers: Option<usize>,
+    pub rule: WindowRule,
+}
+
+impl IreeOptions {
+    pub fn new(device: &str) -> Self {
+        IreeOptions {
+            device: device.into(),
+            target: None,
+            workers: None,
+            rule: WindowRule::Exact,
+        }
+    }
+}
+
+pub(crate) struct Opened {
+    pub device: Device,
+    pub sessions: Vec<Option<Session>>,
+    /// Graph → (index into `sessions`, function).
+    pub functions: HashMap<Graph, (usize, Function)>,
+    pub target: String,
+}
+
+fn target_for(manifest: &Manifest, options: &IreeOptions) -> Result<String> {
+    if !DEVICES.contains(&options.device.as_str()) {
+        return Err(Error::Backend {
+            backend: "iree",
+            op: "open device".into(),
+            message: format!(
+                "unknown device `{}`; valid names: {}",
+                options.device,
+                DEVICES.join(", ")
+            ),
+        });
+    }
+    let family = if options.device == "vulkan" {
+        "vulkan"
+    } else {
+        "llvm-cpu"
+    };
+    if let Some(target) = &options.target {
+        return match manifest.modules.contains_key(target) {
+            true => Ok(target.clone()),
+            false => Err(Error::manifest("modules", format!("no modules for target `{target}`"))),
+        };
+    }
+    manifest
+        .modules
+        .keys()
+        .find(|k| k.starts_with(family))
+        .cloned()
+        .ok_or_else(|| {
+            let have: Vec<_> = manifest.modules.keys().cloned().collect();
+            Error::manifest(
+                "modules",
+                format!(
+                    "no `{family}` modules for device `{}` (have: {})",
+                    options.device,
+                    have.join(", ")
+                ),
+            )
+        })
+}
+
+/// Argument count of a VM calling convention such as `0rrr_rr`.
+fn arg_count(convention: &str) -> usize {
+    convention
+        .split('_')
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('0')
+        .chars()
+        .filter(|&c| c == 'r')
+        .count()
+}
+
+pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], options: &IreeOptions) -> Result<Opened> {
+    let target = target_for(manifest, options)?;
+    let instance = Instance::new().map_err(iree_err("create instance"))?;
+    let device = match (options.device.as_str(), options.workers) {
+        ("local-task", Some(workers)) => Device::open_local_task(&instance, workers),
+        (name, _) => Device::open(&instance, name),
+    }
+    .map_err(iree_err(format!("open device `{}`", options.device)))?;
+
+    let mut sessions: Vec<Option<Session>> = Vec::new();
+    let mut by_files: HashMap<(PathBuf, PathBuf), usize> = HashMap::new();
+    let mut functions = HashMap::new();
+    for &graph in graphs {
+        let vmfb = manifest
+            .modules
+            .get(&target)
+            .and_then(|m| m.get(graph.key()))
+            .ok_or_else(|| Error::manifest("modules", format!("no `{}` module for target `{target}`", graph.key())))?;
+        let irpa = manifest
+            .parameter_file(graph)
+            .ok_or_else(|| Error::manifest("parameters", format!("no archive for `{}`", graph.key())))?;
+        let (vmfb, irpa) = (dir.join(vmfb), dir.join(irpa));
+        let index = match by_files.get(&(vmfb.clone(), irpa.clone())) {
+            Some(&i) => i,
+            None => {
+                let session = Session::open(&device, &vmfb, &[(manifest.parameter_scope.as_str(), irpa.as_path())])
+                    .map_err(iree_err(format!(
+                        "open `{}` with parameters `{}`",
+                        vmfb.display(),
+                        irpa.display()
+                    )))?;
+                sessions.push(Some(session));
+                by_files.insert((vmfb, irpa), sessions.len() - 1);
+                sessions.len() - 1
+            }
+        };
+        let name = manifest
+            .functions
+            .get(graph)
+            .ok_or_else(|| Error::manifest("functions", format!("no function name for `{}`", graph.key())))?;
+        let session = sessions[index]
+            .as_ref()
+            .unwrap_or_else(|| kv_core::error::invariant("session just opened"));
+        let function = session
+            .lookup(name)
+            .map_err(iree_err(format!("look up `{}` function", graph.key())))?;
+        let want = match graph {
+            Graph::Redecode => 1,
+            Graph::RedecodeAt => 2,
+            _ => manifest.args_or_canonical(graph).len(),
+        };
+        let got = arg_count(&function.calling_convention);
+        if got != want {
+            return Err(Error::Backend {
+                backend: "iree",
+                op: format!("open `{name}`"),
+                message: format!(
+                    "the module's function takes {got} arguments but the `{}` contract for this manifest has {want}: a vmfb of another contract or shape",
+                    graph.key()
+                ),
+            });
+        }
+        functions.insert(graph, (index, function));
+    }
+    Ok(Opened {
+        device,
+        sessions,
+        functions,
+        target,
+    })
+}

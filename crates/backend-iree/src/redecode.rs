@@ -1,0 +1,158 @@
+//! [`IreeRedecodeBackend`]: the fixed-length redecode graph (CONTRACT §3).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use iree_runtime::{BufferView, Device, ElementType, Function, Session};
+use kv_core::{Error, Graph, Manifest, RedecodeBackend, Result};
+
+use crate::convert::{contract_err, iree_err};
+use crate::open::{open_graphs, IreeOptions, Opened};
+
+/// `f(tokens [1, SEQ] i32) → [SEQ] i32`, the next id at every position, argmax in-graph.
+pub struct IreeRedecodeBackend {
+    device: Device,
+    session: Session,
+    function: Function,
+    seq: usize,
+    vocab: usize,
+    device_name: String,
+}
+
+impl IreeRedecodeBackend {
+    /// Opens the redecode graph of an artifact directory. Its `SEQ` is the manifest's
+    /// `provenance.redecodeSeq` when present, else `seq`.
+    pub fn open(dir: &Path, options: IreeOptions) -> Result<Self> {
+        let manifest = Manifest::load(dir)?;
+        let seq = match manifest.provenance.get("redecodeSeq") {
+            Some(s) => s
+                .parse()
+                .map_err(|_| Error::manifest("provenance.redecodeSeq", format!("`{s}` is not a length")))?,
+            None => manifest.spec.seq,
+        };
+        let Opened {
+            device,
+            mut sessions,
+            mut functions,
+            ..
+        } = open_graphs(dir, &manifest, &[Graph::Redecode], &options)?;
+        let (index, function) = functions
+            .remove(&Graph::Redecode)
+            .unwrap_or_else(|| kv_core::error::invariant("opened graph"));
+        let session = sessions[index]
+            .take()
+            .unwrap_or_else(|| kv_core::error::invariant("opened session"));
+        Ok(IreeRedecodeBackend {
+            device,
+            session,
+            function,
+            seq,
+            vocab: manifest.spec.vocab_size,
+            device_name: options.device,
+        })
+    }
+
+    /// Opens a single module the way the seed's `nativeCreate(device, vmfb, irpa, fn)` does:
+    /// no manifest, `SEQ` learned from the first call's result length check.
+    pub fn open_files(
+        device: &str,
+        vmfb: &Path,
+        irpa: &Path,
+        function: &str,
+        seq: usize,
+        vocab: usize,
+        workers: Option<usize>,
+    ) -> Result<Self> {
+        let mut manifest = Manifest::new(
+            kv_core::KvSpec {
+                vocab_size: vocab,
+                ..Default::default()
+            },
+            None,
+            "unused",
+        );
+        manifest.modules.insert(
+            "m".into(),
+            HashMap::from([(Graph::Redecode.key().to_string(), vmfb.display().to_string())])
+                .into_iter()
+                .collect(),
+        );
+        manifest.parameters = Some(kv_core::manifest::Parameters::Shared(irpa.display().to_string()));
+        manifest.functions.redecode = Some(function.into());
+        let options = IreeOptions {
+            device: device.into(),
+            target: Some("m".into()),
+            workers,
+            rule: Default::default(),
+        };
+        let Opened {
+            device,
+            mut sessions,
+            mut functions,
+            ..
+        } = open_graphs(Path::new(""), &manifest, &[Graph::Redecode], &options)?;
+        let (index, function) = functions
+            .remove(&Graph::Redecode)
+            .unwrap_or_else(|| kv_core::error::invariant("opened graph"));
+        let session = sessions[index]
+            .take()
+            .unwrap_or_else(|| kv_core::error::invariant("opened session"));
+        Ok(IreeRedecodeBackend {
+            device,
+            session,
+            function,
+            seq,
+            vocab,
+            device_name: options.device,
+        })
+    }
+}
+
+impl RedecodeBackend for IreeRedecodeBackend {
+    fn seq(&self) -> usize {
+        self.seq
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn run(&mut self, tokens: &[i32]) -> Result<Vec<i32>> {
+        if tokens.len() != self.seq {
+            return Err(Error::BadTokenCount {
+                op: "redecode run",
+                n: tokens.len(),
+                min: self.seq,
+                max: self.seq,
+            });
+        }
+        let input = BufferView::from_i32(&self.device, &[1, self.seq], tokens).map_err(iree_err("upload tokens"))?;
+        let results = self
+            .session
+            .call_function(&self.function, &[&input])
+            .map_err(iree_err(format!("call {}", self.function.name)))?;
+        // Checked before any read: a vmfb of another shape must fail, not misread device memory.
+        let [out] = &results[..] else {
+            return Err(contract_err(
+                "redecode",
+                format!("{} returned {} results, expected 1", self.function.name, results.len()),
+            ));
+        };
+        if out.shape() != [self.seq] || out.element_type() != ElementType::I32 {
+            return Err(contract_err(
+                "redecode",
+                format!(
+                    "result is {:?} {:?}, the contract says I32 [{}]",
+                    out.element_type(),
+                    out.shape(),
+                    self.seq
+                ),
+            ));
+        }
+        out.to_i32_vec().map_err(iree_err("read ids"))
+    }
+
+    fn name(&self) -> String {
+        format!("iree-{}-redecode", self.device_name)
+    }
+}

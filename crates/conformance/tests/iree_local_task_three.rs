@@ -1,0 +1,7 @@
+//! The conformance suite on `local-task` with the seed's layout: three modules, three archives
+//! with their own key numbering, three sessions on one device.
+#![cfg(feature = "iree")]
+conformance::conformance_suite!(conformance::iree::IreeFactory {
+    device: "local-task",
+    layout: export::Layout::Three
+});

@@ -1,0 +1,6 @@
+//! The conformance suite on IREE's `vulkan` device (lavapipe in CI, a GPU where there is one).
+#![cfg(feature = "iree")]
+conformance::conformance_suite!(conformance::iree::IreeFactory {
+    device: "vulkan",
+    layout: export::Layout::Shared
+});
