@@ -21,11 +21,13 @@
 //!   compiler is an error with the places searched, never a silent skip.
 
 mod artifacts;
+mod cache;
 mod compile;
 mod emit;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, ExportOptions, Layout, Source};
+pub use cache::{cache_root, cached_export};
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
 
