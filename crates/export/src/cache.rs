@@ -31,7 +31,11 @@ pub fn cached_export(model: &str, target: &Target, layout: Layout) -> Result<Pat
     std::fs::create_dir_all(&root).map_err(ExportError::io("creating artifact cache", &root))?;
     let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let options = ExportOptions { targets: vec![target.clone()], layout, ..ExportOptions::default() };
+    let options = ExportOptions {
+        targets: vec![target.clone()],
+        layout,
+        ..ExportOptions::default()
+    };
     export_artifacts(&Source::parse(model), &tmp, &options)?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(ExportError::io("installing artifacts", &dir))?;

@@ -200,7 +200,9 @@ mod compiler_tests {
         .unwrap();
         let err = compile(&mlir, &Target::cpu(), &dir.path().join("bad.vmfb")).unwrap_err();
         match &err {
-            ExportError::Compile { function, diagnostic, .. } => {
+            ExportError::Compile {
+                function, diagnostic, ..
+            } => {
                 assert_eq!(function, "broken", "{err}");
                 assert!(diagnostic.contains("error:"), "{err}");
             }

@@ -203,3 +203,37 @@ fn tiny_llama_three_archives_reordered_manifest() {
     );
     assert!(got.provenance.contains_key("parameterKeys"));
 }
+
+/// `WeightFormat::Bf16` (bf16 globals + `convert`) is exact on CPU too; only Vulkan needs packing.
+#[test]
+fn bf16_weight_format_on_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ExportOptions {
+        targets: vec![export::Target::cpu()],
+        prefill_seq: Some(PREFILL_SEQ),
+        weights: export::WeightFormat::Bf16,
+        graphs: vec![Graph::Prefill, Graph::Step],
+        compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(&Source::Fixture("tiny-gemma3:7".into()), dir.path(), &options).unwrap();
+    let mlir = std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap();
+    assert!(
+        mlir.contains("xbf16>") && !mlir.contains("shift_left"),
+        "bf16 globals, no unpacking"
+    );
+    let model = ReferenceModel::open(dir.path()).unwrap();
+    let mut g = GraphSession::open(dir.path(), "llvm-cpu", "local-task", &dir.path().join("work"));
+    let mut r = ReferenceKv::new(model, WindowRule::Exact);
+    let prefix = tokens(m.spec.sliding_window + 3, 6, m.spec.vocab_size);
+    r.prefill(&prefix).unwrap();
+    let got = g.prefill(&prefix);
+    same_token("bf16 prefill", got, &r);
+    assert_layers_close("bf16 prefill", &g, &r);
+    for s in tokens(2, 7, m.spec.vocab_size) {
+        r.step(s).unwrap();
+        let got = g.step(s);
+        same_token("bf16 step", got, &r);
+        assert_layers_close("bf16 step", &g, &r);
+    }
+}
