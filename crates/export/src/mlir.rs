@@ -324,8 +324,7 @@ impl Body {
         )
     }
 
-    /// Static slice `[start, limit)` per dimension (a dynamic dimension must be taken whole: pass
-    /// `None`, which keeps it unless the tensor is dynamic, where only [`Body::dyn_slice`] works).
+    /// Static slice `[start, limit)` per dimension of a static tensor.
     pub fn slice(&mut self, x: &V, ranges: &[(usize, usize)]) -> V {
         assert!(x.ty.is_static(), "static slice of a dynamic tensor");
         let dims: Vec<usize> = ranges.iter().map(|(a, b)| b - a).collect();
