@@ -1,9 +1,9 @@
-//! Which backend a command runs on.
+//! Which backend a command runs on, and opening it.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
 use clap::ValueEnum;
 use kv_core::WindowRule;
@@ -12,6 +12,27 @@ use kv_core::WindowRule;
 pub enum BackendChoice {
     /// The FP32 ndarray reference (host).
     Reference,
+    /// IREE on the CPU, `local-task` (multi-threaded).
+    #[cfg(feature = "iree")]
+    IreeCpu,
+    /// IREE on the CPU, `local-sync` (the calling thread only).
+    #[cfg(feature = "iree")]
+    IreeCpuSync,
+    /// IREE on `vulkan` (a GPU, or lavapipe).
+    #[cfg(feature = "iree")]
+    IreeVulkan,
+}
+
+impl BackendChoice {
+    #[cfg(feature = "iree")]
+    fn device(self) -> Option<&'static str> {
+        match self {
+            BackendChoice::Reference => None,
+            BackendChoice::IreeCpu => Some("local-task"),
+            BackendChoice::IreeCpuSync => Some("local-sync"),
+            BackendChoice::IreeVulkan => Some("vulkan"),
+        }
+    }
 }
 
 /// `--window-rule`: the exact rule, or the seed library's one-key-wider steps.
@@ -31,17 +52,134 @@ impl From<RuleChoice> for WindowRule {
     }
 }
 
-pub fn open_reference(dir: &Path) -> Result<Arc<ReferenceModel>> {
-    Ok(ReferenceModel::open(dir)?)
+/// An opened KV session of any backend. [`with_kv!`] runs generic code on whichever it is.
+pub enum AnyKv {
+    Reference(ReferenceKv),
+    #[cfg(feature = "iree")]
+    Iree(backend_iree::IreeKvBackend),
 }
 
-pub fn reference_kv(model: Arc<ReferenceModel>, rule: RuleChoice) -> ReferenceKv {
-    ReferenceKv::new(model, rule.into())
+/// An opened redecode session of any backend.
+pub enum AnyRedecode {
+    Reference(ReferenceRedecode),
+    #[cfg(feature = "iree")]
+    Iree(backend_iree::IreeRedecodeBackend),
 }
 
-pub fn reference_redecode(model: Arc<ReferenceModel>, seq: Option<usize>) -> Result<ReferenceRedecode> {
-    Ok(match seq {
+/// Runs `$body` with `$b` bound to the concrete backend inside an [`AnyKv`] / [`AnyRedecode`].
+#[macro_export]
+macro_rules! with_backend {
+    ($any:expr, $b:ident => $body:expr) => {
+        match $any {
+            $crate::backends::AnyKv::Reference($b) => $body,
+            #[cfg(feature = "iree")]
+            $crate::backends::AnyKv::Iree($b) => $body,
+        }
+    };
+}
+
+#[macro_export]
+macro_rules! with_redecode {
+    ($any:expr, $b:ident => $body:expr) => {
+        match $any {
+            $crate::backends::AnyRedecode::Reference($b) => $body,
+            #[cfg(feature = "iree")]
+            $crate::backends::AnyRedecode::Iree($b) => $body,
+        }
+    };
+}
+
+/// Where the model and its compiled artifacts are.
+pub struct ModelSource {
+    /// `--model` as given (a fixture name or a directory).
+    pub model: String,
+    /// `--artifacts`: an exported artifact directory for the IREE backends.
+    pub artifacts: Option<PathBuf>,
+}
+
+impl ModelSource {
+    /// The directory with the weights and `architecture` (the reference reads it).
+    pub fn model_dir(&self) -> Result<PathBuf> {
+        match (&self.artifacts, crate::model::resolve(&self.model)) {
+            (_, Ok(dir)) => Ok(dir),
+            (Some(dir), Err(_)) => Ok(dir.clone()),
+            (None, Err(e)) => Err(e),
+        }
+    }
+
+    /// The artifact directory for an IREE device: `--artifacts`, a `--model` directory that has
+    /// modules for the device, or a cached export of the model (made now if missing).
+    #[cfg(feature = "iree")]
+    pub fn artifacts_for(&self, device: &str) -> Result<PathBuf> {
+        if let Some(dir) = &self.artifacts {
+            return Ok(dir.clone());
+        }
+        let dir = crate::model::resolve(&self.model)?;
+        let family = if device == "vulkan" { "vulkan" } else { "llvm-cpu" };
+        if kv_core::Manifest::load(&dir).is_ok_and(|m| m.modules.keys().any(|k| k.starts_with(family))) {
+            return Ok(dir);
+        }
+        let target = if device == "vulkan" {
+            export::Target::vulkan()
+        } else {
+            export::Target::cpu()
+        };
+        eprintln!(
+            "skainet-kv: exporting {} for {} (cached under {})",
+            self.model,
+            target.key(),
+            export::cache_root().display()
+        );
+        let model = if fixtures::Fixture::is_fixture_name(&self.model) {
+            self.model.clone()
+        } else {
+            dir.display().to_string()
+        };
+        Ok(export::cached_export(&model, &target, export::Layout::Shared)?)
+    }
+}
+
+pub fn open_reference(dir: &Path) -> Result<std::sync::Arc<ReferenceModel>> {
+    ReferenceModel::open(dir).with_context(|| format!("opening {}", dir.display()))
+}
+
+/// Opens a KV session and reports how long opening took (artifact export excluded).
+pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) -> Result<(AnyKv, Duration)> {
+    #[cfg(feature = "iree")]
+    if let Some(device) = choice.device() {
+        let dir = source.artifacts_for(device)?;
+        let t = Instant::now();
+        let options = backend_iree::IreeOptions {
+            rule: rule.into(),
+            ..backend_iree::IreeOptions::new(device)
+        };
+        let backend = backend_iree::IreeKvBackend::open(&dir, options)?;
+        return Ok((AnyKv::Iree(backend), t.elapsed()));
+    }
+    let _ = choice;
+    let dir = source.model_dir()?;
+    let t = Instant::now();
+    let model = open_reference(&dir)?;
+    Ok((AnyKv::Reference(ReferenceKv::new(model, rule.into())), t.elapsed()))
+}
+
+pub fn open_redecode(choice: BackendChoice, source: &ModelSource, seq: Option<usize>) -> Result<AnyRedecode> {
+    #[cfg(feature = "iree")]
+    if let Some(device) = choice.device() {
+        anyhow::ensure!(
+            seq.is_none(),
+            "--seq: an IREE redecode graph has the SEQ it was exported with; re-export with --redecode-seq"
+        );
+        let dir = source.artifacts_for(device)?;
+        return Ok(AnyRedecode::Iree(backend_iree::IreeRedecodeBackend::open(
+            &dir,
+            backend_iree::IreeOptions::new(device),
+        )?));
+    }
+    let _ = choice;
+    let model = open_reference(&source.model_dir()?)?;
+    Ok(AnyRedecode::Reference(match seq {
         Some(seq) => ReferenceRedecode::with_seq(model, seq)?,
         None => ReferenceRedecode::new(model),
-    })
+    }))
 }

@@ -1,11 +1,8 @@
 //! The IREE backends: fixture models exported once per process (and cached on disk under
 //! `.cache/artifacts`), opened on `local-task`, `local-sync` or `vulkan`.
 
-use std::path::PathBuf;
-use std::sync::Mutex;
-
 use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
-use export::{ExportOptions, Layout, Source, Target};
+use export::{Layout, Target};
 use kv_core::tolerance::Tolerance;
 use kv_core::{Error, Result, WindowRule};
 
@@ -27,35 +24,13 @@ impl IreeFactory {
     }
 }
 
-/// Exports `model` for `target` in `layout` unless a finished export is already cached.
-pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<PathBuf> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let root = fixtures::cache_root().join("../artifacts");
-    let name = format!("{}-{}-{layout:?}", model.replace(':', "-"), target.key()).to_lowercase();
-    let dir = root.join(&name);
-    if dir.join(kv_core::manifest::MANIFEST_FILE).is_file() {
-        return Ok(dir);
-    }
-    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let options = ExportOptions {
-        targets: vec![target.clone()],
-        layout,
-        ..ExportOptions::default()
-    };
-    export::export_artifacts(&Source::Fixture(model.into()), &tmp, &options).map_err(|e| Error::Backend {
+/// The cached export of `model` (see `export::cached_export`).
+pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::path::PathBuf> {
+    export::cached_export(model, target, layout).map_err(|e| Error::Backend {
         backend: "export",
         op: format!("export {model}"),
         message: e.to_string(),
-    })?;
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(|source| Error::Io {
-        what: "installing artifacts",
-        path: dir.display().to_string(),
-        source,
-    })?;
-    Ok(dir)
+    })
 }
 
 impl BackendFactory for IreeFactory {

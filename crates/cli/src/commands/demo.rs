@@ -7,7 +7,7 @@ use clap::Args;
 use kv_core::{KvBackend, KvDecoder, KvSpec};
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, RuleChoice};
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice};
 use crate::report::{ids_to_string, ms};
 
 #[derive(Args)]
@@ -17,6 +17,9 @@ pub struct DemoArgs {
     /// A fixture name or an artifact directory.
     #[arg(long, default_value = fixtures::DEFAULT_MODEL)]
     model: String,
+    /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
+    #[arg(long)]
+    artifacts: Option<std::path::PathBuf>,
     /// Length of the shared prefix (default: 200, capped by the model's context).
     #[arg(long)]
     prefix_tokens: Option<usize>,
@@ -111,15 +114,12 @@ pub fn run_demo<B: KvBackend>(
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    let dir = crate::model::resolve(&args.model)?;
-    let report = match args.backend {
-        BackendChoice::Reference => {
-            let t = Instant::now();
-            let model = backends::open_reference(&dir)?;
-            let backend = backends::reference_kv(model, args.window_rule);
-            run_demo(backend, &args.model, t.elapsed(), args.prefix_tokens, args.max_new)?
-        }
+    let source = ModelSource {
+        model: args.model.clone(),
+        artifacts: args.artifacts.clone(),
     };
+    let (backend, open) = backends::open_kv(args.backend, &source, args.window_rule)?;
+    let report = crate::with_backend!(backend, b => run_demo(b, &args.model, open, args.prefix_tokens, args.max_new)?);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -5,13 +5,16 @@ use clap::Args;
 use kv_core::KvDecoder;
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, RuleChoice};
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice};
 use crate::report::{ids_to_string, ms, parse_ids};
 
 #[derive(Args)]
 pub struct GenerateArgs {
     #[arg(long)]
     model: String,
+    /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
+    #[arg(long)]
+    artifacts: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The shared prefix, prefilled once (`1,2,3`).
@@ -49,15 +52,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         "--prefix-ids: give at least one id (the prefix is prefilled once)"
     );
     anyhow::ensure!(!ids.is_empty(), "--ids: give at least one id");
-    let dir = crate::model::resolve(&args.model)?;
-    let generation = match args.backend {
-        BackendChoice::Reference => {
-            let backend = backends::reference_kv(backends::open_reference(&dir)?, args.window_rule);
-            let mut decoder = KvDecoder::new(backend);
-            let snapshot = decoder.prefill_prefix(&prefix).context("prefilling --prefix-ids")?;
-            decoder.generate(&snapshot, &ids, args.eos, args.max_new)?
-        }
+    let source = ModelSource {
+        model: args.model.clone(),
+        artifacts: args.artifacts.clone(),
     };
+    let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
+    let generation = crate::with_backend!(backend, b => {
+        let mut decoder = KvDecoder::new(b);
+        let snapshot = decoder.prefill_prefix(&prefix).context("prefilling --prefix-ids")?;
+        decoder.generate(&snapshot, &ids, args.eos, args.max_new)?
+    });
     if args.json {
         let t = &generation.timing;
         let report = GenerateReport {

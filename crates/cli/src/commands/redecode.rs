@@ -4,13 +4,16 @@ use anyhow::Result;
 use clap::Args;
 use kv_core::RedecodeDecoder;
 
-use crate::backends::{self, BackendChoice};
+use crate::backends::{self, BackendChoice, ModelSource};
 use crate::report::{ids_to_string, parse_ids};
 
 #[derive(Args)]
 pub struct RedecodeArgs {
     #[arg(long)]
     model: String,
+    /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
+    #[arg(long)]
+    artifacts: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The graph length SEQ (default: the manifest's `seq`).
@@ -28,13 +31,12 @@ pub struct RedecodeArgs {
 
 pub fn run(args: RedecodeArgs) -> Result<()> {
     let ids: Vec<i32> = args.ids.concat();
-    let dir = crate::model::resolve(&args.model)?;
-    let out = match args.backend {
-        BackendChoice::Reference => {
-            let backend = backends::reference_redecode(backends::open_reference(&dir)?, args.seq)?;
-            RedecodeDecoder::new(backend).generate(&ids, args.eos, args.max_new)?
-        }
+    let source = ModelSource {
+        model: args.model.clone(),
+        artifacts: args.artifacts.clone(),
     };
+    let backend = backends::open_redecode(args.backend, &source, args.seq)?;
+    let out = crate::with_redecode!(backend, b => RedecodeDecoder::new(b).generate(&ids, args.eos, args.max_new)?);
     if args.json {
         println!("{}", serde_json::json!({ "ids": out }));
     } else {
