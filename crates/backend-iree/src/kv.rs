@@ -58,7 +58,14 @@ pub struct IreeKvBackend {
 impl IreeKvBackend {
     /// Opens the prefill, chunk and step graphs of the artifact directory `dir`.
     pub fn open(dir: &Path, options: IreeOptions) -> Result<Self> {
-        let manifest = Manifest::load(dir)?;
+        Self::open_manifest(dir, Manifest::load(dir)?, options)
+    }
+
+    /// Opens the graphs a manifest built in memory names (the JNI's `nativeCreate` passes each
+    /// graph's vmfb, archive and function explicitly); relative file names resolve against `dir`.
+    /// A manifest without a prefill module opens without the prefill graph (`prefill` then fails).
+    pub fn open_manifest(dir: &Path, manifest: Manifest, options: IreeOptions) -> Result<Self> {
+        manifest.validate()?;
         let Opened {
             device,
             sessions,

@@ -109,10 +109,12 @@ pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], opt
     let mut by_files: HashMap<(PathBuf, PathBuf), usize> = HashMap::new();
     let mut functions = HashMap::new();
     for &graph in graphs {
-        let vmfb = manifest
-            .modules
-            .get(&target)
-            .and_then(|m| m.get(graph.key()))
+        let module = manifest.modules.get(&target).and_then(|m| m.get(graph.key()));
+        if module.is_none() && graph == Graph::Prefill {
+            // Optional, as the seed's nullable `vmfbPrefill`: a session can start from a snapshot.
+            continue;
+        }
+        let vmfb = module
             .ok_or_else(|| Error::manifest("modules", format!("no `{}` module for target `{target}`", graph.key())))?;
         let irpa = manifest
             .parameter_file(graph)
