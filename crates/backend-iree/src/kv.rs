@@ -66,12 +66,48 @@ impl IreeKvBackend {
     /// A manifest without a prefill module opens without the prefill graph (`prefill` then fails).
     pub fn open_manifest(dir: &Path, manifest: Manifest, options: IreeOptions) -> Result<Self> {
         manifest.validate()?;
+        let opened = open_graphs(dir, &manifest, &Graph::KV, &options)?;
+        Self::from_opened(dir, manifest, options, opened)
+    }
+
+    /// As [`Self::open_manifest`], but `seq` is taken from the prefill function's declared
+    /// `tokens` shape (the seed's JNI `nativeCreate` is not told SEQ). Without a prefill module
+    /// the manifest's `seq` stays.
+    pub fn open_manifest_learning_seq(dir: &Path, mut manifest: Manifest, options: IreeOptions) -> Result<Self> {
+        manifest.validate()?;
+        let opened = open_graphs(dir, &manifest, &Graph::KV, &options)?;
+        if let Some((_, function)) = opened.functions.get(&Graph::Prefill) {
+            let index = manifest
+                .args_or_canonical(Graph::Prefill)
+                .iter()
+                .position(|a| a == "tokens")
+                .unwrap_or_else(|| kv_core::error::invariant("validated prefill args name `tokens`"));
+            let seq = match crate::open::declared_input_dims(function, index).as_deref() {
+                Some(&[Some(seq)]) => seq,
+                other => {
+                    return Err(contract_err(
+                        "prefill",
+                        format!(
+                            "cannot learn SEQ from {}: its `tokens` argument is declared {other:?}, expected one fixed dimension",
+                            function.name
+                        ),
+                    ))
+                }
+            };
+            manifest.spec.seq = seq;
+            manifest.spec.max_positions = manifest.spec.max_positions.max(seq);
+            manifest.validate()?;
+        }
+        Self::from_opened(dir, manifest, options, opened)
+    }
+
+    fn from_opened(dir: &Path, manifest: Manifest, options: IreeOptions, opened: Opened) -> Result<Self> {
         let Opened {
             device,
             sessions,
             functions,
             target,
-        } = open_graphs(dir, &manifest, &Graph::KV, &options)?;
+        } = opened;
         // The seed reads the table from the with-past archive; its key there is `embeddingParameter`.
         let archive = manifest
             .parameter_file(Graph::Step)

@@ -96,6 +96,28 @@ fn arg_count(convention: &str) -> usize {
         .count()
 }
 
+/// The dimensions (`None` for `?`) of input `index` as the function's `iree.abi.declaration`
+/// reflection spells them (`sync func @f(%input0: tensor<1x24xi32>) -> ...`); `None` when the
+/// module carries no such declaration.
+pub fn declared_input_dims(function: &Function, index: usize) -> Option<Vec<Option<usize>>> {
+    let (_, declaration) = function.attributes.iter().find(|(k, _)| k == "iree.abi.declaration")?;
+    let inputs = declaration
+        .split_once('(')?
+        .1
+        .split_once(") ->")
+        .map_or(declaration.as_str(), |p| p.0);
+    let input = inputs.split("%input").nth(index + 1)?;
+    let shape = input.split_once("tensor<")?.1.split_once('>')?.0;
+    let mut dims: Vec<&str> = shape.split('x').collect();
+    dims.pop(); // the element type
+    dims.iter()
+        .map(|d| match *d {
+            "?" => Some(None),
+            d => d.parse().ok().map(Some),
+        })
+        .collect()
+}
+
 pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], options: &IreeOptions) -> Result<Opened> {
     let target = target_for(manifest, options)?;
     let instance = Instance::new().map_err(iree_err("create instance"))?;

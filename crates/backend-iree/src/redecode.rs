@@ -53,13 +53,14 @@ impl IreeRedecodeBackend {
     }
 
     /// Opens a single module the way the seed's `nativeCreate(device, vmfb, irpa, fn)` does:
-    /// no manifest, `SEQ` learned from the first call's result length check.
+    /// no manifest. `seq: None` learns `SEQ` from the function's declared `[1, SEQ]` input, or,
+    /// for a module without that reflection, from the length of the first call's tokens.
     pub fn open_files(
         device: &str,
         vmfb: &Path,
         irpa: &Path,
         function: &str,
-        seq: usize,
+        seq: Option<usize>,
         vocab: usize,
         workers: Option<usize>,
     ) -> Result<Self> {
@@ -97,6 +98,12 @@ impl IreeRedecodeBackend {
         let session = sessions[index]
             .take()
             .unwrap_or_else(|| kv_core::error::invariant("opened session"));
+        let seq = seq
+            .or_else(|| match crate::open::declared_input_dims(&function, 0).as_deref() {
+                Some(&[Some(1), Some(seq)]) => Some(seq),
+                _ => None,
+            })
+            .unwrap_or(0);
         Ok(IreeRedecodeBackend {
             device,
             session,
@@ -118,6 +125,22 @@ impl RedecodeBackend for IreeRedecodeBackend {
     }
 
     fn run(&mut self, tokens: &[i32]) -> Result<Vec<i32>> {
+        self.run_or_mismatch(tokens)?
+    }
+
+    fn name(&self) -> String {
+        format!("iree-{}-redecode", self.device_name)
+    }
+}
+
+impl IreeRedecodeBackend {
+    /// As [`RedecodeBackend::run`], but a result that breaks the contract (count, rank, length,
+    /// type) is the inner `Err`, told apart from a failed call (the outer one): the seed's
+    /// `nativeStep` returns `null` for the former.
+    pub fn run_or_mismatch(&mut self, tokens: &[i32]) -> Result<Result<Vec<i32>>> {
+        if self.seq == 0 && !tokens.is_empty() {
+            self.seq = tokens.len();
+        }
         if tokens.len() != self.seq {
             return Err(Error::BadTokenCount {
                 op: "redecode run",
@@ -133,13 +156,13 @@ impl RedecodeBackend for IreeRedecodeBackend {
             .map_err(iree_err(format!("call {}", self.function.name)))?;
         // Checked before any read: a vmfb of another shape must fail, not misread device memory.
         let [out] = &results[..] else {
-            return Err(contract_err(
+            return Ok(Err(contract_err(
                 "redecode",
                 format!("{} returned {} results, expected 1", self.function.name, results.len()),
-            ));
+            )));
         };
         if out.shape() != [self.seq] || out.element_type() != ElementType::I32 {
-            return Err(contract_err(
+            return Ok(Err(contract_err(
                 "redecode",
                 format!(
                     "result is {:?} {:?}, the contract says I32 [{}]",
@@ -147,12 +170,8 @@ impl RedecodeBackend for IreeRedecodeBackend {
                     out.shape(),
                     self.seq
                 ),
-            ));
+            )));
         }
-        out.to_i32_vec().map_err(iree_err("read ids"))
-    }
-
-    fn name(&self) -> String {
-        format!("iree-{}-redecode", self.device_name)
+        out.to_i32_vec().map(Ok).map_err(iree_err("read ids"))
     }
 }

@@ -1,0 +1,190 @@
+//! Bad artifacts and bad calls on the IREE backend: each a clear error, and a session that still
+//! works where one exists.
+
+use std::path::{Path, PathBuf};
+
+use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
+use export::{cached_export, Layout, Target};
+use kv_core::{Graph, KvBackend, Manifest};
+
+fn artifacts(model: &str, layout: Layout) -> PathBuf {
+    cached_export(model, &Target::cpu(), layout).expect("export (is iree-compile installed? run scripts/setup.sh)")
+}
+
+/// A copy of an artifact directory whose manifest we can edit.
+fn copy_dir(from: &Path) -> tempfile::TempDir {
+    let to = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.path().join(entry.file_name())).unwrap();
+    }
+    to
+}
+
+fn open_err(dir: &Path, device: &str) -> String {
+    match IreeKvBackend::open(dir, IreeOptions::new(device)) {
+        Ok(_) => panic!("opening {} on {device} succeeded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn unknown_device_is_named() {
+    let dir = artifacts("tiny-gemma3:1", Layout::Shared);
+    let err = open_err(&dir, "cuda");
+    assert!(
+        err.contains("unknown device `cuda`") && err.contains("local-task"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_device_without_modules_is_named() {
+    let dir = artifacts("tiny-gemma3:1", Layout::Shared);
+    let err = open_err(&dir, "vulkan");
+    assert!(err.contains("no `vulkan` modules"), "{err}");
+}
+
+#[test]
+fn missing_function_lists_what_the_module_exports() {
+    let dir = copy_dir(&artifacts("tiny-gemma3:1", Layout::Shared));
+    let mut m = Manifest::load(dir.path()).unwrap();
+    m.functions.with_past = Some("module.nope_with_past".into());
+    m.save(dir.path()).unwrap();
+    let err = open_err(dir.path(), "local-task");
+    assert!(
+        err.contains("module.nope_with_past") && err.contains("module.gemma_with_past"),
+        "{err}"
+    );
+}
+
+#[test]
+fn vmfb_of_another_contract_is_refused_at_open() {
+    // The llama model's chunk graph has another layer count: its argument list does not match.
+    let dir = copy_dir(&artifacts("tiny-gemma3:1", Layout::Three));
+    let other = artifacts("tiny-llama:4", Layout::Three);
+    let m = Manifest::load(dir.path()).unwrap();
+    let chunk_vmfb = &m.modules["llvm-cpu"][Graph::Chunk.key()];
+    let other_m = Manifest::load(&other).unwrap();
+    std::fs::copy(
+        other.join(&other_m.modules["llvm-cpu"][Graph::Chunk.key()]),
+        dir.path().join(chunk_vmfb),
+    )
+    .unwrap();
+    let other_params = other_m.parameter_file(Graph::Chunk).unwrap();
+    std::fs::copy(
+        other.join(other_params),
+        dir.path().join(m.parameter_file(Graph::Chunk).unwrap()),
+    )
+    .unwrap();
+    let mut m = m;
+    m.functions.prefill_with_past = other_m.functions.prefill_with_past.clone();
+    m.save(dir.path()).unwrap();
+    let err = open_err(dir.path(), "local-task");
+    assert!(err.contains("another contract"), "{err}");
+}
+
+#[test]
+fn missing_parameter_archive_and_entry() {
+    let dir = copy_dir(&artifacts("tiny-gemma3:1", Layout::Shared));
+    let m = Manifest::load(dir.path()).unwrap();
+    let archive = dir.path().join(m.parameter_file(Graph::Step).unwrap());
+    std::fs::remove_file(&archive).unwrap();
+    let err = open_err(dir.path(), "local-task");
+    assert!(
+        err.contains(&archive.display().to_string()) || err.contains("not found"),
+        "{err}"
+    );
+
+    // An archive that lacks one weight: IREE reports the parameter when the module initialises.
+    let dir = copy_dir(&artifacts("tiny-gemma3:1", Layout::Shared));
+    let file = dir.path().join(m.parameter_file(Graph::Step).unwrap());
+    let full = kv_core::irpa::IrpaArchive::open(&file).unwrap();
+    let mut writer = kv_core::irpa::IrpaWriter::new();
+    for entry in full.entries() {
+        if entry.name() != "blk.1.ffn_up.weight" {
+            writer
+                .add_data(entry.name(), full.entry_data(entry).unwrap().to_vec())
+                .unwrap();
+        }
+    }
+    drop(full);
+    writer.write(&file).unwrap();
+    let err = open_err(dir.path(), "local-task");
+    assert!(err.contains("blk.1.ffn_up.weight"), "{err}");
+}
+
+#[test]
+fn truncated_embedding_archive_is_an_error() {
+    let dir = copy_dir(&artifacts("tiny-gemma3:1", Layout::Shared));
+    let m = Manifest::load(dir.path()).unwrap();
+    let file = dir.path().join(m.parameter_file(Graph::Step).unwrap());
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 3]).unwrap();
+    let err = open_err(dir.path(), "local-task");
+    assert!(!err.is_empty());
+}
+
+#[test]
+fn released_prefill_is_an_error_and_the_session_keeps_decoding() {
+    let dir = artifacts("tiny-gemma3:1", Layout::Three);
+    let mut s = IreeKvBackend::open(&dir, IreeOptions::new("local-task")).unwrap();
+    let mut control = IreeKvBackend::open(&dir, IreeOptions::new("local-task")).unwrap();
+    s.prefill(&[1, 2, 3, 4]).unwrap();
+    control.prefill(&[1, 2, 3, 4]).unwrap();
+    let snap = s.snapshot().unwrap();
+    assert!(
+        s.release_prefill(),
+        "the three-archive layout has a separate prefill session"
+    );
+    assert!(!s.release_prefill(), "released once");
+    let err = s.prefill(&[1, 2]).unwrap_err().to_string();
+    assert!(err.contains("released"), "{err}");
+    assert_eq!(s.position(), 4);
+    assert_eq!(s.chunk(&[5, 6]).unwrap(), control.chunk(&[5, 6]).unwrap());
+    s.restore(&snap).unwrap();
+    assert_eq!(s.step(9).unwrap(), {
+        let mut c = IreeKvBackend::open(&dir, IreeOptions::new("local-task")).unwrap();
+        c.prefill(&[1, 2, 3, 4]).unwrap();
+        c.step(9).unwrap()
+    });
+
+    // One shared module cannot drop the prefill function alone.
+    let shared = artifacts("tiny-gemma3:1", Layout::Shared);
+    let mut s = IreeKvBackend::open(&shared, IreeOptions::new("local-task")).unwrap();
+    assert!(!s.release_prefill());
+    s.prefill(&[1, 2]).unwrap();
+}
+
+#[test]
+fn restore_is_independent_of_the_prefix_length() {
+    // Snapshots retain views: restoring a long prefix costs what restoring a short one does
+    // (behaviour, not timing: the snapshot holds one view per layer whatever the length).
+    let dir = artifacts("tiny-gemma3:1", Layout::Shared);
+    let mut s = IreeKvBackend::open(&dir, IreeOptions::new("local-task")).unwrap();
+    s.prefill(&(0..200).collect::<Vec<_>>()).unwrap();
+    let long = s.snapshot().unwrap();
+    s.prefill(&[1, 2]).unwrap();
+    s.restore(&long).unwrap();
+    assert_eq!(s.position(), 200);
+    assert_eq!(
+        s.read_layer(3).unwrap().first_position + s.read_layer(3).unwrap().rows,
+        200
+    );
+}
+
+#[test]
+fn redecode_checks_the_result_shape() {
+    let dir = artifacts("tiny-llama:4", Layout::Shared);
+    let m = Manifest::load(&dir).unwrap();
+    // Point the redecode backend at the `_at` function: one token out instead of SEQ.
+    let mut edited = m.clone();
+    edited.functions.redecode = m.functions.redecode_at.clone();
+    let copy = copy_dir(&dir);
+    edited.save(copy.path()).unwrap();
+    let err = match IreeRedecodeBackend::open(copy.path(), IreeOptions::new("local-task")) {
+        Ok(_) => panic!("a two-argument function opened as redecode"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("another contract"), "{err}");
+}
