@@ -31,6 +31,11 @@ enum Command {
     Redecode(commands::redecode::RedecodeArgs),
     /// Print a model's manifest summary.
     Inspect(commands::inspect::InspectArgs),
+    /// Emit the contract graphs as StableHLO and compile them for CPU and Vulkan.
+    #[cfg(feature = "iree")]
+    Export(commands::export::ExportArgs),
+    /// Stage medians: open, prefix prefill, restore (at two prefix lengths), chunk, decode.
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +59,9 @@ fn main() -> ExitCode {
         Command::Generate(args) => commands::generate::run(args),
         Command::Redecode(args) => commands::redecode::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
+        #[cfg(feature = "iree")]
+        Command::Export(args) => commands::export::run(args),
+        Command::Bench(args) => commands::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,196 @@
+//! `skainet-kv bench`: stage medians of the KV session on one backend. Numbers come from here,
+//! not from tests; quote medians, and compare ratios measured in one run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Args;
+use kv_core::{KvBackend, KvDecoder, KvSpec};
+use serde::Serialize;
+
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice};
+use crate::commands::demo::demo_prefix;
+use crate::report::ms;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "reference")]
+    backend: BackendChoice,
+    #[arg(long, default_value = fixtures::DEFAULT_MODEL)]
+    model: String,
+    #[arg(long)]
+    artifacts: Option<std::path::PathBuf>,
+    /// The shared prefix length (capped by the model's context).
+    #[arg(long, default_value_t = 200)]
+    prefix_tokens: usize,
+    /// Utterances of 7–12 tokens, each restored, chunked and decoded.
+    #[arg(long, default_value_t = 8)]
+    utterances: usize,
+    #[arg(long, default_value_t = 16)]
+    max_new: usize,
+    /// Repetitions of the prefix prefill and of the whole utterance set.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Restore {
+    short_prefix_tokens: usize,
+    short_ms: f64,
+    long_prefix_tokens: usize,
+    long_ms: f64,
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    backend: String,
+    model: String,
+    open_ms: f64,
+    prefix_tokens: usize,
+    prefix_prefill_ms: f64,
+    restore: Restore,
+    chunk_call_ms: f64,
+    decode_ms_per_token: f64,
+    utterance_p50_ms: f64,
+    utterance_max_ms: f64,
+    utterances_timed: usize,
+    peak_rss_mb: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn utterance(spec: &KvSpec, i: usize) -> Vec<i32> {
+    let usable = (spec.vocab_size - 3) as u64;
+    let len = 7 + (i % 6) as u64;
+    (0..len)
+        .map(|j| (3 + (i as u64 * 977 + j * 4513 + 11) % usable) as i32)
+        .collect()
+}
+
+/// Median restore time of a snapshot of `prefix` tokens, over many restores.
+fn restore_median<B: KvBackend>(decoder: &mut KvDecoder<B>, prefix: &[i32]) -> Result<f64> {
+    let snap = decoder.prefill_prefix(prefix)?;
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        decoder.backend_mut().restore(&snap)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(median(times))
+}
+
+fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<BenchReport> {
+    let spec = backend.spec().clone();
+    let name = backend.name();
+    let long = args.prefix_tokens.clamp(2, spec.max_positions / 2);
+    let short = (long / 8).max(1);
+    let prefix = demo_prefix(&spec, long);
+    let mut decoder = KvDecoder::new(backend);
+
+    let mut prefill = Vec::new();
+    let mut snapshot = None;
+    for _ in 0..args.repeat.max(1) {
+        let t = Instant::now();
+        snapshot = Some(decoder.prefill_prefix(&prefix)?);
+        prefill.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let restore = Restore {
+        short_prefix_tokens: short,
+        short_ms: restore_median(&mut decoder, &prefix[..short])?,
+        long_prefix_tokens: long,
+        long_ms: restore_median(&mut decoder, &prefix)?,
+    };
+    let snapshot = match snapshot {
+        Some(s) => s,
+        None => decoder.prefill_prefix(&prefix)?,
+    };
+    let (mut chunk, mut decode, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        for i in 0..args.utterances {
+            let g = decoder.generate(&snapshot, &utterance(&spec, i), None, args.max_new)?;
+            let t = &g.timing;
+            chunk.push(ms(t.chunk) / t.chunk_calls.max(1) as f64);
+            if t.decode_tokens > 0 {
+                decode.push(ms(t.decode) / t.decode_tokens as f64);
+            }
+            totals.push(ms(t.total()));
+        }
+    }
+    let max = totals.iter().cloned().fold(0.0, f64::max);
+    Ok(BenchReport {
+        backend: name,
+        model: args.model.clone(),
+        open_ms: ms(open),
+        prefix_tokens: long,
+        prefix_prefill_ms: median(prefill),
+        restore,
+        chunk_call_ms: median(chunk),
+        decode_ms_per_token: median(decode),
+        utterances_timed: totals.len(),
+        utterance_p50_ms: median(totals),
+        utterance_max_ms: max,
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let source = ModelSource {
+        model: args.model.clone(),
+        artifacts: args.artifacts.clone(),
+    };
+    let (backend, open) = backends::open_kv(args.backend, &source, RuleChoice::Exact)?;
+    let report = crate::with_backend!(backend, b => bench(b, &args, open)?);
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    let r = &report;
+    println!(
+        "skainet-kv bench: {} on {} (medians; {} utterances timed)",
+        r.model, r.backend, r.utterances_timed
+    );
+    println!("  open                        {:>10.3} ms", r.open_ms);
+    println!(
+        "  prefix prefill ({:>5} tok)  {:>10.3} ms",
+        r.prefix_tokens, r.prefix_prefill_ms
+    );
+    println!(
+        "  restore ({:>5} tok prefix)  {:>10.4} ms",
+        r.restore.short_prefix_tokens, r.restore.short_ms
+    );
+    println!(
+        "  restore ({:>5} tok prefix)  {:>10.4} ms",
+        r.restore.long_prefix_tokens, r.restore.long_ms
+    );
+    println!("  chunk call (7-12 tokens)    {:>10.3} ms", r.chunk_call_ms);
+    println!("  decode                      {:>10.3} ms/token", r.decode_ms_per_token);
+    println!(
+        "  utterance p50 / max         {:>10.3} / {:.3} ms",
+        r.utterance_p50_ms, r.utterance_max_ms
+    );
+    if let Some(rss) = r.peak_rss_mb {
+        println!("  peak RSS                    {rss:>10.1} MB");
+    }
+    Ok(())
+}
