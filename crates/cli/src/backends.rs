@@ -56,7 +56,7 @@ impl From<RuleChoice> for WindowRule {
 pub enum AnyKv {
     Reference(ReferenceKv),
     #[cfg(feature = "iree")]
-    Iree(backend_iree::IreeKvBackend),
+    Iree(Box<backend_iree::IreeKvBackend>),
 }
 
 /// An opened redecode session of any backend.
@@ -154,7 +154,7 @@ pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) ->
             ..backend_iree::IreeOptions::new(device)
         };
         let backend = backend_iree::IreeKvBackend::open(&dir, options)?;
-        return Ok((AnyKv::Iree(backend), t.elapsed()));
+        return Ok((AnyKv::Iree(Box::new(backend)), t.elapsed()));
     }
     let _ = choice;
     let dir = source.model_dir()?;

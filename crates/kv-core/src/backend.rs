@@ -147,3 +147,39 @@ pub trait RedecodeBackend {
 
     fn name(&self) -> String;
 }
+
+/// A boxed backend is a backend (callers keep large sessions behind a pointer).
+impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
+    type Snapshot = B::Snapshot;
+
+    fn spec(&self) -> &KvSpec {
+        (**self).spec()
+    }
+    fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
+        (**self).prefill(tokens)
+    }
+    fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
+        (**self).chunk(tokens)
+    }
+    fn step(&mut self, token: i32) -> Result<i32> {
+        (**self).step(token)
+    }
+    fn snapshot(&self) -> Result<Self::Snapshot> {
+        (**self).snapshot()
+    }
+    fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()> {
+        (**self).restore(snapshot)
+    }
+    fn position(&self) -> usize {
+        (**self).position()
+    }
+    fn read_layer(&self, layer: usize) -> Result<LayerKv> {
+        (**self).read_layer(layer)
+    }
+    fn last_logits(&self) -> Option<&[f32]> {
+        (**self).last_logits()
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
