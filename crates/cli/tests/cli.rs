@@ -148,3 +148,19 @@ fn errors_are_one_line_and_fail() {
         }
     }
 }
+
+/// The product's promise on the embedded model: every backend prints the reference's ids.
+#[cfg(feature = "iree")]
+#[test]
+fn demo_ids_are_the_same_on_every_backend() {
+    let ids = |backend: &str| {
+        let (ok, stdout, stderr) = skainet(&["demo", "--json", "--backend", backend]);
+        assert!(ok, "{backend}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v["utterances"].as_array().unwrap().iter().map(|u| u["ids"].clone()).collect::<Vec<_>>()
+    };
+    let reference = ids("reference");
+    for backend in ["iree-cpu", "iree-cpu-sync", "iree-vulkan"] {
+        assert_eq!(ids(backend), reference, "{backend} differs from the reference");
+    }
+}
