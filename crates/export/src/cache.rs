@@ -31,7 +31,9 @@ fn source_fingerprint(model: &str) -> Result<String> {
         let meta = std::fs::metadata(&file).map_err(ExportError::io("reading", &file))?;
         meta.len().hash(&mut hasher);
         if meta.len() <= 64 << 20 {
-            std::fs::read(&file).map_err(ExportError::io("reading", &file))?.hash(&mut hasher);
+            std::fs::read(&file)
+                .map_err(ExportError::io("reading", &file))?
+                .hash(&mut hasher);
         } else {
             meta.modified().ok().hash(&mut hasher);
         }

@@ -150,7 +150,16 @@ pub fn run_module(
         let _ = std::fs::remove_file(p);
         cmd.arg(format!("--output=@{}", p.display()));
     }
-    let output = cmd.output().expect("spawning iree-run-module");
+    let mut output = cmd.output().expect("spawning iree-run-module");
+    if !output.status.success() && device == "vulkan" {
+        // Seen once in ~6 full runs on a loaded 2-core machine (lavapipe), cause not captured:
+        // retry once, loudly, so the first failure's message stays in the test log.
+        eprintln!(
+            "WARNING: iree-run-module {function} on vulkan failed once, retrying:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output = cmd.output().expect("spawning iree-run-module");
+    }
     assert!(
         output.status.success(),
         "iree-run-module {function} on {device} failed:\n{}",
