@@ -157,7 +157,12 @@ fn demo_ids_are_the_same_on_every_backend() {
         let (ok, stdout, stderr) = skainet(&["demo", "--json", "--backend", backend]);
         assert!(ok, "{backend}: {stderr}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        v["utterances"].as_array().unwrap().iter().map(|u| u["ids"].clone()).collect::<Vec<_>>()
+        v["utterances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["ids"].clone())
+            .collect::<Vec<_>>()
     };
     let reference = ids("reference");
     for backend in ["iree-cpu", "iree-cpu-sync", "iree-vulkan"] {
