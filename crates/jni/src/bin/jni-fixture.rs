@@ -1,0 +1,145 @@
+//! `jni-fixture OUTDIR`: exports the fixture model `tiny-gemma3:7` in the seed's three-archive
+//! layout (cached), computes the ids the Rust API produces for a fixed prefix, utterances and
+//! redecode prompt (`kv_core::KvDecoder` over `IreeKvBackend`, `RedecodeDecoder` over
+//! `IreeRedecodeBackend`), and writes `OUTDIR/fixture.properties` for the JVM tests, plus a vmfb
+//! whose result breaks the redecode contract (`nativeStep` must return null for it).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
+use export::{cached_export, Layout, Target};
+use kv_core::{Graph, KvBackend, KvDecoder, Manifest, RedecodeBackend, RedecodeDecoder};
+
+const MODEL: &str = "tiny-gemma3:7";
+const MAX_NEW: usize = 6;
+
+fn ids(v: &[i32]) -> String {
+    v.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Deterministic ids in `1..vocab`.
+fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<i32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (1 + (x >> 33) % (vocab as u64 - 1)) as i32
+        })
+        .collect()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out: PathBuf = std::env::args().nth(1).ok_or("usage: jni-fixture OUTDIR")?.into();
+    std::fs::create_dir_all(&out)?;
+    let dir = cached_export(MODEL, &Target::cpu(), Layout::Three)?;
+    let manifest = Manifest::load(&dir)?;
+    let spec = manifest.spec.clone();
+    let target = manifest.modules.keys().next().ok_or("no modules")?.clone();
+    let mut p: BTreeMap<String, String> = BTreeMap::new();
+    let abs = |name: &str| dir.join(name).display().to_string();
+
+    for (key, graph) in [
+        ("withPast", Graph::Step),
+        ("chunk", Graph::Chunk),
+        ("prefill", Graph::Prefill),
+    ] {
+        let vmfb = &manifest.modules[&target][graph.key()];
+        p.insert(format!("{key}.vmfb"), abs(vmfb));
+        p.insert(
+            format!("{key}.irpa"),
+            abs(manifest.parameter_file(graph).ok_or("no archive")?),
+        );
+        p.insert(
+            format!("{key}.function"),
+            manifest.functions.get(graph).ok_or("no function")?.into(),
+        );
+    }
+    for (key, value) in [
+        ("nLayers", spec.n_layers),
+        ("headDim", spec.head_dim),
+        ("nKvHeads", spec.n_kv_heads),
+        ("nHeads", spec.n_heads),
+        ("hiddenSize", spec.hidden_size),
+        ("vocabSize", spec.vocab_size),
+        ("slidingWindow", spec.sliding_window),
+        ("globalLayerPeriod", spec.global_layer_period),
+        ("chunk", spec.chunk),
+        ("maskHeads", spec.mask_heads),
+        ("seq", spec.seq),
+    ] {
+        p.insert(format!("spec.{key}"), value.to_string());
+    }
+    p.insert("spec.slidingRopeBase".into(), spec.sliding_rope_base.to_string());
+    p.insert("spec.globalRopeBase".into(), spec.global_rope_base.to_string());
+
+    // The ids the JVM must reproduce, through the Rust API on the same artifacts.
+    let mut decoder = KvDecoder::new(IreeKvBackend::open(&dir, IreeOptions::new("local-task"))?);
+    let prefix = tokens(1, 30, spec.vocab_size);
+    let utterances = [
+        tokens(2, 5, spec.vocab_size),
+        tokens(3, spec.chunk * 2 + 3, spec.vocab_size),
+        tokens(4, spec.chunk, spec.vocab_size),
+    ];
+    let snapshot = decoder.prefill_prefix(&prefix)?;
+    p.insert("prefix".into(), ids(&prefix));
+    p.insert("prefix.position".into(), decoder.backend().position().to_string());
+    p.insert("maxNew".into(), MAX_NEW.to_string());
+    p.insert("utterances".into(), utterances.len().to_string());
+    for (i, utterance) in utterances.iter().enumerate() {
+        let generation = decoder.generate(&snapshot, utterance, None, MAX_NEW)?;
+        p.insert(format!("utterance.{i}"), ids(utterance));
+        p.insert(format!("expected.{i}"), ids(&generation.ids));
+    }
+    // One prefill's first token on its own, for the raw-session test.
+    let first = decoder.backend_mut().prefill(&prefix)?;
+    p.insert("prefix.firstToken".into(), first.to_string());
+
+    let redecode_vmfb = &manifest.modules[&target][Graph::Redecode.key()];
+    let weights = manifest.weights_file().ok_or("no weights archive")?;
+    let redecode_fn = manifest.functions.get(Graph::Redecode).ok_or("no redecode function")?;
+    let mut redecode = RedecodeDecoder::new(IreeRedecodeBackend::open_files(
+        "local-task",
+        &dir.join(redecode_vmfb),
+        &dir.join(weights),
+        redecode_fn,
+        None,
+        spec.vocab_size,
+        None,
+    )?);
+    let prompt = tokens(5, 9, spec.vocab_size);
+    p.insert("redecode.vmfb".into(), abs(redecode_vmfb));
+    p.insert("redecode.irpa".into(), abs(weights));
+    p.insert("redecode.function".into(), redecode_fn.into());
+    p.insert("redecode.prompt".into(), ids(&prompt));
+    p.insert(
+        "redecode.expected".into(),
+        ids(&redecode.generate(&prompt, None, MAX_NEW)?),
+    );
+    let seq = redecode.backend_mut().seq();
+    p.insert("redecode.seq".into(), seq.to_string());
+    p.insert(
+        "redecode.mismatch.vmfb".into(),
+        mismatch_module(&out, seq)?.display().to_string(),
+    );
+    p.insert("redecode.mismatch.function".into(), "module.wrong_rank".into());
+
+    let text: String = p.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    std::fs::write(out.join("fixture.properties"), text)?;
+    println!("{}", out.join("fixture.properties").display());
+    Ok(())
+}
+
+/// A module whose function takes the redecode input but returns `[1, SEQ]` instead of `[SEQ]`.
+fn mismatch_module(out: &Path, seq: usize) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let mlir = out.join("wrong_rank.mlir");
+    let vmfb = out.join("wrong_rank.vmfb");
+    std::fs::write(
+        &mlir,
+        format!(
+            "func.func @wrong_rank(%t: tensor<1x{seq}xi32>) -> tensor<1x{seq}xi32> {{\n  return %t : tensor<1x{seq}xi32>\n}}\n"
+        ),
+    )?;
+    export::compile(&mlir, &Target::cpu(), &vmfb)?;
+    Ok(vmfb)
+}

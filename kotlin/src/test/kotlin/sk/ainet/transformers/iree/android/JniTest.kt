@@ -1,0 +1,196 @@
+package sk.ainet.transformers.iree.android
+
+import java.io.File
+import java.util.Properties
+import kotlin.system.exitProcess
+
+/**
+ * The JNI libraries on a real JVM: the ids of the Rust API (written by `jni-fixture`), every
+ * failure mode as IllegalStateException with the session still working afterwards, and the
+ * redecode loop. Run: `java -Djava.library.path=target/debug -cp ... JniTestKt fixture.properties`.
+ */
+class Fixture(path: String) {
+    private val p = Properties().apply { File(path).inputStream().use { load(it) } }
+    operator fun get(key: String): String = p.getProperty(key) ?: error("fixture has no `$key`")
+    fun int(key: String) = get(key).toInt()
+    fun ints(key: String): IntArray = get(key).split(',').filter { it.isNotEmpty() }.map { it.toInt() }.toIntArray()
+    val spec = IreeKvSpec(
+        int("spec.nLayers"), int("spec.headDim"), int("spec.nKvHeads"), int("spec.nHeads"),
+        int("spec.hiddenSize"), int("spec.vocabSize"), int("spec.slidingWindow"),
+        int("spec.globalLayerPeriod"), int("spec.chunk"), int("spec.maskHeads"),
+        get("spec.slidingRopeBase").toFloat(), get("spec.globalRopeBase").toFloat(),
+    )
+
+    fun open(device: String = "local-task", withPrefill: Boolean = true, withPastVmfb: String = this["withPast.vmfb"]) =
+        IreeKvSession.open(
+            device, spec,
+            withPastVmfb, this["withPast.irpa"], this["withPast.function"],
+            this["chunk.vmfb"], this["chunk.irpa"], this["chunk.function"],
+            if (withPrefill) this["prefill.vmfb"] else null, this["prefill.irpa"], this["prefill.function"],
+        )
+}
+
+private var checks = 0
+private val failures = ArrayList<String>()
+
+private fun check(name: String, ok: Boolean, detail: () -> String = { "" }) {
+    checks++
+    if (!ok) failures.add("$name ${detail()}")
+}
+
+private fun same(name: String, got: IntArray?, want: IntArray) =
+    check(name, got != null && got.contentEquals(want)) { "got ${got?.toList()}, want ${want.toList()}" }
+
+/** Runs [block], which must throw IllegalStateException whose message contains [needle]. */
+private fun throwsIse(name: String, needle: String = "", block: () -> Unit) {
+    try {
+        block()
+        check(name, false) { "did not throw" }
+    } catch (e: IllegalStateException) {
+        check(name, e.message?.contains(needle) == true) { "message `${e.message}` lacks `$needle`" }
+    } catch (e: Throwable) {
+        check(name, false) { "threw ${e.javaClass.name}: ${e.message}" }
+    }
+}
+
+fun main(args: Array<String>) {
+    val f = Fixture(args.getOrNull(0) ?: error("usage: JniTest fixture.properties"))
+    val seq = f.int("spec.seq")
+    val prefix = f.ints("prefix")
+    val maxNew = f.int("maxNew")
+    val utterances = (0 until f.int("utterances")).map { f.ints("utterance.$it") to f.ints("expected.$it") }
+    val eos = -1 // none: the Rust ids were generated without one
+
+    val session = f.open()
+    val decoder = IreeKvDecoder(session, seq)
+    val prefixSnapshot = decoder.prefillPrefix(prefix)
+    check("prefix position", session.position == f.int("prefix.position")) { "${session.position}" }
+    check("snapshot position", prefixSnapshot.position == prefix.size)
+
+    fun stillWorks(after: String) {
+        val (utterance, expected) = utterances[0]
+        val g = try {
+            decoder.generate(prefixSnapshot, utterance, eos, maxNew).ids
+        } catch (e: Throwable) {
+            check("session works after $after", false) { "threw $e" }
+            return
+        }
+        same("session works after $after", g, expected)
+    }
+
+    utterances.forEachIndexed { i, (utterance, expected) ->
+        val g = decoder.generate(prefixSnapshot, utterance, eos, maxNew)
+        same("generate utterance $i equals the Rust API", g.ids, expected)
+    }
+    stillWorks("a second round")
+
+    // Raw calls: a prefill's first token; snapshot / step / restore round trip.
+    val padded = IntArray(seq).also { prefix.copyInto(it) }
+    check("prefill first token", session.prefill(padded, prefix.size) == f.int("prefix.firstToken"))
+    val mid = session.snapshot()
+    val a = session.step(7)
+    session.step(8)
+    session.restore(mid)
+    check("restore rewinds", session.position == prefix.size && session.step(7) == a)
+    mid.close()
+
+    // Every failure mode: IllegalStateException, and the session still works afterwards.
+    val vocab = f.spec.vocabSize
+    val chunk = f.spec.chunk
+    throwsIse("0 handle", "is 0") { IreeKvSession.nativeStep(0L, 1) }
+    throwsIse("0 handle position", "is 0") { IreeKvSession.nativePosition(0L) }
+    throwsIse("never issued handle", "kind `IreeKvSession`") { IreeKvSession.nativeStep(123456789L, 1) }
+    val other = f.open()
+    val otherHandle = other.javaClass.getDeclaredField("handle").apply { isAccessible = true }.getLong(other)
+    other.prefill(padded, 4)
+    val foreign = other.snapshot()
+    throwsIse("foreign snapshot", "belongs to session") { session.restore(foreign) }
+    stillWorks("a foreign snapshot")
+    throwsIse("session handle as snapshot", "not `IreeKvSession snapshot`") {
+        IreeKvSession.nativeRestore(otherHandle, otherHandle)
+    }
+    foreign.close()
+    other.close()
+    throwsIse("destroyed handle", "closed") { IreeKvSession.nativeStep(otherHandle, 1) }
+    throwsIse("destroyed twice", "closed") { IreeKvSession.nativeDestroy(otherHandle) }
+    stillWorks("a destroyed session")
+
+    val released = session.snapshot()
+    val releasedHandle = released.handle
+    released.close()
+    throwsIse("released snapshot", "closed") { IreeKvSession.nativeRestore(sessionHandle(session), releasedHandle) }
+    throwsIse("snapshot released twice", "closed") { IreeKvSession.nativeReleaseSnapshot(releasedHandle) }
+    throwsIse("snapshot handle as session", "not `IreeKvSession`") { IreeKvSession.nativeStep(prefixSnapshot.handle, 1) }
+    stillWorks("a released snapshot")
+
+    session.restore(prefixSnapshot)
+    val before = session.position
+    throwsIse("token id = vocab", "outside the vocabulary") { session.step(vocab) }
+    throwsIse("negative token id", "outside the vocabulary") { session.chunk(intArrayOf(1, -1), 2) }
+    throwsIse("chunk of 0", "expected 1..=$chunk") { session.chunk(IntArray(chunk), 0) }
+    throwsIse("chunk > C", "expected 1..=$chunk") { session.chunk(IntArray(chunk + 1), chunk + 1) }
+    throwsIse("n > array length", "outside 0..=2") { session.chunk(intArrayOf(1, 2), 3) }
+    throwsIse("negative n", "outside") { session.prefill(padded, -1) }
+    throwsIse("prefill longer than SEQ", "expected 1..=$seq") { session.prefill(IntArray(seq + 1), seq + 1) }
+    check("failed calls leave the position", session.position == before)
+    stillWorks("bad tokens and counts")
+
+    throwsIse("wrong device name", "unknown device `tpu`") { f.open(device = "tpu") }
+    throwsIse("missing vmfb", "/no/such.vmfb") { f.open(withPastVmfb = "/no/such.vmfb") }
+    stillWorks("failed opens")
+
+    // Without a prefill module: prefill is refused, the rest opens.
+    f.open(withPrefill = false).use { noPrefill ->
+        throwsIse("prefill without a prefill module", "released") { noPrefill.prefill(padded, 3) }
+    }
+
+    // releasePrefill: the prefix snapshot keeps serving utterances; prefill is gone.
+    session.releasePrefill()
+    stillWorks("releasePrefill")
+    throwsIse("prefill after releasePrefill", "released") { session.prefill(padded, 3) }
+    utterances.forEachIndexed { i, (utterance, expected) ->
+        same("utterance $i after releasePrefill", decoder.generate(prefixSnapshot, utterance, eos, maxNew).ids, expected)
+    }
+    prefixSnapshot.close()
+    session.close()
+    throwsIse("closed Kotlin session", "closed") { session.step(1) }
+
+    redecode(f)
+
+    println("JniTest: $checks checks, ${failures.size} failed")
+    failures.forEach { println("FAILED: $it") }
+    exitProcess(if (failures.isEmpty()) 0 else 1)
+}
+
+private fun sessionHandle(s: IreeKvSession): Long =
+    s.javaClass.getDeclaredField("handle").apply { isAccessible = true }.getLong(s)
+
+private fun redecode(f: Fixture) {
+    val seq = f.int("redecode.seq")
+    val prompt = f.ints("redecode.prompt")
+    val expected = f.ints("redecode.expected")
+    val maxNew = f.int("maxNew")
+    val vmfb = f["redecode.vmfb"]
+    val irpa = f["redecode.irpa"]
+    val fn = f["redecode.function"]
+    IreeRedecodeSession("local-task", vmfb, irpa, fn, seq).use { s ->
+        same("redecode loop equals the Rust API", s.generate(prompt, -1, maxNew), expected)
+        throwsIse("redecode tokenIds.length != SEQ", "expected $seq..=$seq") { s.step(IntArray(seq - 1)) }
+        same("redecode works after a bad call", s.generate(prompt, -1, maxNew), expected)
+    }
+    IreeRedecodeSession("local-task", vmfb, irpa, fn, seq, 2).use { s ->
+        same("redecode with topology (2 workers)", s.generate(prompt, -1, maxNew), expected)
+    }
+    IreeRedecodeSession("local-task", f["redecode.mismatch.vmfb"], irpa, f["redecode.mismatch.function"], seq).use { s ->
+        check("contract mismatch returns null", s.step(IntArray(seq)) == null)
+    }
+    throwsIse("redecode 0 handle", "is 0") { IreeRedecodeSession.nativeStep(0L, IntArray(seq)) }
+    throwsIse("redecode wrong device", "unknown device") { IreeRedecodeSession("gpu0", vmfb, irpa, fn, seq) }
+    throwsIse("redecode missing vmfb", "/no/such.vmfb") { IreeRedecodeSession("local-task", "/no/such.vmfb", irpa, fn, seq) }
+    throwsIse("redecode missing function", "module.nope") { IreeRedecodeSession("local-task", vmfb, irpa, "module.nope", seq) }
+    throwsIse("redecode 0 groups", "at least one worker") { IreeRedecodeSession("local-task", vmfb, irpa, fn, seq, 0) }
+    val h = IreeRedecodeSession.nativeCreate("local-task", vmfb, irpa, fn)
+    IreeRedecodeSession.nativeDestroy(h)
+    throwsIse("redecode destroyed handle", "closed") { IreeRedecodeSession.nativeStep(h, IntArray(seq)) }
+    throwsIse("redecode destroyed twice", "closed") { IreeRedecodeSession.nativeDestroy(h) }
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The JNI libraries (crates/jni) on a real JVM: checks that each .so exports exactly the
+# CONTRACT §5 symbols, exports a fixture model and the Rust API's ids (jni-fixture), compiles the
+# Kotlin classes and tests with kotlinc (scripts/setup.sh installs it) and the Java test with javac,
+# and runs both against target/debug/libskainet_iree_{kv,redecode}.so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+start=$SECONDS
+
+KOTLIN_HOME=.tools/kotlin/node_modules/kotlin-compiler
+KOTLINC="$KOTLIN_HOME/bin/kotlinc"
+STDLIB="$KOTLIN_HOME/lib/kotlin-stdlib.jar"
+[ -x "$KOTLINC" ] || { echo "test-jni: $KOTLINC missing; run scripts/setup.sh" >&2; exit 1; }
+OUT=target/jni-test
+LIBS=target/debug
+
+cargo build --locked -p skainet-iree-kv -p skainet-iree-redecode
+
+# Exactly the ABI of CONTRACT §5, nothing more, nothing less.
+prefix=Java_sk_ainet_transformers_iree_android
+expect_kv=$(printf "${prefix}_IreeKvSession_%s\n" nativeCreate nativePrefill nativeChunk nativeStep \
+    nativeSnapshot nativeRestore nativeReleaseSnapshot nativeReleasePrefill nativePosition nativeDestroy | sort)
+expect_redecode=$(printf "${prefix}_IreeRedecodeSession_%s\n" nativeCreate nativeCreateWithTopology \
+    nativeStep nativeDestroy | sort)
+check_exports() { # lib expected [nm]
+    local got
+    got=$("${3:-nm}" -D --defined-only "$1" | grep ' T Java_' | awk '{print $3}' | sort)
+    if [ "$got" != "$2" ]; then
+        echo "test-jni: $1 exports differ from CONTRACT §5:" >&2
+        diff <(echo "$2") <(echo "$got") >&2 || true
+        exit 1
+    fi
+    echo "test-jni: $1 exports exactly $(echo "$got" | wc -l) JNI symbols"
+}
+check_exports "$LIBS/libskainet_iree_kv.so" "$expect_kv"
+check_exports "$LIBS/libskainet_iree_redecode.so" "$expect_redecode"
+
+cargo run --locked -q -p skainet-jni --features fixture --bin jni-fixture -- "$OUT/fixture"
+
+rm -rf "$OUT/classes"
+mkdir -p "$OUT/classes"
+echo "test-jni: kotlinc"
+"$KOTLINC" -nowarn -jvm-target 17 -d "$OUT/classes" kotlin/src/main/kotlin kotlin/src/test/kotlin 2>&1 \
+    | grep -v '^warning: unable to find kotlin-stdlib' || true
+[ -f "$OUT/classes/sk/ainet/transformers/iree/android/JniTestKt.class" ] || { echo "test-jni: kotlinc failed" >&2; exit 1; }
+javac -d "$OUT/classes" -cp "$OUT/classes:$STDLIB" $(find kotlin/src/test/java -name '*.java')
+
+run() {
+    java -Xcheck:jni -Djava.library.path="$LIBS" -cp "$OUT/classes:$STDLIB" "$@" "$OUT/fixture/fixture.properties"
+}
+run sk.ainet.transformers.iree.android.JniTestKt
+run sk.ainet.transformers.iree.android.JavaInteropTest
+echo "test-jni: passed in $((SECONDS - start)) s"
