@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >&2
 source scripts/env.sh
-cargo run --release --locked -q -p skainet-kv -- demo "$@"
+cargo run --release -q -p skainet-kv -- demo "$@"

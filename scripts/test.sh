@@ -7,5 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
+./scripts/test-jni.sh
+./scripts/test-arm.sh
