@@ -28,3 +28,29 @@ if ! .tools/venv/bin/python -c "import iree.compiler, iree.runtime, cmake, ninja
     .tools/venv/bin/pip install -q --disable-pip-version-check $want
 fi
 echo "setup: tools ready in .tools/venv"
+
+# JNI tests (scripts/test-jni.sh): kotlinc from npm (Maven Central is not reachable here).
+KOTLIN_VERSION=2.4.20
+if [ "$(node -p "require('./.tools/kotlin/node_modules/kotlin-compiler/package.json').version" 2>/dev/null)" != "$KOTLIN_VERSION" ]; then
+    echo "setup: npm install kotlin-compiler@$KOTLIN_VERSION"
+    mkdir -p .tools/kotlin
+    npm install --silent --no-audit --no-fund --prefix .tools/kotlin "kotlin-compiler@$KOTLIN_VERSION"
+fi
+
+# ARM (scripts/test-arm.sh): Rust targets, cross linkers and libc (g++ for the IREE runtime's CMake
+# project), qemu-user.
+need_arm=()
+for pkg in gcc-aarch64-linux-gnu g++-aarch64-linux-gnu gcc-arm-linux-gnueabihf qemu-user-static libc6-dev-arm64-cross libc6-dev-armhf-cross; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_arm+=("$pkg")
+done
+if [ ${#need_arm[@]} -gt 0 ]; then
+    echo "setup: apt-get install ${need_arm[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_arm[@]}"
+fi
+arm_targets="aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf aarch64-linux-android armv7-linux-androideabi"
+installed_targets=$(rustup target list --installed)
+for t in $arm_targets; do
+    echo "$installed_targets" | grep -qx "$t" || rustup target add "$t"
+done

@@ -15,7 +15,7 @@ STDLIB="$KOTLIN_HOME/lib/kotlin-stdlib.jar"
 OUT=target/jni-test
 LIBS=target/debug
 
-cargo build --locked -p skainet-iree-kv -p skainet-iree-redecode
+cargo build -p skainet-iree-kv -p skainet-iree-redecode
 
 # Exactly the ABI of CONTRACT §5, nothing more, nothing less.
 prefix=Java_sk_ainet_transformers_iree_android
@@ -36,7 +36,7 @@ check_exports() { # lib expected [nm]
 check_exports "$LIBS/libskainet_iree_kv.so" "$expect_kv"
 check_exports "$LIBS/libskainet_iree_redecode.so" "$expect_redecode"
 
-cargo run --locked -q -p skainet-jni --features fixture --bin jni-fixture -- "$OUT/fixture"
+cargo run -q -p skainet-jni --features fixture --bin jni-fixture -- "$OUT/fixture"
 
 rm -rf "$OUT/classes"
 mkdir -p "$OUT/classes"

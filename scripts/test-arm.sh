@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# ARM: the pure-Rust crates' tests cross-built for aarch64 and armv7 Linux and run under
+# qemu-user; the IREE runtime cross-built for aarch64 Linux with the JNI libraries linked against
+# it and their exports checked; the Android targets built as far as this machine allows (no NDK:
+# the pure-Rust crates compile for them, nothing native is linked). scripts/setup.sh installs the
+# cross compilers, qemu and the Rust targets.
+#
+# Linkers and runners are set here, per target, not in a cargo config, so host builds are unaffected.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+start=$SECONDS
+stage() { echo "test-arm: $* ($((SECONDS - start)) s)"; }
+
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"
+export CARGO_TARGET_ARMV7_UNKNOWN_LINUX_GNUEABIHF_LINKER=arm-linux-gnueabihf-gcc
+export CARGO_TARGET_ARMV7_UNKNOWN_LINUX_GNUEABIHF_RUNNER="qemu-arm-static -L /usr/arm-linux-gnueabihf"
+# The conformance properties draw from a fixed seed (its case counts are the suite's own).
+export SKAINET_PROPTEST_SEED="${SKAINET_PROPTEST_SEED:-1515870810}"
+
+# 1. Pure-Rust tests under qemu (the conformance suite without its IREE backends).
+for target in aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf; do
+    stage "$target: kv-core, fixtures, backend-reference tests"
+    cargo test --target "$target" -p kv-core -p fixtures -p backend-reference
+    stage "$target: conformance reference + properties (--no-default-features)"
+    cargo test --target "$target" -p conformance --no-default-features --test reference --test properties
+done
+
+# 2. The IREE runtime cross-built for aarch64 Linux, and the JNI libraries linked against it.
+target=aarch64-unknown-linux-gnu
+stage "$target: IREE runtime + JNI libraries"
+CMAKE_TOOLCHAIN_FILE="$PWD/crates/jni/cmake/aarch64-linux-gnu.cmake" \
+IREE_HOST_BIN_DIR="$PWD/.tools/venv/bin" \
+BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu" \
+    cargo build --target "$target" -p skainet-iree-kv -p skainet-iree-redecode
+prefix=Java_sk_ainet_transformers_iree_android
+for lib in kv:IreeKvSession:10 redecode:IreeRedecodeSession:4; do
+    IFS=: read -r name class count <<<"$lib"
+    so="target/$target/debug/libskainet_iree_$name.so"
+    file "$so" | grep -q 'ARM aarch64' || { echo "test-arm: $so is not an aarch64 ELF" >&2; exit 1; }
+    got=$(aarch64-linux-gnu-nm -D --defined-only "$so" | grep ' T Java_' | awk '{print $3}')
+    if [ "$(echo "$got" | grep -c "^${prefix}_${class}_")" != "$count" ] || [ "$(echo "$got" | wc -l)" != "$count" ]; then
+        echo "test-arm: $so exports:" >&2; echo "$got" >&2; exit 1
+    fi
+    echo "test-arm: $so: aarch64, exactly $count JNI exports"
+done
+
+# 3. Android: no NDK here, so no .so can be linked and the IREE runtime cannot be cross-built;
+#    the pure-Rust crates are compiled for both Android ABIs (rlibs need no linker).
+for target in aarch64-linux-android armv7-linux-androideabi; do
+    stage "$target: build kv-core, backend-reference (no native code)"
+    cargo build --target "$target" -p kv-core -p backend-reference
+done
+stage "passed"
