@@ -54,3 +54,10 @@ installed_targets=$(rustup target list --installed)
 for t in $arm_targets; do
     echo "$installed_targets" | grep -qx "$t" || rustup target add "$t"
 done
+
+# Test oracle of crates/gguf (dequantization against the Python `gguf` package on real tensors).
+GGUF_PY_VERSION=0.19.0
+if [ "$(.tools/venv/bin/pip show gguf 2>/dev/null | awk '/^Version/{print $2}')" != "$GGUF_PY_VERSION" ]; then
+    echo "setup: pip install gguf==$GGUF_PY_VERSION"
+    .tools/venv/bin/pip install -q --disable-pip-version-check "gguf==$GGUF_PY_VERSION"
+fi

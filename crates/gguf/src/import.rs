@@ -1,0 +1,273 @@
+//! GGUF checkpoint → skainet-kv artifact directory (`manifest.json` + `model.irpa`).
+//!
+//! GGUF tensor names are already ours (`token_embd.weight`, `blk.N.attn_q.weight`, ...). What the
+//! importer does besides copying:
+//! - **Shapes.** GGUF lists dims `ne0` first (`[in, out]` for a matrix); our row-major `[out, in]`
+//!   is the same memory, so the dims are reversed and checked against
+//!   [`kv_core::params::parameter_table`].
+//! - **Llama Q/K un-permutation.** llama.cpp's converter (`LlamaModel.permute`) reorders the rows
+//!   of every head of `attn_q`/`attn_k` so that RoPE rotates adjacent pairs; our tables rotate
+//!   split halves (Hugging Face's `rotate_half`), so the import puts row `2i + s` of a head back
+//!   at `s·d/2 + i`. Gemma GGUFs are NEOX-ordered (split halves) already and are copied as is.
+//! - **Norms** are used as stored: Gemma's `1 + w` is already folded in by the converter.
+//! - **Geometry** comes from the `<arch>.*` metadata; what is not in the file (Gemma 3's local
+//!   RoPE base 10000 and its 6-layer global period) follows llama.cpp's constants.
+
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kv_core::irpa::IrpaWriter;
+use kv_core::manifest::{Manifest, Parameters};
+use kv_core::params::{parameter_table, OUTPUT, TOKEN_EMBD};
+use kv_core::{Architecture, Family, KvSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{GgufError, Result};
+use crate::file::GgufFile;
+
+/// The archive the importer writes, relative to the output directory.
+pub const WEIGHTS_FILE: &str = "model.irpa";
+
+/// How the weights are stored in the archive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    /// Rounded to bf16 (nearest, ties to even): what the compiled graphs read.
+    #[default]
+    Bf16,
+    /// The dequantized f32 values unchanged: an exact FP32 reference of the checkpoint.
+    F32,
+}
+
+/// The graph geometry the GGUF file does not decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportOptions {
+    /// Token count `C` of the chunk graph.
+    pub chunk: usize,
+    /// Length of the prefill (and redecode) graph.
+    pub seq: usize,
+    pub max_positions: usize,
+    pub weights: WeightFormat,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            chunk: 32,
+            seq: 1024,
+            max_positions: 2048,
+            weights: WeightFormat::Bf16,
+        }
+    }
+}
+
+/// Gemma 3's local (sliding-layer) RoPE base: not in the file (llama.cpp hard-codes it too).
+pub const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// Gemma 3: every 6th layer (5, 11, 17, ...) is global.
+pub const GEMMA3_GLOBAL_LAYER_PERIOD: usize = 6;
+
+/// The spec and architecture a GGUF file describes, with the caller's graph geometry.
+pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Architecture)> {
+    let arch = file.architecture()?.to_string();
+    let family = match arch.as_str() {
+        "gemma3" => Family::Gemma3,
+        "llama" => Family::Llama,
+        other => {
+            return Err(GgufError::import(format!(
+                "architecture `{other}` is not supported (gemma3, llama)"
+            )))
+        }
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = file.get_usize(&key("embedding_length"))?;
+    let n_layers = file.get_usize(&key("block_count"))?;
+    let n_heads = file.get_usize(&key("attention.head_count"))?;
+    let n_kv_heads = file.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(n_heads);
+    if n_heads == 0 {
+        return Err(GgufError::import("attention.head_count is 0"));
+    }
+    let head_dim = file
+        .opt_usize(&key("attention.key_length"))?
+        .unwrap_or(hidden / n_heads);
+    if let Some(v) = file.opt_usize(&key("attention.value_length"))? {
+        if v != head_dim {
+            return Err(GgufError::import(format!(
+                "value_length {v} differs from key_length {head_dim}"
+            )));
+        }
+    }
+    if let Some(rot) = file.opt_usize(&key("rope.dimension_count"))? {
+        if rot != head_dim {
+            return Err(GgufError::import(format!(
+                "partial rotary embeddings (rope.dimension_count {rot} < head {head_dim}) are not supported"
+            )));
+        }
+    }
+    if let Some(v) = file.get(&key("rope.scaling.type")) {
+        if v.as_str() != Some("none") {
+            return Err(GgufError::import(format!("RoPE scaling {v:?} is not supported")));
+        }
+    }
+    let ffn = file.get_usize(&key("feed_forward_length"))?;
+    let eps = file.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
+    let rope_base = file.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+    let vocab = match file.get("tokenizer.ggml.tokens") {
+        Some(_) => file.get_array("tokenizer.ggml.tokens")?.len(),
+        None => file.get_usize(&key("vocab_size"))?,
+    };
+    let (sliding_window, period, sliding_base) = match family {
+        Family::Gemma3 => (
+            file.opt_usize(&key("attention.sliding_window"))?.unwrap_or(0),
+            GEMMA3_GLOBAL_LAYER_PERIOD,
+            GEMMA3_LOCAL_ROPE_BASE,
+        ),
+        // No sliding layers: every layer is global; the sliding base is unused but must validate.
+        Family::Llama => (0, 1, rope_base),
+    };
+    let spec = KvSpec {
+        n_layers,
+        head_dim,
+        n_heads,
+        n_kv_heads,
+        hidden_size: hidden,
+        vocab_size: vocab,
+        sliding_window,
+        global_layer_period: period,
+        chunk: opts.chunk,
+        seq: opts.seq,
+        max_positions: opts.max_positions,
+        sliding_rope_base: sliding_base,
+        global_rope_base: rope_base,
+        mask_heads: 0,
+    };
+    let mut architecture = match family {
+        Family::Gemma3 => Architecture::gemma3(&spec, ffn),
+        Family::Llama => Architecture::llama(&spec, ffn),
+    };
+    architecture.rms_eps = eps;
+    architecture.tied_output = file.tensor(OUTPUT).is_none();
+    spec.validate()?;
+    architecture.validate()?;
+    Ok((spec, architecture))
+}
+
+/// Undoes llama.cpp's `permute` of a `[heads · d, in]` Q or K matrix, in place of a copy.
+pub fn unpermute_rows(weights: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = weights.len() / cols;
+    let d = rows / heads;
+    let half = d / 2;
+    let mut out = vec![0.0f32; weights.len()];
+    for h in 0..heads {
+        for j in 0..d {
+            let src = h * d + 2 * (j % half) + j / half;
+            let dst = h * d + j;
+            out[dst * cols..(dst + 1) * cols].copy_from_slice(&weights[src * cols..(src + 1) * cols]);
+        }
+    }
+    out
+}
+
+/// llama.cpp's `permute` (the converter's direction), for tests.
+pub fn permute_rows(weights: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = weights.len() / cols;
+    let d = rows / heads;
+    let half = d / 2;
+    let mut out = vec![0.0f32; weights.len()];
+    for h in 0..heads {
+        for j in 0..d {
+            let src = h * d + 2 * (j % half) + j / half;
+            let dst = h * d + j;
+            out[src * cols..(src + 1) * cols].copy_from_slice(&weights[dst * cols..(dst + 1) * cols]);
+        }
+    }
+    out
+}
+
+/// Every parameter of the model as f32 in our layout, in parameter-table order.
+pub fn load_parameters(
+    file: &GgufFile,
+    spec: &KvSpec,
+    arch: &Architecture,
+    mut each: impl FnMut(&str, Vec<f32>) -> Result<()>,
+) -> Result<()> {
+    for info in parameter_table(spec, arch) {
+        let tensor = file.require_tensor(&info.name)?;
+        if tensor.shape() != info.shape {
+            return Err(GgufError::import(format!(
+                "tensor `{}` has GGUF dims {:?} (row-major {:?}), the spec needs {:?}",
+                info.name,
+                tensor.dims,
+                tensor.shape(),
+                info.shape
+            )));
+        }
+        let mut values = file.dequantize(tensor)?;
+        if arch.family == Family::Llama {
+            let heads = if info.name.ends_with("attn_q.weight") {
+                Some(spec.n_heads)
+            } else if info.name.ends_with("attn_k.weight") {
+                Some(spec.n_kv_heads)
+            } else {
+                None
+            };
+            if let Some(heads) = heads {
+                values = unpermute_rows(&values, heads, spec.hidden_size);
+            }
+        }
+        each(&info.name, values)?;
+    }
+    Ok(())
+}
+
+/// Imports the GGUF file at `gguf_path` into `out_dir` (created if needed).
+pub fn import(gguf_path: &Path, out_dir: &Path, opts: ImportOptions) -> Result<Manifest> {
+    let file = GgufFile::open(gguf_path)?;
+    import_file(&file, out_dir, opts)
+}
+
+/// [`import`] of an opened file.
+pub fn import_file(file: &GgufFile, out_dir: &Path, opts: ImportOptions) -> Result<Manifest> {
+    let (spec, arch) = model_config(file, &opts)?;
+    let table_len = parameter_table(&spec, &arch).len() as u64;
+    let bar = ProgressBar::new(table_len).with_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("importing {}", file.get_str("general.name").unwrap_or("gguf")));
+    let mut writer = IrpaWriter::new();
+    load_parameters(file, &spec, &arch, |name, values| {
+        match opts.weights {
+            WeightFormat::Bf16 => writer.add_bf16_from_f32(name, &values)?,
+            WeightFormat::F32 => writer.add_f32(name, &values)?,
+        };
+        bar.inc(1);
+        Ok(())
+    })?;
+    std::fs::create_dir_all(out_dir).map_err(|source| GgufError::Io {
+        op: "create",
+        path: out_dir.to_path_buf(),
+        source,
+    })?;
+    bar.set_message("writing model.irpa");
+    writer.write(out_dir.join(WEIGHTS_FILE))?;
+    bar.finish_and_clear();
+
+    let mut manifest = Manifest::new(spec, Some(arch.clone()), arch.family.default_prefix());
+    manifest.parameters = Some(Parameters::Shared(WEIGHTS_FILE.into()));
+    // The contract's embedding entry is bf16; an f32 archive is for the reference only.
+    if opts.weights == WeightFormat::Bf16 {
+        manifest.embedding_parameter = Some(TOKEN_EMBD.into());
+    }
+    let p = &mut manifest.provenance;
+    p.insert("importer".into(), "gguf".into());
+    if let Some(path) = file.path().and_then(|p| p.file_name()) {
+        p.insert("sourceFile".into(), path.to_string_lossy().into_owned());
+    }
+    if let Ok(name) = file.get_str("general.name") {
+        p.insert("sourceName".into(), name.into());
+    }
+    p.insert("weights".into(), format!("{:?}", opts.weights).to_lowercase());
+    manifest.save(out_dir)?;
+    Ok(Manifest::load(out_dir)?)
+}

@@ -1,0 +1,406 @@
+//! Tokenizers read from GGUF metadata that give the ids llama.cpp gives.
+//!
+//! - `tokenizer.ggml.model = "llama"`: llama.cpp's SentencePiece-style tokenizer (Gemma): spaces
+//!   become `▁`, the highest-scoring adjacent pair that is a token is merged until none is left,
+//!   pieces that are not tokens fall back to `<0xXX>` byte tokens.
+//! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE with ranked merges (SmolLM2), after the
+//!   pre-tokenizer split that `tokenizer.ggml.pre` names (`gpt2`, or `smollm`/`starcoder`-style
+//!   with every digit on its own).
+//!
+//! Both first cut special tokens out of the text (llama.cpp's `tokenizer_st_partition`): control,
+//! user-defined and unknown tokens, longest first; with `parse_special` off only user-defined ones.
+//! The algorithms are transcriptions of llama.cpp's `llama-vocab.cpp` and `unicode.cpp`.
+
+mod bpe;
+mod chat;
+mod spm;
+pub mod unicode;
+
+use std::collections::HashMap;
+
+use gguf::GgufFile;
+
+pub use chat::{ChatTemplate, Message};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    #[error("tokenizer: {0}")]
+    Unsupported(String),
+    #[error("tokenizer: {0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenType {
+    Undefined,
+    Normal,
+    Unknown,
+    Control,
+    UserDefined,
+    Unused,
+    Byte,
+}
+
+impl TokenType {
+    pub fn from_id(id: i64) -> Self {
+        match id {
+            1 => TokenType::Normal,
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Undefined,
+        }
+    }
+}
+
+/// Which algorithm the vocabulary uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// SentencePiece-style, scores (`"llama"`).
+    Spm,
+    /// Byte-level BPE, merges (`"gpt2"`).
+    Bpe(PreSplit),
+}
+
+/// The BPE pre-tokenizer split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreSplit {
+    /// GPT-2's regex.
+    Gpt2,
+    /// Every `\p{N}` alone, then GPT-2's regex (`smollm`, `starcoder`, `refact`, ...).
+    DigitsThenGpt2,
+}
+
+/// A tokenizer built from a GGUF file's `tokenizer.ggml.*` metadata.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    kind: Kind,
+    tokens: Vec<String>,
+    scores: Vec<f32>,
+    types: Vec<TokenType>,
+    token_to_id: HashMap<String, i32>,
+    /// Control, user-defined and unknown tokens, longest text first (ties: lower id first).
+    specials: Vec<i32>,
+    bpe_ranks: HashMap<(String, String), u32>,
+    bos: Option<i32>,
+    eos: Option<i32>,
+    add_bos: bool,
+    add_space_prefix: bool,
+    chat: ChatTemplate,
+}
+
+impl Tokenizer {
+    /// Reads the vocabulary of `file`.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let model = file.get_str("tokenizer.ggml.model")?;
+        let tokens: Vec<String> = file
+            .get_str_array("tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let n = tokens.len();
+        if n == 0 || n > i32::MAX as usize {
+            return Err(Error::Invalid(format!("{n} tokens")));
+        }
+        let scores = match file.get("tokenizer.ggml.scores") {
+            Some(_) => file.get_f32_array("tokenizer.ggml.scores")?,
+            None => vec![0.0; n],
+        };
+        let types: Vec<TokenType> = match file.get("tokenizer.ggml.token_type") {
+            Some(_) => file
+                .get_i64_array("tokenizer.ggml.token_type")?
+                .into_iter()
+                .map(TokenType::from_id)
+                .collect(),
+            None => vec![TokenType::Normal; n],
+        };
+        if scores.len() != n || types.len() != n {
+            return Err(Error::Invalid(format!(
+                "{n} tokens but {} scores and {} token types",
+                scores.len(),
+                types.len()
+            )));
+        }
+        let id = |key: &str| -> Result<Option<i32>> {
+            match file.get(key) {
+                None => Ok(None),
+                Some(v) => match v.as_i64() {
+                    Some(i) if (0..n as i64).contains(&i) => Ok(Some(i as i32)),
+                    // llama.cpp writes -1 (as u32 0xFFFFFFFF) for "none".
+                    Some(-1) | Some(0xFFFF_FFFF) => Ok(None),
+                    _ => Err(Error::Invalid(format!("{key} = {v:?} is not a token id"))),
+                },
+            }
+        };
+        let flag = |key: &str, default: bool| file.get(key).and_then(|v| v.as_bool()).unwrap_or(default);
+
+        let (kind, bpe_ranks, bos_default, eos_default) = match model {
+            "llama" => (Kind::Spm, HashMap::new(), Some(1), Some(2)),
+            "gpt2" => {
+                let pre = file
+                    .get("tokenizer.ggml.pre")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("default");
+                let split = match pre {
+                    "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+                    | "jina-v2-code" | "roberta-bpe" => PreSplit::Gpt2,
+                    "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+                        PreSplit::DigitsThenGpt2
+                    }
+                    other => {
+                        return Err(Error::Unsupported(format!(
+                            "BPE pre-tokenizer `{other}` (supported: gpt2-style, smollm/starcoder-style)"
+                        )))
+                    }
+                };
+                let merges = file.get_str_array("tokenizer.ggml.merges")?;
+                let mut ranks = HashMap::with_capacity(merges.len());
+                for (rank, m) in merges.iter().enumerate() {
+                    // llama.cpp splits at the first space after position 0.
+                    let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
+                        return Err(Error::Invalid(format!("merge {rank} `{m}` has no space")));
+                    };
+                    ranks
+                        .entry((m[..pos].to_string(), m[pos + 1..].to_string()))
+                        .or_insert(rank as u32);
+                }
+                (Kind::Bpe(split), ranks, Some(11), Some(11))
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "tokenizer model `{other}` (supported: llama, gpt2)"
+                )))
+            }
+        };
+        let bos = if file.get("tokenizer.ggml.bos_token_id").is_some() {
+            id("tokenizer.ggml.bos_token_id")?
+        } else {
+            bos_default.filter(|&b| (b as usize) < n)
+        };
+        let eos = if file.get("tokenizer.ggml.eos_token_id").is_some() {
+            id("tokenizer.ggml.eos_token_id")?
+        } else {
+            eos_default.filter(|&e| (e as usize) < n)
+        };
+        let add_bos = flag("tokenizer.ggml.add_bos_token", kind == Kind::Spm);
+        let add_space_prefix = flag("tokenizer.ggml.add_space_prefix", kind == Kind::Spm);
+
+        let mut token_to_id = HashMap::with_capacity(n);
+        for (i, t) in tokens.iter().enumerate() {
+            token_to_id.insert(t.clone(), i as i32);
+        }
+        let mut specials: Vec<i32> = (0..n as i32)
+            .filter(|&i| {
+                matches!(
+                    types[i as usize],
+                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
+                )
+            })
+            .collect();
+        specials.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
+
+        let template = file.get("tokenizer.chat_template").and_then(|v| v.as_str());
+        let chat = ChatTemplate::detect(template, &token_to_id);
+        Ok(Tokenizer {
+            kind,
+            tokens,
+            scores,
+            types,
+            token_to_id,
+            specials,
+            bpe_ranks,
+            bos,
+            eos,
+            add_bos,
+            add_space_prefix,
+            chat,
+        })
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn bos(&self) -> Option<i32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> Option<i32> {
+        self.eos
+    }
+
+    /// Whether the model wants a BOS before a prompt (`tokenizer.ggml.add_bos_token`).
+    pub fn add_bos_default(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The end-of-turn token of the chat template (`<end_of_turn>`, `<|im_end|>`), if any.
+    pub fn eot(&self) -> Option<i32> {
+        self.chat.end_of_turn().and_then(|t| self.token_id(t))
+    }
+
+    /// Tokens that end generation: EOS and the end-of-turn token.
+    pub fn stop_tokens(&self) -> Vec<i32> {
+        let mut stops: Vec<i32> = self.eos.into_iter().chain(self.eot()).collect();
+        stops.dedup();
+        stops
+    }
+
+    pub fn token_id(&self, text: &str) -> Option<i32> {
+        self.token_to_id.get(text).copied()
+    }
+
+    pub fn token_text(&self, id: i32) -> Option<&str> {
+        self.tokens.get(usize::try_from(id).ok()?).map(String::as_str)
+    }
+
+    pub fn token_type(&self, id: i32) -> Option<TokenType> {
+        self.types.get(usize::try_from(id).ok()?).copied()
+    }
+
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.chat
+    }
+
+    /// Tokenizes `text`, special tokens (`<start_of_turn>`, `<|im_start|>`, ...) parsed as single
+    /// tokens; BOS first when `add_bos`. llama.cpp's `llama_tokenize(text, add_bos, true)`.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Vec<i32> {
+        self.encode_with(text, add_bos, true)
+    }
+
+    /// [`Tokenizer::encode`] with control tokens in `text` treated as plain text unless
+    /// `parse_special` (user-defined tokens are always cut out, as llama.cpp does).
+    pub fn encode_with(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<i32> {
+        let mut out = Vec::new();
+        if add_bos {
+            if let Some(b) = self.bos {
+                out.push(b);
+            }
+        }
+        let mut is_prev_special = true;
+        for frag in self.partition(text, parse_special) {
+            match frag {
+                Fragment::Token(id) => {
+                    out.push(id);
+                    is_prev_special = true;
+                }
+                Fragment::Text(t) => {
+                    match self.kind {
+                        Kind::Spm => {
+                            let mut s = String::with_capacity(t.len() + 3);
+                            if self.add_space_prefix && is_prev_special {
+                                s.push(' ');
+                            }
+                            s.push_str(t);
+                            let escaped = s.replace(' ', "\u{2581}");
+                            spm::tokenize(self, &escaped, &mut out);
+                        }
+                        Kind::Bpe(split) => bpe::tokenize(self, split, t, &mut out),
+                    }
+                    is_prev_special = false;
+                }
+            }
+        }
+        out
+    }
+
+    /// The bytes a token stands for. Control tokens give nothing unless `special`.
+    pub fn token_bytes(&self, id: i32, special: bool) -> Vec<u8> {
+        let (Some(text), Some(ty)) = (self.token_text(id), self.token_type(id)) else {
+            return Vec::new();
+        };
+        match ty {
+            TokenType::Control if !special => Vec::new(),
+            TokenType::Control | TokenType::Unknown | TokenType::UserDefined => text.as_bytes().to_vec(),
+            TokenType::Normal => match self.kind {
+                Kind::Spm => text.replace('\u{2581}', " ").into_bytes(),
+                Kind::Bpe(_) => bpe::decode_text(text),
+            },
+            TokenType::Byte => match self.kind {
+                Kind::Spm => spm::byte_value(text).map(|b| vec![b]).unwrap_or_default(),
+                Kind::Bpe(_) => bpe::decode_text(text),
+            },
+            TokenType::Unused | TokenType::Undefined => Vec::new(),
+        }
+    }
+
+    /// The text of `ids`, control tokens skipped; invalid UTF-8 is replaced.
+    pub fn decode(&self, ids: &[i32]) -> String {
+        self.decode_with(ids, false)
+    }
+
+    /// [`Tokenizer::decode`], rendering control tokens when `special`.
+    pub fn decode_with(&self, ids: &[i32], special: bool) -> String {
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id, special)).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The prompt text of a conversation, ending with the model's turn opener.
+    pub fn apply_chat(&self, messages: &[Message]) -> Result<String> {
+        self.chat.apply(messages)
+    }
+
+    /// [`Tokenizer::apply_chat`] tokenized, with a BOS if the model wants one.
+    pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<i32>> {
+        Ok(self.encode(&self.apply_chat(messages)?, self.add_bos))
+    }
+
+    /// llama.cpp's `tokenizer_st_partition`: special tokens, longest first, cut out of the text.
+    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+        let mut frags = if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![Fragment::Text(text)]
+        };
+        for &id in &self.specials {
+            let ty = self.types[id as usize];
+            if !parse_special && matches!(ty, TokenType::Control | TokenType::Unknown) {
+                continue;
+            }
+            let needle = self.tokens[id as usize].as_str();
+            if needle.is_empty()
+                || !frags
+                    .iter()
+                    .any(|f| matches!(f, Fragment::Text(t) if t.contains(needle)))
+            {
+                continue;
+            }
+            let mut next = Vec::with_capacity(frags.len() + 2);
+            for f in frags {
+                match f {
+                    Fragment::Text(mut t) => {
+                        while let Some(at) = t.find(needle) {
+                            if at > 0 {
+                                next.push(Fragment::Text(&t[..at]));
+                            }
+                            next.push(Fragment::Token(id));
+                            t = &t[at + needle.len()..];
+                        }
+                        if !t.is_empty() {
+                            next.push(Fragment::Text(t));
+                        }
+                    }
+                    token => next.push(token),
+                }
+            }
+            frags = next;
+        }
+        frags
+    }
+}
+
+enum Fragment<'t> {
+    Text(&'t str),
+    Token(i32),
+}

@@ -1,0 +1,113 @@
+//! Ids against llama.cpp itself: `data/llama_cpp_goldens.json` was written by llama.cpp's
+//! `llama-tokenize` (see `data/gen_goldens.py`) for both real vocabularies, over plain text,
+//! whitespace runs, digits, contractions, many scripts, emoji, byte fallback and special tokens
+//! (parsed and not parsed).
+
+use gguf::GgufFile;
+use tokenizer::{ChatTemplate, Message, Tokenizer};
+
+fn tokenizer(name: &str) -> Tokenizer {
+    let path = gguf::models::ensure(name).unwrap();
+    Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap()
+}
+
+fn check_goldens(name: &str) {
+    let tok = tokenizer(name);
+    let all: serde_json::Value = serde_json::from_str(include_str!("data/llama_cpp_goldens.json")).unwrap();
+    let cases = all[name].as_array().unwrap();
+    assert!(cases.len() > 40);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let parse_special = case["parseSpecial"].as_bool().unwrap();
+        let want: Vec<i32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap() as i32)
+            .collect();
+        let got = tok.encode_with(text, false, parse_special);
+        if got != want {
+            failures.push(format!(
+                "{text:?} (parse_special {parse_special}):\n  got  {got:?}\n  want {want:?}"
+            ));
+        }
+        // Decoding gives the text back (control tokens rendered when they were parsed).
+        assert_eq!(tok.decode_with(&got, true), text, "round trip of {text:?}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{name}: {} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gemma3_matches_llama_cpp() {
+    check_goldens("gemma3-270m");
+}
+
+#[test]
+fn smollm2_matches_llama_cpp() {
+    check_goldens("smollm2-135m");
+}
+
+#[test]
+fn gemma3_specials_bos_eos_and_chat() {
+    let tok = tokenizer("gemma3-270m");
+    assert_eq!((tok.bos(), tok.eos(), tok.eot()), (Some(2), Some(1), Some(106)));
+    assert!(tok.add_bos_default());
+    assert_eq!(tok.token_id("<start_of_turn>"), Some(105));
+    assert_eq!(
+        tok.encode("The capital of France is", true),
+        vec![2, 818, 5279, 529, 7001, 563]
+    );
+    assert_eq!(tok.chat_template(), &ChatTemplate::Gemma);
+    let prompt = tok.apply_chat(&[Message::user("Hi")]).unwrap();
+    assert_eq!(prompt, "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+    let ids = tok
+        .encode_chat(&[Message::system("Be brief."), Message::user("  Hi  ")])
+        .unwrap();
+    assert_eq!(
+        tok.decode_with(&ids, true),
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+    assert_eq!(&ids[..2], &[2, 105]);
+    // Control tokens are hidden from plain decoding.
+    assert_eq!(tok.decode(&ids), "user\nBe brief.\n\nHi\nmodel\n");
+    assert!(tok.apply_chat(&[Message::assistant("x")]).is_err());
+}
+
+#[test]
+fn smollm2_specials_bos_eos_and_chat() {
+    let tok = tokenizer("smollm2-135m");
+    assert_eq!((tok.bos(), tok.eos(), tok.eot()), (Some(1), Some(2), Some(2)));
+    assert!(!tok.add_bos_default());
+    // The seed's prompt: "The capital of France is" → 504, 3575, 282, 4649, 314 (no BOS).
+    assert_eq!(
+        tok.encode("The capital of France is", false),
+        vec![504, 3575, 282, 4649, 314]
+    );
+    let sys = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    assert_eq!(
+        tok.chat_template(),
+        &ChatTemplate::ChatMl {
+            default_system: Some(sys.into())
+        }
+    );
+    let prompt = tok.apply_chat(&[Message::user("Hi")]).unwrap();
+    assert_eq!(
+        prompt,
+        format!("<|im_start|>system\n{sys}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    );
+    let prompt = tok.apply_chat(&[Message::system("S"), Message::user("Hi")]).unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = tok.encode_chat(&[Message::system("S"), Message::user("Hi")]).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(&ids[ids.len() - 3..], &[1, 520, 9531, 198][1..]);
+    assert_eq!(tok.stop_tokens(), vec![2]);
+}
