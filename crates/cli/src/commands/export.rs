@@ -44,6 +44,10 @@ pub struct ExportArgs {
     /// Declare weights as bf16 instead of packed i32 pairs (CPU only: IREE 3.13 Vulkan miscompiles bf16).
     #[arg(long)]
     bf16_weights: bool,
+    /// An extra `iree-compile` flag for every module (repeatable), e.g.
+    /// `--compile-flag=--iree-opt-const-expr-hoisting=false`.
+    #[arg(long = "compile-flag", allow_hyphen_values = true)]
+    compile_flags: Vec<String>,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
