@@ -89,15 +89,53 @@ macro_rules! with_redecode {
     };
 }
 
+/// `--cpu`: the CPU the IREE CPU modules are compiled for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum CpuChoice {
+    /// Any x86-64 / the portable baseline (artifacts that travel).
+    #[default]
+    Generic,
+    /// AVX2 + FMA (this kind of machine; faster).
+    #[value(name = "x86-64-v3")]
+    X86_64V3,
+}
+
+impl CpuChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuChoice::Generic => "generic",
+            CpuChoice::X86_64V3 => "x86-64-v3",
+        }
+    }
+}
+
 /// Where the model and its compiled artifacts are.
 pub struct ModelSource {
-    /// `--model` as given (a fixture name or a directory).
+    /// `--model` as given (a real model, a fixture name or a directory).
     pub model: String,
     /// `--artifacts`: an exported artifact directory for the IREE backends.
     pub artifacts: Option<PathBuf>,
+    /// `--cpu` for a CPU export made on demand.
+    pub cpu: CpuChoice,
+    /// `SEQ` of the redecode graphs of an export made on demand (`None`: the prefill's).
+    pub redecode_seq: Option<usize>,
 }
 
 impl ModelSource {
+    pub fn new(model: &str, artifacts: Option<PathBuf>) -> Self {
+        ModelSource {
+            model: model.into(),
+            artifacts,
+            cpu: CpuChoice::Generic,
+            redecode_seq: None,
+        }
+    }
+
+    pub fn with_cpu(mut self, cpu: CpuChoice) -> Self {
+        self.cpu = cpu;
+        self
+    }
+
     /// The directory with the weights and `architecture` (the reference reads it).
     pub fn model_dir(&self) -> Result<PathBuf> {
         match (&self.artifacts, crate::model::resolve(&self.model)) {
@@ -115,28 +153,90 @@ impl ModelSource {
             return Ok(dir.clone());
         }
         let dir = crate::model::resolve(&self.model)?;
-        let family = if device == "vulkan" { "vulkan" } else { "llvm-cpu" };
-        if kv_core::Manifest::load(&dir).is_ok_and(|m| m.modules.keys().any(|k| k.starts_with(family))) {
-            return Ok(dir);
-        }
         let target = if device == "vulkan" {
             export::Target::vulkan()
         } else {
-            export::Target::cpu()
+            export::Target::Cpu {
+                cpu: self.cpu.name().into(),
+            }
         };
-        eprintln!(
-            "skainet-kv: exporting {} for {} (cached under {})",
-            self.model,
-            target.key(),
-            export::cache_root().display()
-        );
+        if self.redecode_seq.is_none()
+            && kv_core::Manifest::load(&dir).is_ok_and(|m| m.modules.contains_key(&target.key()))
+        {
+            return Ok(dir);
+        }
         let model = if fixtures::Fixture::is_fixture_name(&self.model) {
             self.model.clone()
         } else {
             dir.display().to_string()
         };
+        // Real models: the runtime settings (bf16 CPU weights, no hoisting) and a redecode graph
+        // that fits a prompt (SEQ 1024 would time padding); `--redecode-seq` chooses another.
+        let redecode_seq = match (self.redecode_seq, crate::model::is_real_model(&self.model)) {
+            (Some(seq), _) => Some(seq),
+            (None, true) => Some(REAL_MODEL_REDECODE_SEQ),
+            (None, false) => None,
+        };
+        if let Some(seq) = redecode_seq {
+            return export_runtime(&self.model, &model, &dir, &target, seq);
+        }
+        let cached = export::cache_root()
+            .join(format!("{}-{}-Shared", model.replace([':', '/'], "-"), target.key()).to_lowercase());
+        if !cached.join(kv_core::manifest::MANIFEST_FILE).is_file() {
+            eprintln!(
+                "skainet-kv: exporting {} for {} (once; cached under {})",
+                self.model,
+                target.key(),
+                export::cache_root().display()
+            );
+        }
         Ok(export::cached_export(&model, &target, export::Layout::Shared)?)
     }
+}
+
+/// The redecode graph's SEQ of a real model's on-demand export: a prompt + 16 new tokens fit.
+pub const REAL_MODEL_REDECODE_SEQ: usize = 128;
+
+/// An export with the runtime settings of [`export::runtime_options`] whose redecode graphs
+/// have their own `SEQ` (real models; bench's redecode comparison), cached under
+/// `<cache>/artifacts/<model>-<target>-rd<SEQ>`, keyed by the source manifest, the weights'
+/// size and mtime, and the compiler.
+#[cfg(feature = "iree")]
+fn export_runtime(name: &str, model: &str, dir: &Path, target: &export::Target, seq: usize) -> Result<PathBuf> {
+    let out =
+        export::cache_root().join(format!("{}-{}-rd{seq}", name.replace([':', '/'], "-"), target.key()).to_lowercase());
+    let manifest_text = std::fs::read_to_string(dir.join(kv_core::manifest::MANIFEST_FILE))?;
+    let weights = kv_core::Manifest::load(dir)?
+        .weights_file()
+        .map(|w| dir.join(w))
+        .and_then(|w| std::fs::metadata(w).ok())
+        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
+        .unwrap_or_default();
+    let stamp_text = format!("{manifest_text}\n{weights}\n{}\n", export::COMPILER_VERSION);
+    let stamp = out.join("cli-source.stamp");
+    if out.join(kv_core::manifest::MANIFEST_FILE).is_file()
+        && std::fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text)
+    {
+        return Ok(out);
+    }
+    eprintln!(
+        "skainet-kv: exporting {name} for {} with redecode SEQ {seq} (once; cached in {})",
+        target.key(),
+        out.display()
+    );
+    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let options = export::ExportOptions {
+        targets: vec![target.clone()],
+        redecode_seq: Some(seq),
+        layout: export::Layout::Shared,
+        ..export::runtime_options(target)
+    };
+    export::export_artifacts(&export::Source::parse(model), &tmp, &options)?;
+    std::fs::write(tmp.join("cli-source.stamp"), &stamp_text)?;
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::rename(&tmp, &out)?;
+    Ok(out)
 }
 
 pub fn open_reference(dir: &Path) -> Result<std::sync::Arc<ReferenceModel>> {

@@ -5,6 +5,7 @@ mod backends;
 mod commands;
 mod model;
 mod report;
+mod text;
 
 use std::process::ExitCode;
 
@@ -25,10 +26,15 @@ struct Cli {
 enum Command {
     /// Prefill a shared prefix once, snapshot it, answer three utterances; print ids and timings.
     Demo(commands::demo::DemoArgs),
-    /// Restore-free one-shot: prefill `--prefix-ids`, feed `--ids` in chunks, decode greedily.
+    /// Greedy text or ids: prefill the prompt (`--prompt`, `--chat`, `--ids`) and decode; with
+    /// `--prefix-ids`, prefill that prefix and feed the prompt in chunk calls.
     Generate(commands::generate::GenerateArgs),
     /// The redecode session: one fixed-length graph re-run per token.
     Redecode(commands::redecode::RedecodeArgs),
+    /// Print a real model's token ids for a text.
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Run two backends in lockstep on one context; report where tokens and K/V part ways.
+    Diverge(commands::diverge::DivergeArgs),
     /// Print a model's manifest summary.
     Inspect(commands::inspect::InspectArgs),
     /// Emit the contract graphs as StableHLO and compile them for CPU and Vulkan.
@@ -58,6 +64,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Redecode(args) => commands::redecode::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Diverge(args) => commands::diverge::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         #[cfg(feature = "iree")]
         Command::Export(args) => commands::export::run(args),

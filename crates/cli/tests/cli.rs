@@ -89,7 +89,7 @@ fn redecode_prints_ids() {
 #[test]
 fn errors_are_one_line_and_fail() {
     let cases: &[(&[&str], &str)] = &[
-        (&["demo", "--model", "no-such-model"], "neither a fixture name"),
+        (&["demo", "--model", "no-such-model"], "neither a real model"),
         (&["demo", "--model", "tiny-gpt:1"], "unknown fixture family"),
         (
             &[

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
-use kv_core::{KvBackend, KvDecoder, KvSpec};
+use kv_core::{KvBackend, KvDecoder, KvSpec, RedecodeBackend, RedecodeDecoder};
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, ModelSource, RuleChoice};
+use crate::backends::{self, BackendChoice, CpuChoice, ModelSource, RuleChoice};
 use crate::commands::demo::demo_prefix;
 use crate::report::ms;
 
@@ -20,9 +20,13 @@ pub struct BenchArgs {
     model: String,
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
-    /// The shared prefix length (capped by the model's context).
-    #[arg(long, default_value_t = 200)]
-    prefix_tokens: usize,
+    /// The CPU an on-demand CPU export is compiled for (its own cache entry).
+    #[arg(long, value_enum, default_value = "generic")]
+    cpu: CpuChoice,
+    /// The shared prefix length (capped by the model's context; default 843 for real models,
+    /// 200 for fixtures).
+    #[arg(long)]
+    prefix_tokens: Option<usize>,
     /// Utterances of 7–12 tokens, each restored, chunked and decoded.
     #[arg(long, default_value_t = 8)]
     utterances: usize,
@@ -31,6 +35,13 @@ pub struct BenchArgs {
     /// Repetitions of the prefix prefill and of the whole utterance set.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// Also run the same utterances through the redecode session and report the speed ratio.
+    #[arg(long)]
+    redecode: bool,
+    /// SEQ of the redecode graph (IREE: of the export made on demand; default 128 for real
+    /// models, else the manifest's).
+    #[arg(long)]
+    redecode_seq: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -56,6 +67,21 @@ struct BenchReport {
     utterance_p50_ms: f64,
     utterance_max_ms: f64,
     utterances_timed: usize,
+    peak_rss_mb: Option<f64>,
+    /// Utterance time over ids generated (restore + chunks + steps).
+    kv_ms_per_generated_token: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redecode: Option<RedecodeReport>,
+}
+
+#[derive(Serialize)]
+struct RedecodeReport {
+    seq: usize,
+    /// Median over utterances of the utterance's time over the ids it generated.
+    ms_per_token: f64,
+    utterance_p50_ms: f64,
+    /// `ms_per_token` over the KV session's `kv_ms_per_generated_token`, same run.
+    kv_speedup: f64,
     peak_rss_mb: Option<f64>,
 }
 
@@ -103,7 +129,7 @@ fn restore_median<B: KvBackend>(decoder: &mut KvDecoder<B>, prefix: &[i32]) -> R
 fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<BenchReport> {
     let spec = backend.spec().clone();
     let name = backend.name();
-    let long = args.prefix_tokens.clamp(2, spec.max_positions / 2);
+    let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
     let short = (long / 8).max(1);
     let prefix = demo_prefix(&spec, long);
     let mut decoder = KvDecoder::new(backend);
@@ -125,7 +151,7 @@ fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<B
         Some(s) => s,
         None => decoder.prefill_prefix(&prefix)?,
     };
-    let (mut chunk, mut decode, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut chunk, mut decode, mut totals, mut per_token) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeat.max(1) {
         for i in 0..args.utterances {
             let g = decoder.generate(&snapshot, &utterance(&spec, i), None, args.max_new)?;
@@ -135,6 +161,7 @@ fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<B
                 decode.push(ms(t.decode) / t.decode_tokens as f64);
             }
             totals.push(ms(t.total()));
+            per_token.push(ms(t.total()) / g.ids.len().max(1) as f64);
         }
     }
     let max = totals.iter().cloned().fold(0.0, f64::max);
@@ -151,16 +178,68 @@ fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<B
         utterance_p50_ms: median(totals),
         utterance_max_ms: max,
         peak_rss_mb: peak_rss_mb(),
+        kv_ms_per_generated_token: median(per_token),
+        redecode: None,
     })
 }
 
+fn prefix_tokens(args: &BenchArgs) -> usize {
+    args.prefix_tokens
+        .unwrap_or(if crate::model::is_real_model(&args.model) {
+            843
+        } else {
+            200
+        })
+}
+
+/// The same utterances, each a whole prompt of the redecode session (the prefix does not fit a
+/// redecode graph sized for an utterance; that is the point of the KV session).
+fn bench_redecode<B: RedecodeBackend>(
+    backend: B,
+    spec: &KvSpec,
+    args: &BenchArgs,
+) -> Result<(usize, Vec<f64>, Vec<f64>)> {
+    let seq = backend.seq();
+    let mut decoder = RedecodeDecoder::new(backend);
+    let (mut per_token, mut totals) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(1) {
+        for i in 0..args.utterances {
+            let t = Instant::now();
+            let ids = decoder.generate(&utterance(spec, i), None, args.max_new)?;
+            let elapsed = ms(t.elapsed());
+            totals.push(elapsed);
+            per_token.push(elapsed / ids.len().max(1) as f64);
+        }
+    }
+    Ok((seq, per_token, totals))
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
-    let source = ModelSource {
-        model: args.model.clone(),
-        artifacts: args.artifacts.clone(),
-    };
+    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
+    let is_reference = args.backend == BackendChoice::Reference;
+    if !is_reference {
+        source.redecode_seq = args.redecode_seq;
+    }
     let (backend, open) = backends::open_kv(args.backend, &source, RuleChoice::Exact)?;
-    let report = crate::with_backend!(backend, b => bench(b, &args, open)?);
+    let spec = crate::with_backend!(&backend, b => b.spec().clone());
+    let mut report = crate::with_backend!(backend, b => bench(b, &args, open)?);
+    if args.redecode {
+        let seq = match (is_reference, args.redecode_seq) {
+            (true, Some(seq)) => Some(seq),
+            (true, None) if crate::model::is_real_model(&args.model) => Some(backends::REAL_MODEL_REDECODE_SEQ),
+            _ => None,
+        };
+        let redecode = backends::open_redecode(args.backend, &source, seq)?;
+        let (seq, per_token, totals) = crate::with_redecode!(redecode, b => bench_redecode(b, &spec, &args)?);
+        let ms_per_token = median(per_token);
+        report.redecode = Some(RedecodeReport {
+            seq,
+            ms_per_token,
+            utterance_p50_ms: median(totals),
+            kv_speedup: ms_per_token / report.kv_ms_per_generated_token,
+            peak_rss_mb: peak_rss_mb(),
+        });
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
@@ -191,6 +270,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     if let Some(rss) = r.peak_rss_mb {
         println!("  peak RSS                    {rss:>10.1} MB");
+    }
+    println!(
+        "  KV utterance / generated id {:>10.3} ms/token",
+        r.kv_ms_per_generated_token
+    );
+    if let Some(rd) = &r.redecode {
+        println!(
+            "  redecode (SEQ {:>4})         {:>10.3} ms/token  (utterance p50 {:.3} ms)",
+            rd.seq, rd.ms_per_token, rd.utterance_p50_ms
+        );
+        println!("  KV speed-up over redecode   {:>10.2}x", rd.kv_speedup);
+        if let Some(rss) = rd.peak_rss_mb {
+            println!("  peak RSS with redecode      {rss:>10.1} MB");
+        }
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 pub mod bench;
 pub mod demo;
+pub mod diverge;
 #[cfg(feature = "iree")]
 pub mod export;
 pub mod generate;
 pub mod inspect;
 pub mod redecode;
+pub mod tokenize;

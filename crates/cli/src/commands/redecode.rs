@@ -4,8 +4,9 @@ use anyhow::Result;
 use clap::Args;
 use kv_core::RedecodeDecoder;
 
-use crate::backends::{self, BackendChoice, ModelSource};
-use crate::report::{ids_to_string, parse_ids};
+use crate::backends::{self, BackendChoice, CpuChoice, ModelSource};
+use crate::report::ids_to_string;
+use crate::text::PromptArgs;
 
 #[derive(Args)]
 pub struct RedecodeArgs {
@@ -14,13 +15,16 @@ pub struct RedecodeArgs {
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
+    /// The CPU an on-demand CPU export is compiled for (its own cache entry).
+    #[arg(long, value_enum, default_value = "generic")]
+    cpu: CpuChoice,
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The graph length SEQ (default: the manifest's `seq`).
     #[arg(long)]
     seq: Option<usize>,
-    #[arg(long, value_parser = parse_ids, required = true)]
-    ids: Vec<Vec<i32>>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     #[arg(long, default_value_t = 16)]
     max_new: usize,
     #[arg(long)]
@@ -30,15 +34,19 @@ pub struct RedecodeArgs {
 }
 
 pub fn run(args: RedecodeArgs) -> Result<()> {
-    let ids: Vec<i32> = args.ids.concat();
-    let source = ModelSource {
-        model: args.model.clone(),
-        artifacts: args.artifacts.clone(),
-    };
+    let prompt = args.prompt.resolve(&args.model)?;
+    let stops = prompt.stops(args.eos);
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
     let backend = backends::open_redecode(args.backend, &source, args.seq)?;
-    let out = crate::with_redecode!(backend, b => RedecodeDecoder::new(b).generate(&ids, args.eos, args.max_new)?);
+    let mut out = crate::with_redecode!(backend, b => RedecodeDecoder::new(b).generate(&prompt.ids, stops.first().copied(), args.max_new)?);
+    if let Some(cut) = out.iter().position(|id| stops.contains(id)) {
+        out.truncate(cut);
+    }
+    let text = prompt.text(&out);
     if args.json {
-        println!("{}", serde_json::json!({ "ids": out }));
+        println!("{}", serde_json::json!({ "ids": out, "text": text }));
+    } else if let Some(text) = text {
+        println!("{text}");
     } else {
         println!("{}", ids_to_string(&out));
     }

@@ -1,0 +1,64 @@
+//! Prompts as text or ids, and the stop tokens of a model.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use tokenizer::{Message, Tokenizer};
+
+use crate::report::parse_ids;
+
+/// `--prompt TEXT` | `--chat TEXT` | `--ids 1,2,3`: one of them.
+#[derive(Args, Clone, Debug)]
+pub struct PromptArgs {
+    /// Text, tokenized with the model's tokenizer (BOS as its metadata says).
+    #[arg(long, conflicts_with_all = ["chat", "ids"])]
+    pub prompt: Option<String>,
+    /// A user message, wrapped in the model's chat template.
+    #[arg(long, conflicts_with = "ids")]
+    pub chat: Option<String>,
+    /// Token ids (`2,818,5279`), taken as they are.
+    #[arg(long, value_parser = parse_ids)]
+    pub ids: Vec<Vec<i32>>,
+}
+
+/// A prompt's ids, and the tokenizer when the model has one (real models).
+pub struct Prompt {
+    pub ids: Vec<i32>,
+    pub tokenizer: Option<Tokenizer>,
+}
+
+impl PromptArgs {
+    pub fn resolve(&self, model: &str) -> Result<Prompt> {
+        let tokenizer = if crate::model::is_real_model(model) {
+            Some(crate::model::tokenizer(model)?)
+        } else {
+            None
+        };
+        let ids = match (&self.prompt, &self.chat, &tokenizer) {
+            (Some(text), _, Some(tok)) => tok.encode(text, tok.add_bos_default()),
+            (_, Some(text), Some(tok)) => tok.encode_chat(&[Message::user(text.as_str())])?,
+            (Some(_), _, None) | (_, Some(_), None) => bail!(
+                "--prompt / --chat need a real model's tokenizer (gemma3-270m, smollm2-135m); give --ids for {model}"
+            ),
+            (None, None, _) => self.ids.concat(),
+        };
+        if ids.is_empty() {
+            bail!("give a prompt: --prompt TEXT, --chat TEXT or --ids 1,2,3 (non-empty)");
+        }
+        Ok(Prompt { ids, tokenizer })
+    }
+}
+
+impl Prompt {
+    /// `--eos` when given, else the model's stop tokens (EOS, end-of-turn); none for fixtures.
+    pub fn stops(&self, eos: Option<i32>) -> Vec<i32> {
+        match (eos, &self.tokenizer) {
+            (Some(e), _) => vec![e],
+            (None, Some(tok)) => tok.stop_tokens(),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    pub fn text(&self, ids: &[i32]) -> Option<String> {
+        self.tokenizer.as_ref().map(|t| t.decode(ids))
+    }
+}

@@ -1,0 +1,81 @@
+//! `skainet-kv diverge` on a tiny fixture: two identical backends never part ways, and the IREE
+//! CPU backend tracks the reference within the cross-backend tolerance.
+
+use std::process::Command;
+
+fn diverge(backends: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args([
+            "diverge",
+            "--model",
+            "tiny-gemma3:7",
+            "--backends",
+            backends,
+            "--ids",
+            "1,5,9,13,17,21,25,29,33,37,41,45,49,53",
+            "--max-new",
+            "12",
+            "--json",
+        ])
+        .output()
+        .expect("run skainet-kv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{backends}: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn check_report(v: &serde_json::Value, exact: bool) {
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 12, "{v}");
+    for s in steps {
+        assert_eq!(s["token_a"], s["token_b"], "{s}");
+        assert!(s["gap"].as_f64().unwrap() >= 0.0, "the reference has logits: {s}");
+        let layers = s["layers"].as_array().unwrap();
+        assert!(!layers.is_empty());
+        for l in layers {
+            assert!(l["within"].as_bool().unwrap(), "{l}");
+            assert!(l["rows"].as_u64().unwrap() > 0);
+            if exact {
+                assert_eq!(l["k_abs"].as_f64().unwrap(), 0.0, "{l}");
+                assert_eq!(l["v_abs"].as_f64().unwrap(), 0.0, "{l}");
+            }
+        }
+    }
+    assert!(v["first_divergent_step"].is_null(), "{v}");
+    assert!(v["first_layer_out_of_tolerance"].is_null(), "{v}");
+    assert!(v["divergence_at_near_tie"].is_null(), "{v}");
+    // Positions advance one per step after the prompt.
+    assert_eq!(steps[0]["position"], 14);
+    assert_eq!(steps[11]["position"], 25);
+}
+
+#[test]
+fn two_identical_backends_never_diverge() {
+    check_report(&diverge("reference,reference"), true);
+}
+
+#[cfg(feature = "iree")]
+#[test]
+fn iree_cpu_tracks_the_reference() {
+    let v = diverge("reference,iree-cpu");
+    check_report(&v, false);
+    assert!(v["backend_b"].as_str().unwrap().contains("iree"), "{v}");
+}
+
+#[test]
+fn diverge_wants_two_backends() {
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args([
+            "diverge",
+            "--model",
+            "tiny-gemma3:7",
+            "--backends",
+            "reference",
+            "--ids",
+            "1,2",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exactly two"));
+}
