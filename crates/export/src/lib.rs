@@ -27,7 +27,7 @@ mod emit;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, ExportOptions, Layout, Source};
-pub use cache::{cache_root, cached_export};
+pub use cache::{cache_root, cached_export, runtime_options};
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
 
