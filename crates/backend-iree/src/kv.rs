@@ -316,32 +316,8 @@ impl KvBackend for IreeKvBackend {
         );
         inputs.insert("select".into(), self.f32_view(&[1, spec.chunk], &plan.select)?);
         self.kind_inputs(&mut inputs, &plan.kinds, spec.chunk, true)?;
-        let mut firsts = Vec::with_capacity(spec.n_layers);
-        let mut pasts = Vec::with_capacity(spec.n_layers);
-        for (l, cache) in self.layers.iter().enumerate() {
-            let past = plan.kind(spec.layer_kind(l)).past;
-            let (k, v) = Self::tail(cache, past)?;
-            inputs.insert(k_name(l), k);
-            inputs.insert(v_name(l), v);
-            firsts.push(self.position - past);
-            pasts.push(past);
-        }
-        let layer_of = |name: &str| {
-            name.strip_prefix('l')
-                .and_then(|r| r.split('.').next())
-                .and_then(|n| n.parse::<usize>().ok())
-        };
-        let results = self.call(Graph::Chunk, inputs, &|name| match (name, layer_of(name)) {
-            ("token", _) => (vec![1], ElementType::I32),
-            (_, Some(l)) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + spec.chunk),
-            _ => (vec![], ElementType::F32),
-        })?;
-        let token = Self::read_token(&results)?;
-        self.layers = (0..spec.n_layers)
-            .map(|l| Self::kept(&results, l, firsts[l], pasts[l] + spec.chunk, pasts[l] + plan.n))
-            .collect::<Result<_>>()?;
-        self.position += plan.n;
-        Ok(token)
+        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+        self.advance(Graph::Chunk, inputs, &pasts, spec.chunk, plan.n)
     }
 
     fn step(&mut self, token: i32) -> Result<i32> {
@@ -354,32 +330,8 @@ impl KvBackend for IreeKvBackend {
             self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
         );
         self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
-        let mut firsts = Vec::with_capacity(spec.n_layers);
-        let mut pasts = Vec::with_capacity(spec.n_layers);
-        for (l, cache) in self.layers.iter().enumerate() {
-            let past = plan.kind(spec.layer_kind(l)).past;
-            let (k, v) = Self::tail(cache, past)?;
-            inputs.insert(k_name(l), k);
-            inputs.insert(v_name(l), v);
-            firsts.push(self.position - past);
-            pasts.push(past);
-        }
-        let layer_of = |name: &str| {
-            name.strip_prefix('l')
-                .and_then(|r| r.split('.').next())
-                .and_then(|n| n.parse::<usize>().ok())
-        };
-        let results = self.call(Graph::Step, inputs, &|name| match (name, layer_of(name)) {
-            ("token", _) => (vec![1], ElementType::I32),
-            (_, Some(l)) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + 1),
-            _ => (vec![], ElementType::F32),
-        })?;
-        let next = Self::read_token(&results)?;
-        self.layers = (0..spec.n_layers)
-            .map(|l| Self::kept(&results, l, firsts[l], pasts[l] + 1, pasts[l] + 1))
-            .collect::<Result<_>>()?;
-        self.position += 1;
-        Ok(next)
+        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+        self.advance(Graph::Step, inputs, &pasts, 1, 1)
     }
 
     fn snapshot(&self) -> Result<IreeSnapshot> {
@@ -435,6 +387,42 @@ impl KvBackend for IreeKvBackend {
 }
 
 impl IreeKvBackend {
+    /// Runs a with-past graph: hands layer `l` the last `pasts[l]` rows of its cache, calls
+    /// `graph` on `rows` new rows of which `real` are kept, and advances the position by `real`.
+    /// The caches are replaced only after every result checked out.
+    fn advance(
+        &mut self,
+        graph: Graph,
+        mut inputs: HashMap<String, BufferView>,
+        pasts: &[usize],
+        rows: usize,
+        real: usize,
+    ) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        for (l, cache) in self.layers.iter().enumerate() {
+            let (k, v) = Self::tail(cache, pasts[l])?;
+            inputs.insert(k_name(l), k);
+            inputs.insert(v_name(l), v);
+        }
+        let layer_of = |name: &str| {
+            name.strip_prefix('l')
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<usize>().ok())
+        };
+        let results = self.call(graph, inputs, &|name| match (name, layer_of(name)) {
+            ("token", _) => (vec![1], ElementType::I32),
+            (_, Some(l)) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + rows),
+            _ => (vec![], ElementType::F32),
+        })?;
+        let token = Self::read_token(&results)?;
+        let position = self.position;
+        self.layers = (0..spec.n_layers)
+            .map(|l| Self::kept(&results, l, position - pasts[l], pasts[l] + rows, pasts[l] + real))
+            .collect::<Result<_>>()?;
+        self.position += real;
+        Ok(token)
+    }
+
     /// Layer `l`'s new cache from a call's results: the first `keep` of `total` rows (padding
     /// rows of a fixed-size call are dropped by a view).
     fn kept(
