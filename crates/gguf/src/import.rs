@@ -152,33 +152,28 @@ pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Ar
     Ok((spec, architecture))
 }
 
-/// Undoes llama.cpp's `permute` of a `[heads · d, in]` Q or K matrix, in place of a copy.
+/// Undoes llama.cpp's `permute` of a `[heads · d, in]` Q or K matrix.
 pub fn unpermute_rows(weights: &[f32], heads: usize, cols: usize) -> Vec<f32> {
-    let rows = weights.len() / cols;
-    let d = rows / heads;
-    let half = d / 2;
-    let mut out = vec![0.0f32; weights.len()];
-    for h in 0..heads {
-        for j in 0..d {
-            let src = h * d + 2 * (j % half) + j / half;
-            let dst = h * d + j;
-            out[dst * cols..(dst + 1) * cols].copy_from_slice(&weights[src * cols..(src + 1) * cols]);
-        }
-    }
-    out
+    move_rows(weights, heads, cols, |permuted, standard| (permuted, standard))
 }
 
 /// llama.cpp's `permute` (the converter's direction), for tests.
 pub fn permute_rows(weights: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    move_rows(weights, heads, cols, |permuted, standard| (standard, permuted))
+}
+
+/// Copies whole rows between llama.cpp's adjacent-pair order and the split-half order: row
+/// `h·d + 2·(j mod d/2) + j div d/2` of the permuted matrix is row `h·d + j` of the standard one.
+/// `direction(permuted, standard)` returns `(source, destination)`.
+fn move_rows(weights: &[f32], heads: usize, cols: usize, direction: fn(usize, usize) -> (usize, usize)) -> Vec<f32> {
     let rows = weights.len() / cols;
     let d = rows / heads;
     let half = d / 2;
     let mut out = vec![0.0f32; weights.len()];
     for h in 0..heads {
         for j in 0..d {
-            let src = h * d + 2 * (j % half) + j / half;
-            let dst = h * d + j;
-            out[src * cols..(src + 1) * cols].copy_from_slice(&weights[dst * cols..(dst + 1) * cols]);
+            let (src, dst) = direction(h * d + 2 * (j % half) + j / half, h * d + j);
+            out[dst * cols..(dst + 1) * cols].copy_from_slice(&weights[src * cols..(src + 1) * cols]);
         }
     }
     out
