@@ -8,10 +8,6 @@ source scripts/env.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-# One test thread: IREE sessions opened concurrently on several threads of one process
-# intermittently fail with "ref type mismatch" at module init (seen ~1 in 6 runs of the
-# three-session conformance suite; never single-threaded). Tracked as an open bug, not hidden:
-# see the closing note and docs/benchmarks.md.
-RUST_TEST_THREADS=1 cargo test --workspace
+cargo test --workspace
 ./scripts/test-jni.sh
 ./scripts/test-arm.sh

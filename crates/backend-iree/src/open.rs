@@ -84,18 +84,6 @@ fn target_for(manifest: &Manifest, options: &IreeOptions) -> Result<String> {
         })
 }
 
-/// One IREE instance per process, as IREE intends: sessions created concurrently on instances of
-/// their own intermittently failed module initialisation with "ref type mismatch" (seen with the
-/// three-session layout under parallel tests).
-fn shared_instance() -> Result<Instance> {
-    static INSTANCE: std::sync::OnceLock<Instance> = std::sync::OnceLock::new();
-    if let Some(instance) = INSTANCE.get() {
-        return Ok(instance.clone());
-    }
-    let instance = Instance::new().map_err(iree_err("create instance"))?;
-    Ok(INSTANCE.get_or_init(|| instance).clone())
-}
-
 /// Argument count of a VM calling convention such as `0rrr_rr`.
 fn arg_count(convention: &str) -> usize {
     convention
@@ -132,7 +120,7 @@ pub fn declared_input_dims(function: &Function, index: usize) -> Option<Vec<Opti
 
 pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], options: &IreeOptions) -> Result<Opened> {
     let target = target_for(manifest, options)?;
-    let instance = shared_instance()?;
+    let instance = Instance::shared().map_err(iree_err("create instance"))?;
     let device = match (options.device.as_str(), options.workers) {
         ("local-task", Some(workers)) => Device::open_local_task(&instance, workers),
         (name, _) => Device::open(&instance, name),

@@ -1,5 +1,5 @@
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use iree_runtime_sys as sys;
 
@@ -32,8 +32,29 @@ impl Drop for InstanceInner {
 }
 
 impl Instance {
-    /// Creates an instance with every HAL driver compiled into the runtime registered.
-    pub fn new() -> Result<Instance> {
+    /// The process-wide instance, created on first use with every HAL driver compiled into the
+    /// runtime registered.
+    ///
+    /// There is deliberately no way to make a second one. Creating an IREE instance registers
+    /// the HAL's VM types, and registration writes process-global type ids (first zeroing them,
+    /// `iree_vm_instance_register_type`): a call running on another thread at that moment sees
+    /// a zero id and fails with "ref type mismatch" (reproduced in a few milliseconds by
+    /// creating instances in a loop beside a session making calls). One instance per process,
+    /// created under a lock, keeps every later session, on any thread, safe.
+    pub fn shared() -> Result<Instance> {
+        static SHARED: Mutex<Option<Instance>> = Mutex::new(None);
+        // A poisoned lock only means another thread panicked while holding it; the slot is
+        // either empty or holds a complete instance, both of which are fine to use.
+        let mut slot = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(instance) = slot.as_ref() {
+            return Ok(instance.clone());
+        }
+        let instance = Instance::create()?;
+        *slot = Some(instance.clone());
+        Ok(instance)
+    }
+
+    fn create() -> Result<Instance> {
         let mut options = sys::iree_runtime_instance_options_t::default();
         let mut raw = std::ptr::null_mut();
         // SAFETY: `options` is initialized by the first call before use; `raw` receives a new
@@ -48,6 +69,11 @@ impl Instance {
         Ok(Instance {
             inner: Arc::new(InstanceInner { raw }),
         })
+    }
+
+    /// Whether both handles are the same IREE instance.
+    pub fn same_as(&self, other: &Instance) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::iree_runtime_instance_t {

@@ -6,130 +6,10 @@
 //! Needs the project tools: `source scripts/env.sh` (or `scripts/setup.sh` once). Missing tools
 //! fail the tests with a message; nothing is skipped.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+mod common;
 
-use iree_runtime::{BufferView, Device, ElementType, Error, Instance, Session};
-
-const MODULE: &str = r#"
-module @module {
-  util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<4xf32>
-  func.func @forward(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
-    %w = util.global.load @w : tensor<4xf32>
-    %0 = stablehlo.multiply %x, %w : tensor<4xf32>
-    %1 = stablehlo.add %0, %y : tensor<4xf32>
-    return %1 : tensor<4xf32>
-  }
-  func.func @double_dynamic(%x: tensor<?xf32>) -> tensor<?xf32> {
-    %0 = stablehlo.add %x, %x : tensor<?xf32>
-    return %0 : tensor<?xf32>
-  }
-  func.func @double_kv(%x: tensor<1x2x5x3xf32>) -> tensor<1x2x5x3xf32> {
-    %0 = stablehlo.add %x, %x : tensor<1x2x5x3xf32>
-    return %0 : tensor<1x2x5x3xf32>
-  }
-  func.func @increment(%x: tensor<3xi32>) -> tensor<3xi32> {
-    %c = stablehlo.constant dense<1> : tensor<3xi32>
-    %0 = stablehlo.add %x, %c : tensor<3xi32>
-    return %0 : tensor<3xi32>
-  }
-}
-"#;
-
-/// The parameter `model::w` stored in the archive.
-const W: [f32; 4] = [1.5, -2.0, 0.25, 4.0];
-
-struct Fixture {
-    cpu_vmfb: PathBuf,
-    vulkan_vmfb: PathBuf,
-    irpa: PathBuf,
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `name` on PATH, else in `<workspace>/.tools/venv/bin`; panics with what to do otherwise.
-fn tool(name: &str) -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
-        .unwrap_or_default();
-    let local = workspace_root().join(".tools/venv/bin").join(name);
-    on_path.or_else(|| local.is_file().then_some(local)).unwrap_or_else(|| {
-        panic!(
-            "`{name}` not found on PATH nor in .tools/venv/bin: run scripts/setup.sh and \
-             `source scripts/env.sh` (these tests compile their module with the IREE tools)"
-        )
-    })
-}
-
-fn run(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-fn fixture() -> &'static Fixture {
-    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-    FIXTURE.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("iree-runtime-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mlir = dir.join("module.mlir");
-        std::fs::write(&mlir, MODULE).unwrap();
-        let compile = |out: &Path, target: &[&str]| {
-            run(Command::new(tool("iree-compile"))
-                .arg("--iree-input-type=stablehlo")
-                .args(target)
-                .arg(&mlir)
-                .arg("-o")
-                .arg(out));
-        };
-        let fixture = Fixture {
-            cpu_vmfb: dir.join("module-cpu.vmfb"),
-            vulkan_vmfb: dir.join("module-vulkan.vmfb"),
-            irpa: dir.join("params.irpa"),
-        };
-        compile(
-            &fixture.cpu_vmfb,
-            &[
-                "--iree-hal-target-device=local",
-                "--iree-hal-local-target-device-backends=llvm-cpu",
-                "--iree-llvmcpu-target-cpu=generic",
-            ],
-        );
-        compile(&fixture.vulkan_vmfb, &["--iree-hal-target-device=vulkan"]);
-        let script = format!(
-            "import iree.runtime as rt, numpy as np, sys; \
-             rt.save_archive_file({{'w': np.array({W:?}, dtype=np.float32)}}, sys.argv[1])"
-        );
-        run(Command::new(tool("python")).arg("-c").arg(script).arg(&fixture.irpa));
-        fixture
-    })
-}
-
-fn instance() -> &'static Instance {
-    static INSTANCE: OnceLock<Instance> = OnceLock::new();
-    INSTANCE.get_or_init(|| Instance::new().expect("create instance"))
-}
-
-fn vmfb_for(device: &str) -> &'static Path {
-    match device {
-        "vulkan" => &fixture().vulkan_vmfb,
-        _ => &fixture().cpu_vmfb,
-    }
-}
-
-fn open_session(device_name: &str) -> Session {
-    let device = Device::open(instance(), device_name).expect("open device");
-    Session::open(&device, vmfb_for(device_name), &[("model", &fixture().irpa)]).expect("open session")
-}
+use common::{assert_close, fixture, instance, open_session, W};
+use iree_runtime::{BufferView, Device, ElementType, Error, Session};
 
 /// Expands each test function of a device name into one `#[test]` per device.
 macro_rules! device_tests {
@@ -149,23 +29,6 @@ device_tests!(
     functions_share_one_session,
     missing_function_is_named,
 );
-
-#[track_caller]
-fn assert_close(actual: &[f32], expected: &[f32]) {
-    assert_eq!(
-        actual.len(),
-        expected.len(),
-        "lengths differ: {actual:?} vs {expected:?}"
-    );
-    let bad: Vec<_> = actual
-        .iter()
-        .zip(expected)
-        .enumerate()
-        .filter(|(_, (a, e))| (**a - **e).abs() > 1e-6 * e.abs().max(1.0))
-        .take(5)
-        .collect();
-    assert!(bad.is_empty(), "first mismatches (index, (actual, expected)): {bad:?}");
-}
 
 fn forward_uses_parameter(device_name: &str) {
     let mut session = open_session(device_name);
@@ -296,7 +159,7 @@ fn missing_function_is_named(device_name: &str) {
 
 #[test]
 fn unknown_device_lists_valid_names() {
-    let err = Device::open(instance(), "cuda").unwrap_err();
+    let err = Device::open(&instance(), "cuda").unwrap_err();
     let message = err.to_string();
     assert!(matches!(err, Error::UnknownDevice { .. }), "{err:?}");
     for name in ["cuda", "local-task", "local-sync", "vulkan"] {
@@ -306,7 +169,7 @@ fn unknown_device_lists_valid_names() {
 
 #[test]
 fn missing_parameter_file_is_an_error() {
-    let device = Device::open(instance(), "local-sync").unwrap();
+    let device = Device::open(&instance(), "local-sync").unwrap();
     let missing = fixture().irpa.with_file_name("absent.irpa");
     let err = Session::open(&device, &fixture().cpu_vmfb, &[("model", &missing)]).unwrap_err();
     assert!(err.to_string().contains("absent.irpa"), "{err}");
@@ -314,7 +177,7 @@ fn missing_parameter_file_is_an_error() {
 
 #[test]
 fn missing_vmfb_is_an_error() {
-    let device = Device::open(instance(), "local-sync").unwrap();
+    let device = Device::open(&instance(), "local-sync").unwrap();
     let missing = fixture().cpu_vmfb.with_file_name("absent.vmfb");
     let err = Session::open(&device, &missing, &[("model", &fixture().irpa)]).unwrap_err();
     assert!(err.to_string().contains("absent.vmfb"), "{err}");
@@ -322,7 +185,7 @@ fn missing_vmfb_is_an_error() {
 
 #[test]
 fn garbage_vmfb_reports_iree_message() {
-    let device = Device::open(instance(), "local-sync").unwrap();
+    let device = Device::open(&instance(), "local-sync").unwrap();
     let garbage = fixture().irpa.with_file_name("garbage.vmfb");
     std::fs::write(&garbage, b"not a flatbuffer at all").unwrap();
     let err = Session::open(&device, &garbage, &[("model", &fixture().irpa)]).unwrap_err();
@@ -333,14 +196,14 @@ fn garbage_vmfb_reports_iree_message() {
 #[test]
 fn missing_parameter_module_is_an_error() {
     // The module imports io_parameters: without parameters the session cannot be made.
-    let device = Device::open(instance(), "local-sync").unwrap();
+    let device = Device::open(&instance(), "local-sync").unwrap();
     let err = Session::open(&device, &fixture().cpu_vmfb, &[]).unwrap_err();
     assert!(matches!(err, Error::Iree { .. }), "{err:?}");
 }
 
 #[test]
 fn shape_and_data_must_agree() {
-    let device = Device::open(instance(), "local-sync").unwrap();
+    let device = Device::open(&instance(), "local-sync").unwrap();
     let err = BufferView::from_f32(&device, &[2, 3], &[0.0; 5]).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
 }
@@ -348,7 +211,7 @@ fn shape_and_data_must_agree() {
 #[test]
 fn local_task_with_explicit_workers() {
     for workers in [1, 2] {
-        let device = Device::open_local_task(instance(), workers).unwrap();
+        let device = Device::open_local_task(&instance(), workers).unwrap();
         let mut session = Session::open(&device, &fixture().cpu_vmfb, &[("model", &fixture().irpa)]).unwrap();
         let x = BufferView::from_f32(&device, &[4], &[1.0; 4]).unwrap();
         let y = BufferView::from_f32(&device, &[4], &[0.0; 4]).unwrap();
