@@ -170,19 +170,20 @@ impl ModelSource {
         } else {
             dir.display().to_string()
         };
-        // Real models: the runtime settings (bf16 CPU weights, no hoisting) and a redecode graph
-        // that fits a prompt (SEQ 1024 would time padding); `--redecode-seq` chooses another.
+        // The runtime settings (bf16 CPU weights, packed Vulkan weights); real models get a
+        // redecode graph that fits a prompt (SEQ 1024 would time padding); `--redecode-seq`
+        // chooses another.
         let redecode_seq = match (self.redecode_seq, crate::model::is_real_model(&self.model)) {
             (Some(seq), _) => Some(seq),
             (None, true) => Some(REAL_MODEL_REDECODE_SEQ),
             (None, false) => None,
         };
-        if let Some(seq) = redecode_seq {
-            return export_runtime(&self.model, &model, &dir, &target, seq);
-        }
-        let cached = export::cache_root()
-            .join(format!("{}-{}-Shared", model.replace([':', '/'], "-"), target.key()).to_lowercase());
-        if !cached.join(kv_core::manifest::MANIFEST_FILE).is_file() {
+        let options = export::ExportOptions {
+            targets: vec![target.clone()],
+            redecode_seq,
+            ..export::runtime_options(&target)
+        };
+        if !export::is_cached(&model, &options)? {
             eprintln!(
                 "skainet-kv: exporting {} for {} (once; cached under {})",
                 self.model,
@@ -190,54 +191,12 @@ impl ModelSource {
                 export::cache_root().display()
             );
         }
-        Ok(export::cached_export(&model, &target, export::Layout::Shared)?)
+        Ok(export::cached_export_with(&model, &options)?)
     }
 }
 
 /// The redecode graph's SEQ of a real model's on-demand export: a prompt + 16 new tokens fit.
 pub const REAL_MODEL_REDECODE_SEQ: usize = 128;
-
-/// An export with the runtime settings of [`export::runtime_options`] whose redecode graphs
-/// have their own `SEQ` (real models; bench's redecode comparison), cached under
-/// `<cache>/artifacts/<model>-<target>-rd<SEQ>`, keyed by the source manifest, the weights'
-/// size and mtime, and the compiler.
-#[cfg(feature = "iree")]
-fn export_runtime(name: &str, model: &str, dir: &Path, target: &export::Target, seq: usize) -> Result<PathBuf> {
-    let out =
-        export::cache_root().join(format!("{}-{}-rd{seq}", name.replace([':', '/'], "-"), target.key()).to_lowercase());
-    let manifest_text = std::fs::read_to_string(dir.join(kv_core::manifest::MANIFEST_FILE))?;
-    let weights = kv_core::Manifest::load(dir)?
-        .weights_file()
-        .map(|w| dir.join(w))
-        .and_then(|w| std::fs::metadata(w).ok())
-        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
-        .unwrap_or_default();
-    let stamp_text = format!("{manifest_text}\n{weights}\n{}\n", export::COMPILER_VERSION);
-    let stamp = out.join("cli-source.stamp");
-    if out.join(kv_core::manifest::MANIFEST_FILE).is_file()
-        && std::fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text)
-    {
-        return Ok(out);
-    }
-    eprintln!(
-        "skainet-kv: exporting {name} for {} with redecode SEQ {seq} (once; cached in {})",
-        target.key(),
-        out.display()
-    );
-    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let options = export::ExportOptions {
-        targets: vec![target.clone()],
-        redecode_seq: Some(seq),
-        layout: export::Layout::Shared,
-        ..export::runtime_options(target)
-    };
-    export::export_artifacts(&export::Source::parse(model), &tmp, &options)?;
-    std::fs::write(tmp.join("cli-source.stamp"), &stamp_text)?;
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::rename(&tmp, &out)?;
-    Ok(out)
-}
 
 pub fn open_reference(dir: &Path) -> Result<std::sync::Arc<ReferenceModel>> {
     ReferenceModel::open(dir).with_context(|| format!("opening {}", dir.display()))

@@ -13,7 +13,7 @@ use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source
 const FINGERPRINT_FILE: &str = "source.fingerprint";
 
 /// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
-const EMITTER_REVISION: u32 = 2;
+const EMITTER_REVISION: u32 = 3;
 
 /// A hash of the source manifest and weights (contents up to 64 MiB, length and mtime beyond).
 fn source_fingerprint(model: &str) -> Result<String> {
@@ -42,17 +42,16 @@ fn source_fingerprint(model: &str) -> Result<String> {
 }
 
 /// The export settings that run best on `target`, measured on FunctionGemma-270M's geometry
-/// (docs/benchmarks.md): CPU modules take bf16 weights (IREE fuses the widening into the matmuls)
-/// where Vulkan needs the packed form (IREE 3.13 miscompiles bf16 on Vulkan); and no module hoists
-/// constant expressions, which otherwise materialises an f32 copy of the weights per function
-/// (peak RSS 7.3 GB instead of 1.4 GB, 15 s to open instead of 0.8 s).
+/// (docs/benchmarks.md): CPU modules take bf16 weights (IREE fuses the widening into the matmuls
+/// and, hoisting, lays the weights out for its matmul tiles once at load) where Vulkan needs the
+/// packed form (IREE 3.13 miscompiles bf16 on Vulkan), which must not be hoisted
+/// ([`crate::weight_compile_flags`]).
 pub fn runtime_options(target: &Target) -> ExportOptions {
     ExportOptions {
         weights: match target {
             Target::Cpu { .. } => crate::WeightFormat::Bf16,
             Target::Vulkan { .. } => crate::WeightFormat::PackedI32,
         },
-        compile_flags: vec!["--iree-opt-const-expr-hoisting=false".into()],
         ..ExportOptions::default()
     }
 }
@@ -66,31 +65,91 @@ pub fn cache_root() -> PathBuf {
 }
 
 /// The artifact directory of `model` (a fixture name or a model directory) for `target` and
-/// `layout`, exporting it first unless a finished export is cached. Written beside the target and
-/// renamed, so a crash never leaves half an artifact set that looks finished.
+/// `layout` with the default options, exporting it first unless a finished export is cached.
 pub fn cached_export(model: &str, target: &Target, layout: Layout) -> Result<PathBuf> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let root = cache_root();
-    let name = format!("{}-{}-{layout:?}", model.replace([':', '/'], "-"), target.key()).to_lowercase();
-    let dir = root.join(&name);
-    let fingerprint = source_fingerprint(model)?;
-    let stamp = dir.join(FINGERPRINT_FILE);
-    if dir.join(MANIFEST_FILE).is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == fingerprint) {
-        return Ok(dir);
-    }
-    std::fs::create_dir_all(&root).map_err(ExportError::io("creating artifact cache", &root))?;
-    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
     let options = ExportOptions {
         targets: vec![target.clone()],
         layout,
         ..ExportOptions::default()
     };
-    export_artifacts(&Source::parse(model), &tmp, &options)?;
+    cached_export_with(model, &options)
+}
+
+/// The artifact directory of `model` exported with `options`, exporting it first unless a
+/// finished export with the same options and source is cached. Entries are named
+/// `<model>-<targets>-<layout>` for the default options and get a hash of the options otherwise,
+/// so that, e.g., a redecode graph of another SEQ or bf16 weights live beside the default.
+/// Written beside the entry and renamed, so a crash never leaves half an artifact set that looks
+/// finished.
+pub fn cached_export_with(model: &str, options: &ExportOptions) -> Result<PathBuf> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = Entry::of(model, options)?;
+    if entry.is_fresh() {
+        return Ok(entry.dir);
+    }
+    let (root, name, dir, fingerprint) = (cache_root(), entry.name, entry.dir, entry.fingerprint);
+    std::fs::create_dir_all(&root).map_err(ExportError::io("creating artifact cache", &root))?;
+    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    export_artifacts(&Source::parse(model), &tmp, options)?;
     let tmp_stamp = tmp.join(FINGERPRINT_FILE);
     std::fs::write(&tmp_stamp, &fingerprint).map_err(ExportError::io("writing fingerprint", &tmp_stamp))?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(ExportError::io("installing artifacts", &dir))?;
     Ok(dir)
+}
+
+/// Whether [`cached_export_with`] would reuse a finished export (no compile).
+pub fn is_cached(model: &str, options: &ExportOptions) -> Result<bool> {
+    Ok(Entry::of(model, options)?.is_fresh())
+}
+
+/// Where an export lives in the cache and what must match for it to be reused.
+struct Entry {
+    name: String,
+    dir: PathBuf,
+    fingerprint: String,
+}
+
+impl Entry {
+    fn of(model: &str, options: &ExportOptions) -> Result<Entry> {
+        use std::hash::{Hash, Hasher};
+        let targets: Vec<String> = options.targets.iter().map(Target::key).collect();
+        let mut name = format!(
+            "{}-{}-{:?}",
+            model.replace([':', '/'], "-"),
+            targets.join("+"),
+            options.layout
+        );
+        let defaults = ExportOptions {
+            targets: Vec::new(),
+            layout: options.layout,
+            ..ExportOptions::default()
+        };
+        // Every field but targets and layout (in the name already) decides the entry.
+        let settings = format!(
+            "{:?}",
+            ExportOptions {
+                targets: Vec::new(),
+                ..options.clone()
+            }
+        );
+        if settings != format!("{defaults:?}") {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            settings.hash(&mut hasher);
+            name = format!("{name}-{:08x}", hasher.finish() as u32);
+        }
+        let name = name.to_lowercase();
+        Ok(Entry {
+            dir: cache_root().join(&name),
+            name,
+            fingerprint: format!("{}\n{settings}\n", source_fingerprint(model)?),
+        })
+    }
+
+    fn is_fresh(&self) -> bool {
+        self.dir.join(MANIFEST_FILE).is_file()
+            && std::fs::read_to_string(self.dir.join(FINGERPRINT_FILE)).is_ok_and(|s| s == self.fingerprint)
+    }
 }

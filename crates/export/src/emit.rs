@@ -34,6 +34,10 @@ pub enum WeightFormat {
     /// shift / and / `bitcast_convert`. Exact on CPU and Vulkan: the default everywhere.
     #[default]
     PackedI32,
+    /// `tensor<..xi16>`: the bf16 bits as integers, widened elementwise (sign-extend, shift into
+    /// the high half, `bitcast_convert`). No interleave, so IREE can fuse the widening into the
+    /// matmul that reads the weight instead of materialising an f32 copy per call.
+    I16,
 }
 
 /// Options of [`emit`] / [`emit_module`].
@@ -95,6 +99,7 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
             scope: &manifest.parameter_scope,
             b: Body::new(),
             loaded: HashMap::new(),
+            fuse_widening: rows_of(&spec, graph, options) == 1,
             globals: &mut globals,
         };
         let text = f.function(manifest, graph, func)?;
@@ -169,6 +174,11 @@ struct FuncEmitter<'a> {
     b: Body,
     /// Widened (f32) weights already loaded in this function.
     loaded: HashMap<String, V>,
+    /// Whether the i16 widening may be fused into the matmuls that read a weight: only in
+    /// one-row graphs (the step), where IREE makes it a vector-matrix product that streams the
+    /// 16-bit weights. In the many-row graphs a fused widening takes IREE 3.13's SPIR-V matmul
+    /// pipeline minutes per dispatch to compile, so there the weight is widened once per call.
+    fuse_widening: bool,
     globals: &'a mut BTreeMap<String, String>,
 }
 
@@ -321,6 +331,7 @@ impl FuncEmitter<'_> {
             .unwrap_or_else(|| name.to_string());
         let ty = match self.options.weights {
             WeightFormat::Bf16 => Ty::fixed(&info.shape, Elem::Bf16),
+            WeightFormat::I16 => Ty::fixed(&info.shape, Elem::I16),
             WeightFormat::PackedI32 => {
                 let mut dims = info.shape.clone();
                 *dims.last_mut().unwrap() /= 2;
@@ -343,6 +354,18 @@ impl FuncEmitter<'_> {
     fn widen(&mut self, raw: &V) -> V {
         match raw.ty.elem {
             Elem::Bf16 => self.b.convert(raw, Elem::F32),
+            Elem::I16 => {
+                // The sign extension fills bits 16..32, which the shift discards.
+                let wide = self.b.convert(raw, Elem::I32);
+                let sixteen = self.b.splat_i32(16, &wide.ty);
+                let bits = self.b.binary("shift_left", &wide, &sixteen);
+                let f = self.b.bitcast(&bits, Elem::F32);
+                if self.fuse_widening {
+                    f
+                } else {
+                    self.b.optimization_barrier(&f)
+                }
+            }
             Elem::I32 => {
                 let dims = raw.ty.static_dims();
                 let sixteen = self.b.splat_i32(16, &raw.ty);

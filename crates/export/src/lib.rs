@@ -26,8 +26,8 @@ mod compile;
 mod emit;
 pub mod mlir;
 
-pub use artifacts::{export_artifacts, ExportOptions, Layout, Source};
-pub use cache::{cache_root, cached_export, runtime_options};
+pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source};
+pub use cache::{cache_root, cached_export, cached_export_with, is_cached, runtime_options};
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
 

@@ -25,6 +25,7 @@ impl Dim {
 pub enum Elem {
     F32,
     I32,
+    I16,
     Bf16,
     I1,
 }
@@ -34,6 +35,7 @@ impl Elem {
         match self {
             Elem::F32 => "f32",
             Elem::I32 => "i32",
+            Elem::I16 => "i16",
             Elem::Bf16 => "bf16",
             Elem::I1 => "i1",
         }
@@ -512,6 +514,14 @@ impl Body {
         self.op(
             ty.clone(),
             format!("stablehlo.convert {} : ({}) -> {}", x.name, x.ty.text(), ty.text()),
+        )
+    }
+
+    /// `x` unchanged, but opaque to fusion: its producers are computed into their own buffer.
+    pub fn optimization_barrier(&mut self, x: &V) -> V {
+        self.op(
+            x.ty.clone(),
+            format!("stablehlo.optimization_barrier {} : {}", x.name, x.ty.text()),
         )
     }
 

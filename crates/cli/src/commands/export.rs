@@ -14,6 +14,18 @@ pub enum LayoutChoice {
     Three,
 }
 
+/// How the weights are declared in the graphs (the archive holds bf16 either way).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum WeightChoice {
+    /// `bf16` tensors (CPU only: IREE 3.13 miscompiles bf16 on Vulkan).
+    Bf16,
+    /// Pairs of bf16 in `i32` words.
+    Packed,
+    /// The bf16 bits as `i16`, widened elementwise (fused into the decode step's matmuls: the
+    /// fast form on GPUs with 16-bit storage; Vulkan needs `--vulkan-target`).
+    I16,
+}
+
 #[derive(Args)]
 pub struct ExportArgs {
     /// A fixture name (`tiny-gemma3:7`) or a model directory (manifest.json with `architecture` + archive).
@@ -41,11 +53,11 @@ pub struct ExportArgs {
     /// Function-name prefix (default: `gemma` for Gemma 3, `llama` for the Llama family).
     #[arg(long)]
     prefix: Option<String>,
-    /// Declare weights as bf16 instead of packed i32 pairs (CPU only: IREE 3.13 Vulkan miscompiles bf16).
-    #[arg(long)]
-    bf16_weights: bool,
-    /// An extra `iree-compile` flag for every module (repeatable), e.g.
-    /// `--compile-flag=--iree-opt-const-expr-hoisting=false`.
+    /// How the graphs declare the weights.
+    #[arg(long, value_enum, default_value = "packed")]
+    weights: WeightChoice,
+    /// An extra `iree-compile` flag for every module (repeatable), after those the weight format
+    /// needs (packed weights: `--iree-opt-const-expr-hoisting=false`).
     #[arg(long = "compile-flag", allow_hyphen_values = true)]
     compile_flags: Vec<String>,
 }
@@ -64,8 +76,17 @@ pub fn run(args: ExportArgs) -> Result<()> {
             other => bail!("--targets: unknown target `{other}` (cpu, vulkan)"),
         });
     }
-    if args.bf16_weights && targets.iter().any(|t| matches!(t, Target::Vulkan { .. })) {
-        bail!("--bf16-weights: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; export Vulkan with packed weights");
+    if matches!(args.weights, WeightChoice::Bf16) && targets.iter().any(|t| matches!(t, Target::Vulkan { .. })) {
+        bail!("--weights bf16: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; export Vulkan with packed weights");
+    }
+    if matches!(args.weights, WeightChoice::I16)
+        && args.vulkan_target.is_none()
+        && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
+    {
+        bail!(
+            "--weights i16 for Vulkan needs --vulkan-target naming a GPU with 16-bit storage (e.g. ampere, valhall, adreno): \
+             on IREE 3.13's default target 16-bit loads are emulated and read the wrong elements"
+        );
     }
     let options = ExportOptions {
         targets,
@@ -78,11 +99,12 @@ pub fn run(args: ExportArgs) -> Result<()> {
         },
         prefix: args.prefix,
         vulkan_target: args.vulkan_target,
-        weights: if args.bf16_weights {
-            WeightFormat::Bf16
-        } else {
-            WeightFormat::PackedI32
+        weights: match args.weights {
+            WeightChoice::Bf16 => WeightFormat::Bf16,
+            WeightChoice::Packed => WeightFormat::PackedI32,
+            WeightChoice::I16 => WeightFormat::I16,
         },
+        compile_flags: args.compile_flags,
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&Source::parse(&args.model), &args.out, &options)?;
