@@ -98,6 +98,9 @@ pub enum CpuChoice {
     /// AVX2 + FMA (this kind of machine; faster).
     #[value(name = "x86-64-v3")]
     X86_64V3,
+    /// Every feature of the CPU compiling (here AVX-512 and AVX-512 BF16: the fastest; the
+    /// artifacts run only on CPUs like it).
+    Host,
 }
 
 impl CpuChoice {
@@ -105,6 +108,7 @@ impl CpuChoice {
         match self {
             CpuChoice::Generic => "generic",
             CpuChoice::X86_64V3 => "x86-64-v3",
+            CpuChoice::Host => "host",
         }
     }
 }
