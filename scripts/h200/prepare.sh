@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepares what the H200 runs in docs/benchmarks.md need, in .cache/device (ignored; < 64 MiB, so
+# it travels with the device tool's `carry`): the release binary, FunctionGemma-geometry exports
+# without their archive (the twin's weights are regenerated there, same bytes), the tiny demo's
+# Vulkan export, IREE's benchmark tool, and the Vulkan loader debs in .gl.
+# Then, with the device tool: run `bash scripts/h200/run.sh`, carry [".cache/device", ".gl"].
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/env.sh
+D=.cache/device
+TWIN=gemma3-270m-shape:1
+cargo build --release -p skainet-kv
+mkdir -p $D/bin $D/tools $D/cache/artifacts .gl
+cp target/release/skainet-kv $D/bin/
+cp .tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/iree-benchmark-module $D/tools/
+
+export_twin() { # name, then export flags
+  local name=$1; shift
+  local tmp; tmp=$(mktemp -d)
+  ./target/release/skainet-kv export --model $TWIN --out "$tmp" "$@"
+  rm -rf "${D:?}/$name" && mkdir -p "$D/$name"
+  cp "$tmp"/*.vmfb "$tmp"/manifest.json "$D/$name/"
+  rm -rf "$tmp"
+}
+export_twin packed --targets vulkan
+export_twin i16-ampere --targets vulkan --weights i16 --vulkan-target ampere
+export_twin cpu --targets cpu --cpu x86-64-v3 --weights bf16
+
+# The tiny demo model's Vulkan export, as the CLI caches it.
+./target/release/skainet-kv demo --backend iree-vulkan >/dev/null
+rm -rf $D/cache/artifacts/tiny-gemma3-7-vulkan-shared
+cp -r .cache/artifacts/tiny-gemma3-7-vulkan-shared $D/cache/artifacts/
+
+# Arguments of the bare step function for iree-benchmark-module (past = 200 rows).
+python3 - "$D" <<'PY'
+import re, subprocess, sys
+d = sys.argv[1]
+dump = subprocess.run(["iree-dump-module", f"{d}/packed/gemma.vulkan.vmfb"], capture_output=True, text=True).stdout
+decl = next(l for l in dump.splitlines() if "sync func @gemma_with_past(" in l)
+inputs = decl.split("(", 1)[1].split(") ->")[0]
+args = []
+for m in re.finditer(r"tensor<([^>]*)>", inputs):
+    t = m.group(1).replace("?", "200")
+    args.append(f"--input={t}=7" if t.endswith("i32") else f"--input={t}=0.01")
+open(f"{d}/step-args.txt", "w").write(" ".join(args))
+PY
+
+# The device has NVIDIA's ICD but no loader: Debian's, unpacked there.
+if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+  (cd .gl && apt-get download libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libgles2 libopengl0)
+fi
+du -sh $D .gl

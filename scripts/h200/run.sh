@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see prepare.sh): the tables of docs/benchmarks.md "NVIDIA H200".
+set -u
+cd "$(dirname "$0")/../.."
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export XDG_RUNTIME_DIR=/tmp
+D=.cache/device
+export SKAINET_KV_CACHE=$PWD/$D/cache
+TWIN=gemma3-270m-shape:1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+$D/bin/skainet-kv inspect --model $TWIN >/dev/null # generates the twin's archive
+for v in packed i16-ampere cpu; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+echo "== demo, tiny model, vulkan then reference"
+$D/bin/skainet-kv demo --backend iree-vulkan 2>&1 | tail -4
+$D/bin/skainet-kv demo --backend reference 2>&1 | tail -4
+for v in packed i16-ampere; do
+  echo "== bench $TWIN vulkan $v"
+  timeout 240 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 --utterances 8 --repeat 2 --redecode 2>&1 | tail -14
+  echo "== iree-benchmark-module, bare step, $v"
+  timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
+    --function=gemma_with_past $(cat $D/step-args.txt) --benchmark_repetitions=5 --benchmark_min_time=20x 2>&1 | grep -E "median|ERROR"
+  echo "== diverge vs reference, $v"
+  timeout 200 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+    --ids 2,818,5279,529,7001,563,11,107,3689,1234,99,4242 --max-new 12 2>&1 | tail -3
+done
+echo "== bench $TWIN cpu (host cores)"
+timeout 200 $D/bin/skainet-kv bench --backend iree-cpu --model $TWIN --artifacts $D/cpu --prefix-tokens 843 --utterances 8 --repeat 2 2>&1 | tail -10
