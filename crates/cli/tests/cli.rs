@@ -133,6 +133,34 @@ fn errors_are_one_line_and_fail() {
             ],
             "leaves no room",
         ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--targets",
+                "vulkan",
+                "--weights",
+                "i16",
+            ],
+            "needs --vulkan-target",
+        ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--targets",
+                "cpu,vulkan",
+                "--weights",
+                "bf16",
+            ],
+            "miscompiles bf16",
+        ),
     ];
     for (args, needle) in cases {
         let (ok, _, stderr) = skainet(args);
