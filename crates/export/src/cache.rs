@@ -44,13 +44,15 @@ fn source_fingerprint(model: &str) -> Result<String> {
 /// The export settings that run best on `target`, measured on FunctionGemma-270M's geometry
 /// (docs/benchmarks.md): CPU modules take bf16 weights (IREE fuses the widening into the matmuls
 /// and, hoisting, lays the weights out for its matmul tiles once at load) where Vulkan needs the
-/// packed form (IREE 3.13 miscompiles bf16 on Vulkan), which must not be hoisted
-/// ([`crate::weight_compile_flags`]).
+/// packed form on IREE's portable baseline (IREE 3.13 miscompiles bf16 on Vulkan; the packed
+/// widening must not be hoisted, [`crate::weight_compile_flags`]) and i16 on a named GPU target
+/// (fused into the decode step's matmuls; needs the 16-bit storage such targets have).
 pub fn runtime_options(target: &Target) -> ExportOptions {
     ExportOptions {
         weights: match target {
             Target::Cpu { .. } => crate::WeightFormat::Bf16,
-            Target::Vulkan { .. } => crate::WeightFormat::PackedI32,
+            Target::Vulkan { target: None } => crate::WeightFormat::PackedI32,
+            Target::Vulkan { target: Some(_) } => crate::WeightFormat::I16,
         },
         ..ExportOptions::default()
     }

@@ -8,7 +8,7 @@ use clap::Args;
 use kv_core::{KvBackend, KvDecoder, KvSpec, RedecodeBackend, RedecodeDecoder};
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, CpuChoice, ModelSource, RuleChoice};
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::commands::demo::demo_prefix;
 use crate::report::ms;
 
@@ -20,9 +20,8 @@ pub struct BenchArgs {
     model: String,
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
-    /// The CPU an on-demand CPU export is compiled for (its own cache entry).
-    #[arg(long, value_enum, default_value = "generic")]
-    cpu: CpuChoice,
+    #[command(flatten)]
+    target: TargetArgs,
     /// The shared prefix length (capped by the model's context; default 843 for real models,
     /// 200 for fixtures).
     #[arg(long)]
@@ -215,7 +214,7 @@ fn bench_redecode<B: RedecodeBackend>(
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
+    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let is_reference = args.backend == BackendChoice::Reference;
     if !is_reference {
         source.redecode_seq = args.redecode_seq;

@@ -7,7 +7,7 @@ use clap::Args;
 use kv_core::{KvBackend, KvDecoder, KvSpec};
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, CpuChoice, ModelSource, RuleChoice};
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::report::{ids_to_string, ms};
 
 #[derive(Args)]
@@ -20,9 +20,8 @@ pub struct DemoArgs {
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
-    /// The CPU an on-demand CPU export is compiled for (its own cache entry).
-    #[arg(long, value_enum, default_value = "generic")]
-    cpu: CpuChoice,
+    #[command(flatten)]
+    target: TargetArgs,
     /// Length of the shared prefix (default: 200, capped by the model's context).
     #[arg(long)]
     prefix_tokens: Option<usize>,
@@ -117,7 +116,7 @@ pub fn run_demo<B: KvBackend>(
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, open) = backends::open_kv(args.backend, &source, args.window_rule)?;
     let report = crate::with_backend!(backend, b => run_demo(b, &args.model, open, args.prefix_tokens, args.max_new)?);
     if args.json {

@@ -10,7 +10,7 @@ use kv_core::tolerance::{max_diff, Tolerance};
 use kv_core::KvBackend;
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, CpuChoice, ModelSource, RuleChoice};
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::commands::generate::feed_prompt;
 use crate::text::PromptArgs;
 
@@ -29,8 +29,8 @@ pub struct DivergeArgs {
     /// Exported artifacts for the IREE backend (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
-    #[arg(long, value_enum, default_value = "generic")]
-    cpu: CpuChoice,
+    #[command(flatten)]
+    target: TargetArgs,
     #[command(flatten)]
     prompt: PromptArgs,
     #[arg(long, default_value_t = 16)]
@@ -193,7 +193,7 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     };
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(None);
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (a, _) = backends::open_kv(first, &source, args.window_rule)?;
     let (b, _) = backends::open_kv(second, &source, args.window_rule)?;
     let mut report = crate::with_backend!(a, a => {

@@ -8,7 +8,7 @@ use clap::Args;
 use kv_core::{KvBackend, KvDecoder};
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, CpuChoice, ModelSource, RuleChoice};
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::report::{ids_to_string, ms, parse_ids};
 use crate::text::PromptArgs;
 
@@ -20,9 +20,8 @@ pub struct GenerateArgs {
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
-    /// The CPU an on-demand CPU export is compiled for (its own cache entry).
-    #[arg(long, value_enum, default_value = "generic")]
-    cpu: CpuChoice,
+    #[command(flatten)]
+    target: TargetArgs,
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// A shared prefix, prefilled once and snapshotted (`1,2,3`); the prompt is then the
@@ -110,7 +109,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let prefix: Vec<i32> = args.prefix_ids.concat();
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(args.eos);
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
     let report = crate::with_backend!(backend, b => {
         let mut b = b;

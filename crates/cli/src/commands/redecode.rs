@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::Args;
 use kv_core::RedecodeDecoder;
 
-use crate::backends::{self, BackendChoice, CpuChoice, ModelSource};
+use crate::backends::{self, BackendChoice, ModelSource, TargetArgs};
 use crate::report::ids_to_string;
 use crate::text::PromptArgs;
 
@@ -15,9 +15,8 @@ pub struct RedecodeArgs {
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
-    /// The CPU an on-demand CPU export is compiled for (its own cache entry).
-    #[arg(long, value_enum, default_value = "generic")]
-    cpu: CpuChoice,
+    #[command(flatten)]
+    target: TargetArgs,
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The graph length SEQ (default: the manifest's `seq`).
@@ -36,7 +35,7 @@ pub struct RedecodeArgs {
 pub fn run(args: RedecodeArgs) -> Result<()> {
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(args.eos);
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_cpu(args.cpu);
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let backend = backends::open_redecode(args.backend, &source, args.seq)?;
     let mut out = crate::with_redecode!(backend, b => RedecodeDecoder::new(b).generate(&prompt.ids, stops.first().copied(), args.max_new)?);
     if let Some(cut) = out.iter().position(|id| stops.contains(id)) {
