@@ -6,7 +6,10 @@
 //!   next to a dynamic one makes IREE insert a dynamic `reshape` that does not verify, so a KV
 //!   head is taken out with `real_dynamic_slice` + a one-term reduce and repeated with
 //!   `dynamic_broadcast_in_dim`; the per-head scores `[nHeads, R, T]` then take a per-head mask
-//!   directly, or a head-shared one through a broadcast.
+//!   directly, or a head-shared one through a broadcast. With several KV heads of several query
+//!   heads each (SmolLM2, Qwen, Llama GQA) that repeat copies the whole past per call, so there
+//!   each KV head is attended on its own: its query heads stacked as rows `[group·R, d]` against
+//!   its keys `[T, d]` (`grouped_attention`, static reshapes only).
 //! - Weights are `util.global`s bound to external parameters; with [`WeightFormat::PackedI32`]
 //!   a bf16 tensor `[.., n]` is declared as `[.., n/2] i32` and widened in the graph with shifts
 //!   and bitcasts (no 16-bit type reaches the Vulkan code generator).
