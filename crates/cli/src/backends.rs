@@ -134,10 +134,8 @@ pub struct ModelSource {
     pub model: String,
     /// `--artifacts`: an exported artifact directory for the IREE backends.
     pub artifacts: Option<PathBuf>,
-    /// `--cpu` for a CPU export made on demand.
-    pub cpu: CpuChoice,
-    /// `--vulkan-target` for a Vulkan export made on demand.
-    pub vulkan_target: Option<String>,
+    /// `--cpu` and `--vulkan-target` for an export made on demand.
+    pub target: TargetArgs,
     /// `SEQ` of the redecode graphs of an export made on demand (`None`: the prefill's).
     pub redecode_seq: Option<usize>,
 }
@@ -147,15 +145,13 @@ impl ModelSource {
         ModelSource {
             model: model.into(),
             artifacts,
-            cpu: CpuChoice::Generic,
-            vulkan_target: None,
+            target: TargetArgs::default(),
             redecode_seq: None,
         }
     }
 
-    pub fn with_targets(mut self, targets: &TargetArgs) -> Self {
-        self.cpu = targets.cpu;
-        self.vulkan_target = targets.vulkan_target.clone();
+    pub fn with_targets(mut self, target: &TargetArgs) -> Self {
+        self.target = target.clone();
         self
     }
 
@@ -178,11 +174,11 @@ impl ModelSource {
         let dir = crate::model::resolve(&self.model)?;
         let target = if device == "vulkan" {
             export::Target::Vulkan {
-                target: self.vulkan_target.clone(),
+                target: self.target.vulkan_target.clone(),
             }
         } else {
             export::Target::Cpu {
-                cpu: self.cpu.name().into(),
+                cpu: self.target.cpu.name().into(),
             }
         };
         if self.redecode_seq.is_none()

@@ -492,6 +492,19 @@ impl FuncEmitter<'_> {
         self.b.concat(&parts, 0)
     }
 
+    /// Softmax over the last axis (the keys), shifted by the row maximum.
+    fn softmax_last(&mut self, scores: &V) -> V {
+        let last = scores.ty.rank() - 1;
+        let rows: Vec<usize> = (0..last).collect();
+        let max = self.b.reduce(scores, &[last], Reduce::Max);
+        let maxb = self.b.broadcast(&max, &rows, &scores.ty);
+        let shifted = self.b.sub(scores, &maxb);
+        let e = self.b.unary("exponential", &shifted);
+        let sum = self.b.reduce(&e, &[last], Reduce::Add);
+        let sumb = self.b.broadcast(&sum, &rows, &scores.ty);
+        self.b.div(&e, &sumb)
+    }
+
     /// The additive causal (and windowed) mask `[R, T]` of query rows `0..R` over keys `0..T`.
     fn causal_mask(&mut self, r: usize, t: usize, window: Option<usize>) -> V {
         let qpos = self.b.iota(&[r, t], 0, Elem::I32);
@@ -568,13 +581,7 @@ impl FuncEmitter<'_> {
                 }
                 None => scores,
             };
-            let max = self.b.reduce(&scores, &[1], Reduce::Max);
-            let maxb = self.b.broadcast(&max, &[0], &scores.ty);
-            let shifted = self.b.sub(&scores, &maxb);
-            let e = self.b.unary("exponential", &shifted);
-            let sum = self.b.reduce(&e, &[1], Reduce::Add);
-            let sumb = self.b.broadcast(&sum, &[0], &scores.ty);
-            let p = self.b.div(&e, &sumb);
+            let p = self.softmax_last(&scores);
             let o = self.b.dot(&p, &vj, (&[], &[]), (&[1], &[0]));
             outs.push(self.b.reshape_static(&o, &[group, r, d]));
         }
@@ -617,13 +624,7 @@ impl FuncEmitter<'_> {
                 self.b.add(&scores, &addb)
             }
         };
-        let max = self.b.reduce(&scores, &[2], Reduce::Max);
-        let maxb = self.b.broadcast(&max, &[0, 1], &scores.ty);
-        let shifted = self.b.sub(&scores, &maxb);
-        let e = self.b.unary("exponential", &shifted);
-        let sum = self.b.reduce(&e, &[2], Reduce::Add);
-        let sumb = self.b.broadcast(&sum, &[0, 1], &scores.ty);
-        let p = self.b.div(&e, &sumb);
+        let p = self.softmax_last(&scores);
         let vr = self.repeat_kv(v);
         let o = self.b.dot(&p, &vr, (&[0], &[0]), (&[2], &[1]));
         let o = self.b.transpose(&o, &[1, 0, 2]);

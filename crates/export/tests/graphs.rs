@@ -221,25 +221,7 @@ fn i16_weight_format_on_cpu() {
     let m = export_artifacts(&Source::Fixture("tiny-gemma3-gqa:5".into()), dir.path(), &options).unwrap();
     let mlir = std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap();
     assert!(mlir.contains("xi16>") && mlir.contains("optimization_barrier"));
-    let model = ReferenceModel::open(dir.path()).unwrap();
-    let mut g = GraphSession::open(dir.path(), "llvm-cpu", "local-task", &dir.path().join("work"));
-    let mut r = ReferenceKv::new(model, WindowRule::Exact);
-    let prefix = tokens(m.spec.sliding_window + 3, 6, m.spec.vocab_size);
-    r.prefill(&prefix).unwrap();
-    let got = g.prefill(&prefix);
-    same_token("i16 prefill", got, &r);
-    assert_layers_close("i16 prefill", &g, &r);
-    let chunk = tokens(m.spec.chunk - 2, 8, m.spec.vocab_size);
-    r.chunk(&chunk).unwrap();
-    let got = g.chunk(&chunk);
-    same_token("i16 chunk", got, &r);
-    assert_layers_close("i16 chunk", &g, &r);
-    for s in tokens(3, 7, m.spec.vocab_size) {
-        r.step(s).unwrap();
-        let got = g.step(s);
-        same_token("i16 step", got, &r);
-        assert_layers_close("i16 step", &g, &r);
-    }
+    cpu_calls_agree(dir.path(), &m, "i16", true, 3);
 }
 
 /// `WeightFormat::Bf16` (bf16 globals + `convert`) is exact on CPU too; only Vulkan needs packing.
@@ -260,18 +242,31 @@ fn bf16_weight_format_on_cpu() {
         mlir.contains("xbf16>") && !mlir.contains("shift_left"),
         "bf16 globals, no unpacking"
     );
-    let model = ReferenceModel::open(dir.path()).unwrap();
-    let mut g = GraphSession::open(dir.path(), "llvm-cpu", "local-task", &dir.path().join("work"));
+    cpu_calls_agree(dir.path(), &m, "bf16", false, 2);
+}
+
+/// Runs the CPU export in `dir` against the reference: a prefill past the window, optionally a
+/// chunk with padding rows, then `steps` steps; every call's token and layers must agree.
+fn cpu_calls_agree(dir: &Path, m: &Manifest, label: &str, chunk: bool, steps: usize) {
+    let model = ReferenceModel::open(dir).unwrap();
+    let mut g = GraphSession::open(dir, "llvm-cpu", "local-task", &dir.join("work"));
     let mut r = ReferenceKv::new(model, WindowRule::Exact);
     let prefix = tokens(m.spec.sliding_window + 3, 6, m.spec.vocab_size);
     r.prefill(&prefix).unwrap();
     let got = g.prefill(&prefix);
-    same_token("bf16 prefill", got, &r);
-    assert_layers_close("bf16 prefill", &g, &r);
-    for s in tokens(2, 7, m.spec.vocab_size) {
+    same_token(&format!("{label} prefill"), got, &r);
+    assert_layers_close(&format!("{label} prefill"), &g, &r);
+    if chunk {
+        let c = tokens(m.spec.chunk - 2, 8, m.spec.vocab_size);
+        r.chunk(&c).unwrap();
+        let got = g.chunk(&c);
+        same_token(&format!("{label} chunk"), got, &r);
+        assert_layers_close(&format!("{label} chunk"), &g, &r);
+    }
+    for s in tokens(steps, 7, m.spec.vocab_size) {
         r.step(s).unwrap();
         let got = g.step(s);
-        same_token("bf16 step", got, &r);
-        assert_layers_close("bf16 step", &g, &r);
+        same_token(&format!("{label} step"), got, &r);
+        assert_layers_close(&format!("{label} step"), &g, &r);
     }
 }
