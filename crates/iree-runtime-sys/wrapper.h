@@ -7,6 +7,11 @@
 #include "iree/hal/api.h"
 #include "iree/vm/api.h"
 #include "iree/runtime/api.h"
+// Sessions are built from these directly (one HAL device group per device; see iree-runtime).
+#include "iree/async/frontier_tracker.h"
+#include "iree/io/file_contents.h"
+#include "iree/modules/hal/module.h"
+#include "iree/vm/bytecode/module.h"
 #include "iree/modules/hal/types.h"
 #include "iree/modules/io/parameters/module.h"
 #include "iree/io/file_handle.h"

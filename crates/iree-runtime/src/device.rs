@@ -18,6 +18,13 @@ pub struct Device {
 
 pub(crate) struct DeviceInner {
     raw: NonNull<sys::iree_hal_device_t>,
+    /// The single-device group every session on this device binds its HAL module to. Making a
+    /// group assigns the device's queues their topology (Vulkan: a frontier per queue, which can
+    /// be assigned once), so one group per device, made at open, is what lets several sessions
+    /// (the seed's three archives) share a Vulkan device. `iree_runtime_session_create_with_device`
+    /// makes a group per session, and the second one failed with "Vulkan queue frontier already
+    /// assigned".
+    group: NonNull<sys::iree_hal_device_group_t>,
     name: String,
     pub(crate) instance: Instance,
 }
@@ -31,10 +38,13 @@ unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        // SAFETY: we own the reference taken at creation; buffer views and sessions made on the
+        // SAFETY: we own both references taken at creation; buffer views and sessions made on the
         // device hold an Arc to this value, so they are gone (or hold their own IREE
-        // references) by now.
-        unsafe { sys::iree_hal_device_release(self.raw.as_ptr()) };
+        // references) by now. The group retains the device, so it goes first.
+        unsafe {
+            sys::iree_hal_device_group_release(self.group.as_ptr());
+            sys::iree_hal_device_release(self.raw.as_ptr());
+        }
     }
 }
 
@@ -56,7 +66,7 @@ impl Device {
             sys::iree_runtime_instance_try_create_default_device(instance.as_ptr(), string_view(name), &mut raw)
         };
         check(status, format!("open device `{name}`"))?;
-        Ok(Device::from_raw(raw, name, instance))
+        Device::from_raw(raw, name, instance)
     }
 
     /// Opens a `local-task` device whose task executor has `workers` worker threads
@@ -94,18 +104,44 @@ impl Device {
             }
             sys::iree_hal_driver_release(driver.as_ptr());
         }
-        Ok(Device::from_raw(result?, "local-task", instance))
+        Device::from_raw(result?, "local-task", instance)
     }
 
-    fn from_raw(raw: *mut sys::iree_hal_device_t, name: &str, instance: &Instance) -> Device {
+    /// Takes ownership of `raw` (one reference) and makes the device's group.
+    fn from_raw(raw: *mut sys::iree_hal_device_t, name: &str, instance: &Instance) -> Result<Device> {
         let raw = NonNull::new(raw).expect("IREE returned OK and a null device");
-        Device {
+        let host = instance.host_allocator();
+        let mut tracker = std::ptr::null_mut();
+        let mut group = std::ptr::null_mut();
+        // SAFETY: the device is live; the group retains the device and the tracker, so our
+        // tracker reference is released right after (null-safe on failure).
+        let status = unsafe {
+            let status = sys::iree_async_frontier_tracker_create(
+                sys::iree_async_frontier_tracker_options_default(),
+                host,
+                &mut tracker,
+            );
+            let status = if status.is_null() {
+                sys::iree_hal_device_group_create_from_device(raw.as_ptr(), tracker, host, &mut group)
+            } else {
+                status
+            };
+            sys::iree_async_frontier_tracker_release(tracker);
+            status
+        };
+        if let Err(e) = check(status, format!("make the device group of `{name}`")) {
+            // SAFETY: the reference handed to us; nothing else has seen the device.
+            unsafe { sys::iree_hal_device_release(raw.as_ptr()) };
+            return Err(e);
+        }
+        Ok(Device {
             inner: Arc::new(DeviceInner {
                 raw,
+                group: NonNull::new(group).expect("iree_hal_device_group_create_from_device: OK and null"),
                 name: name.to_owned(),
                 instance: instance.clone(),
             }),
-        }
+        })
     }
 
     /// The driver name this device was opened with (`local-task`, `local-sync`, `vulkan`).
@@ -119,6 +155,10 @@ impl Device {
 
     pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_device_t {
         self.inner.raw.as_ptr()
+    }
+
+    pub(crate) fn group(&self) -> *mut sys::iree_hal_device_group_t {
+        self.inner.group.as_ptr()
     }
 
     pub(crate) fn allocator(&self) -> *mut sys::iree_hal_allocator_t {

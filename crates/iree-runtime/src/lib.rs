@@ -10,7 +10,7 @@
 //!   (`error::check`) that takes ownership of the `iree_status_t`, formats IREE's full message
 //!   and frees it. Bad arguments caught before calling IREE (unknown device names, missing
 //!   files, shape/data mismatches) have their own variants. Mixing objects of different
-//!   sessions is a caller bug and panics.
+//!   sessions (a function looked up on one, called on another) is an [`Error::InvalidArgument`].
 //! - **Threading**: instances, devices, buffer views and parameter providers are `Send + Sync`
 //!   (IREE makes them thread-safe). A [`Session`] is `Send` but not `Sync`: one thread at a
 //!   time, and calls take `&mut self` because they may change the module's globals.

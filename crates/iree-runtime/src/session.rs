@@ -12,35 +12,55 @@ use crate::{from_string_view, path_str, string_view};
 /// Modules the runtime adds by itself; their exports are not listed in lookup errors.
 const BUILTIN_MODULES: &[&str] = &["hal", "io_parameters"];
 
-/// A runtime session (`iree_runtime_session_t`): one VM context holding the HAL module, an
-/// optional `io_parameters` module and one bytecode module (`.vmfb`), bound to one [`Device`].
+/// A session: one VM context holding the HAL module, an optional `io_parameters` module and one
+/// bytecode module (`.vmfb`), bound to one [`Device`].
 ///
 /// All exported functions of the module share the session (and so the module's globals, e.g. a
 /// KV cache kept in `util.global`s): call them by their module-qualified names.
+///
+/// The context is assembled here rather than by `iree_runtime_session_create_with_device`,
+/// because that function makes a HAL device group per session, and a Vulkan device accepts only
+/// one: the HAL module of every session binds the device's own group ([`Device`]).
 ///
 /// Threading: `Send` but not `Sync`. A VM context is not safe for concurrent invocations, so a
 /// session is used from one thread at a time; calls take `&mut self` because they may mutate the
 /// module's state.
 pub struct Session {
-    raw: NonNull<sys::iree_runtime_session_t>,
+    context: Context,
     device: Device,
 }
 
-// SAFETY: the session holds no thread-affine state (no TLS, no thread ids); IREE only requires
-// that calls into one context are not concurrent, which `!Sync` plus `&mut self` calls ensure.
-unsafe impl Send for Session {}
+/// One reference to a VM context (the modules and their state), released on drop.
+struct Context(NonNull<sys::iree_vm_context_t>);
 
-impl Drop for Session {
-    fn drop(&mut self) {
-        // SAFETY: we own the session's only Rust-side reference; buffer views returned by calls
-        // hold their own references to their buffers, and `self.device` (dropped after this)
-        // keeps the device alive until the session is gone.
-        unsafe { sys::iree_runtime_session_release(self.raw.as_ptr()) };
+impl Clone for Context {
+    fn clone(&self) -> Context {
+        // SAFETY: the context is live (we hold a reference); the clone owns the new one.
+        unsafe { sys::iree_vm_context_retain(self.0.as_ptr()) };
+        Context(self.0)
     }
 }
 
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: our own reference. Buffer views returned by calls hold references to their
+        // buffers, and the HAL module's state holds the device group, so nothing dangles.
+        unsafe { sys::iree_vm_context_release(self.0.as_ptr()) };
+    }
+}
+
+// SAFETY: contexts carry no thread-affine state; reference counting is atomic. Invocations
+// (the one non-thread-safe use) need `&mut Session`.
+unsafe impl Send for Context {}
+// SAFETY: through `&Context` only the pointer's identity and atomic retain are reachable.
+unsafe impl Sync for Context {}
+
 /// A function exported by a session's module, found by [`Session::lookup`].
-#[derive(Clone, Debug)]
+///
+/// It holds a reference to its session's VM context, so the module it points into lives as long
+/// as it does, even after its session is dropped, and no later session can reuse the context's
+/// address while it exists: a function of another session is always told apart, and refused.
+#[derive(Clone)]
 pub struct Function {
     /// The module-qualified name, e.g. `module.forward`.
     pub name: String,
@@ -49,13 +69,23 @@ pub struct Function {
     /// Reflection attributes (e.g. `iree.abi.declaration`), in module order.
     pub attributes: Vec<(String, String)>,
     raw: sys::iree_vm_function_t,
-    session: *const sys::iree_runtime_session_t,
+    context: Context,
 }
 
-// SAFETY: a Function is plain data; its pointers are only dereferenced by the Session it came
-// from (checked by identity in `call_function`), under that session's own rules.
+impl std::fmt::Debug for Function {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Function")
+            .field("name", &self.name)
+            .field("calling_convention", &self.calling_convention)
+            .field("attributes", &self.attributes)
+            .finish()
+    }
+}
+
+// SAFETY: `raw` points into a module that `context` keeps alive; it is only dereferenced by an
+// invocation on the session owning that same context (checked in `call_function`).
 unsafe impl Send for Function {}
-// SAFETY: as above; nothing is reachable through `&Function` except the owned strings.
+// SAFETY: as above; nothing is reachable through `&Function` except owned strings and `Context`.
 unsafe impl Sync for Function {}
 
 impl Session {
@@ -90,26 +120,47 @@ impl Session {
     }
 
     fn create(device: &Device) -> Result<Session> {
+        let op = format!("create session on `{}`", device.name());
         let instance = device.instance();
-        let mut options = sys::iree_runtime_session_options_t::default();
+        let host = instance.host_allocator();
         let mut raw = std::ptr::null_mut();
-        // SAFETY: options are initialized before use; instance and device are live and retained
-        // by the session; `raw` receives one reference owned by the returned value.
+        // SAFETY: the instance is live; `raw` receives one reference owned by the returned value.
         let status = unsafe {
-            sys::iree_runtime_session_options_initialize(&mut options);
-            sys::iree_runtime_session_create_with_device(
-                instance.as_ptr(),
-                &options,
-                device.as_ptr(),
-                instance.host_allocator(),
-                &mut raw,
+            let vm_instance = sys::iree_runtime_instance_vm_instance(instance.as_ptr());
+            sys::iree_vm_context_create(vm_instance, sys::IREE_VM_CONTEXT_FLAG_NONE, host, &mut raw)
+        };
+        check(status, op.clone())?;
+        let session = Session {
+            context: Context(NonNull::new(raw).expect("iree_vm_context_create: OK and null")),
+            device: device.clone(),
+        };
+        let mut hal = std::ptr::null_mut();
+        // SAFETY: instance and group are live; the module retains the group, and `hal` gets one
+        // reference, which the context retains on registration and we release right after.
+        let status = unsafe {
+            sys::iree_hal_module_create(
+                sys::iree_runtime_instance_vm_instance(instance.as_ptr()),
+                sys::iree_hal_module_device_policy_default(),
+                device.group(),
+                sys::IREE_HAL_MODULE_FLAG_NONE,
+                sys::iree_hal_module_debug_sink_null(),
+                host,
+                &mut hal,
             )
         };
-        check(status, format!("create session on `{}`", device.name()))?;
-        Ok(Session {
-            raw: NonNull::new(raw).expect("iree_runtime_session_create_with_device: null"),
-            device: device.clone(),
-        })
+        check(status, op.clone())?;
+        session.register(hal, &op)?;
+        Ok(session)
+    }
+
+    /// Registers `module` in the context and releases the caller's reference to it.
+    fn register(&self, module: *mut sys::iree_vm_module_t, op: &str) -> Result<()> {
+        let mut modules = [module];
+        // SAFETY: context and module are live; registration retains the module.
+        let status = unsafe { sys::iree_vm_context_register_modules(self.context.0.as_ptr(), 1, modules.as_mut_ptr()) };
+        // SAFETY: our reference; the context holds its own if registration succeeded.
+        unsafe { sys::iree_vm_module_release(module) };
+        check(status, op)
     }
 
     fn append_parameters_module(&self, providers: &[ParameterProvider]) -> Result<()> {
@@ -117,7 +168,7 @@ impl Session {
         let instance = self.device.instance();
         let mut module = std::ptr::null_mut();
         // SAFETY: the providers are live for the call and retained by the module; `module`
-        // gets one reference, which the session retains on append and we release right after.
+        // gets one reference, handed to `register`.
         let status = unsafe {
             let vm_instance = sys::iree_runtime_instance_vm_instance(instance.as_ptr());
             sys::iree_io_parameters_module_create(
@@ -129,11 +180,7 @@ impl Session {
             )
         };
         check(status, "create io_parameters module")?;
-        // SAFETY: session and module are live; append retains the module.
-        let status = unsafe { sys::iree_runtime_session_append_module(self.as_ptr(), module) };
-        // SAFETY: our reference from create; the session holds its own if append succeeded.
-        unsafe { sys::iree_vm_module_release(module) };
-        check(status, "append io_parameters module")
+        self.register(module, "append io_parameters module")
     }
 
     fn append_bytecode_module(&self, vmfb: &Path) -> Result<()> {
@@ -144,15 +191,33 @@ impl Session {
                 path: vmfb.to_owned(),
             });
         }
-        let path = std::ffi::CString::new(path_str(vmfb, OP)?).map_err(|_| Error::InvalidArgument {
-            op: OP,
-            reason: format!("{} contains NUL", vmfb.display()),
-        })?;
-        // SAFETY: the session is live; the path is a NUL-terminated string valid for the call
-        // (the file is memory-mapped and kept by the module).
-        let status =
-            unsafe { sys::iree_runtime_session_append_bytecode_module_from_file(self.as_ptr(), path.as_ptr()) };
-        check(status, format!("{OP} {}", vmfb.display()))
+        let path = path_str(vmfb, OP)?;
+        let op = format!("{OP} {}", vmfb.display());
+        let instance = self.device.instance();
+        let host = instance.host_allocator();
+        let mut contents = std::ptr::null_mut();
+        // SAFETY: `path` is valid for the call; `contents` receives an owned copy of the file.
+        let status = unsafe { sys::iree_io_file_contents_read(string_view(path), host, &mut contents) };
+        check(status, op.clone())?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: `contents` is live; on success the module owns it through the deallocator,
+        // on failure `iree_vm_bytecode_module_create` leaves it to us.
+        let status = unsafe {
+            let status = sys::iree_vm_bytecode_module_create(
+                sys::iree_runtime_instance_vm_instance(instance.as_ptr()),
+                sys::IREE_VM_BYTECODE_MODULE_FLAG_NONE,
+                (*contents).__bindgen_anon_1.const_buffer,
+                sys::iree_io_file_contents_deallocator(contents),
+                host,
+                &mut module,
+            );
+            if !status.is_null() {
+                sys::iree_io_file_contents_free(contents);
+            }
+            status
+        };
+        check(status, op.clone())?;
+        self.register(module, &op)
     }
 
     pub fn device(&self) -> &Device {
@@ -163,7 +228,8 @@ impl Session {
     pub fn lookup(&self, name: &str) -> Result<Function> {
         let mut raw = sys::iree_vm_function_t::default();
         // SAFETY: session live; `name` valid for the call; `raw` written on success.
-        let status = unsafe { sys::iree_runtime_session_lookup_function(self.as_ptr(), string_view(name), &mut raw) };
+        let status =
+            unsafe { sys::iree_vm_context_resolve_function(self.context.0.as_ptr(), string_view(name), &mut raw) };
         match check(status, format!("look up function `{name}`")) {
             Ok(()) => {}
             Err(Error::Iree { code, .. }) if code.0 == sys::IREE_STATUS_NOT_FOUND => {
@@ -196,7 +262,7 @@ impl Session {
             calling_convention,
             attributes,
             raw,
-            session: self.raw.as_ptr(),
+            context: self.context.clone(),
         })
     }
 
@@ -207,7 +273,7 @@ impl Session {
         // SAFETY: the context and its modules are owned by the live session; every view read
         // here points into module storage and is copied before returning.
         unsafe {
-            let context = sys::iree_runtime_session_context(self.as_ptr());
+            let context = self.context.0.as_ptr();
             for i in 0..sys::iree_vm_context_module_count(context) {
                 let module = sys::iree_vm_context_module_at(context, i);
                 let module_name = from_string_view(sys::iree_vm_module_name(module));
@@ -243,17 +309,16 @@ impl Session {
         self.call_function(&function, inputs)
     }
 
-    /// [`Session::call`] without the name lookup.
-    ///
-    /// # Panics
-    /// If `function` was looked up on another session.
+    /// [`Session::call`] without the name lookup. A function looked up on another session is
+    /// refused ([`Error::InvalidArgument`]).
     pub fn call_function(&mut self, function: &Function, inputs: &[&BufferView]) -> Result<Vec<BufferView>> {
-        assert!(
-            std::ptr::eq(function.session, self.raw.as_ptr()),
-            "Function `{}` belongs to another Session",
-            function.name
-        );
         let op = format!("call `{}`", function.name);
+        if function.context.0 != self.context.0 {
+            return Err(Error::InvalidArgument {
+                op: "call",
+                reason: format!("function `{}` was looked up on another session", function.name),
+            });
+        }
         if let Some(view) = inputs.iter().find(|v| !v.device().same_as(&self.device)) {
             return Err(Error::InvalidArgument {
                 op: "call",
@@ -280,13 +345,16 @@ impl Session {
             check(status, format!("{op}: pass argument"))?;
         }
         let output_list = VmList::new(4, host)?;
-        // SAFETY: session, function (checked to be of this session) and both lists are live.
+        // SAFETY: context, function (checked to be of this context) and both lists are live.
         let status = unsafe {
-            sys::iree_runtime_session_call(
-                self.as_ptr(),
-                &function.raw,
+            sys::iree_vm_invoke(
+                self.context.0.as_ptr(),
+                function.raw,
+                sys::IREE_VM_INVOCATION_FLAG_NONE,
+                std::ptr::null(),
                 input_list.raw.as_ptr(),
                 output_list.raw.as_ptr(),
+                host,
             )
         };
         check(status, op.clone())?;
@@ -306,10 +374,6 @@ impl Session {
                 }
             })
             .collect()
-    }
-
-    fn as_ptr(&self) -> *mut sys::iree_runtime_session_t {
-        self.raw.as_ptr()
     }
 }
 

@@ -28,6 +28,9 @@ device_tests!(
     rows_of_two_head_result,
     functions_share_one_session,
     missing_function_is_named,
+    sessions_share_one_device,
+    function_of_another_session_is_refused,
+    function_outlives_its_session,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -145,6 +148,60 @@ fn functions_share_one_session(device_name: &str) {
     }
 }
 
+/// Two sessions with their own modules on one device, called in turn (the seed's three
+/// archives). Vulkan refused the second one: "Vulkan queue frontier already assigned".
+fn sessions_share_one_device(device_name: &str) {
+    let device = Device::open(&instance(), device_name).unwrap();
+    let vmfb = common::vmfb_for(device_name);
+    let parameters = [("model", fixture().irpa.as_path())];
+    let mut first = Session::open(&device, vmfb, &parameters).expect("first session");
+    let mut second = Session::open(&device, vmfb, &parameters).expect("second session on the same device");
+    let x = BufferView::from_f32(&device, &[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    for _ in 0..2 {
+        let a = first.call("module.double_dynamic", &[&x]).unwrap().remove(0);
+        // One session's result is the other's input: both use the device's memory.
+        let b = second.call("module.double_dynamic", &[&a]).unwrap().remove(0);
+        assert_close(&b.to_f32_vec().unwrap(), &[4.0, 8.0, 12.0, 16.0]);
+    }
+    drop(first);
+    let again = second.call("module.double_dynamic", &[&x]).unwrap().remove(0);
+    assert_close(&again.to_f32_vec().unwrap(), &[2.0, 4.0, 6.0, 8.0]);
+}
+
+fn function_of_another_session_is_refused(device_name: &str) {
+    let mut session = open_session(device_name);
+    let other = open_session(device_name);
+    let foreign = other.lookup("module.double_dynamic").unwrap();
+    let device = session.device().clone();
+    let x = BufferView::from_f32(&device, &[2], &[1.0, 2.0]).unwrap();
+    let err = session.call_function(&foreign, &[&x]).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert!(err.to_string().contains("another session"), "{err}");
+    // The session is unharmed.
+    let out = session.call("module.double_dynamic", &[&x]).unwrap().remove(0);
+    assert_close(&out.to_f32_vec().unwrap(), &[2.0, 4.0]);
+}
+
+/// A function keeps its module alive: after its session is gone it is still a valid value, and
+/// a new session (which may be allocated where the old one was) refuses it instead of running
+/// a freed module.
+fn function_outlives_its_session(device_name: &str) {
+    let session = open_session(device_name);
+    let stale = session.lookup("module.double_dynamic").unwrap();
+    drop(session);
+    for _ in 0..4 {
+        let mut fresh = open_session(device_name);
+        let device = fresh.device().clone();
+        let x = BufferView::from_f32(&device, &[2], &[1.0, 2.0]).unwrap();
+        let err = fresh.call_function(&stale, &[&x]).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        let own = fresh.lookup("module.double_dynamic").unwrap();
+        let out = fresh.call_function(&own, &[&x]).unwrap().remove(0);
+        assert_close(&out.to_f32_vec().unwrap(), &[2.0, 4.0]);
+    }
+    assert_eq!(stale.calling_convention, "0r_r");
+}
+
 fn missing_function_is_named(device_name: &str) {
     let mut session = open_session(device_name);
     let err = session.call("module.nope", &[]).unwrap_err();
@@ -205,6 +262,22 @@ fn missing_parameter_module_is_an_error() {
 fn shape_and_data_must_agree() {
     let device = Device::open(&instance(), "local-sync").unwrap();
     let err = BufferView::from_f32(&device, &[2, 3], &[0.0; 5]).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+}
+
+#[test]
+fn shape_overflowing_the_address_space_is_an_error() {
+    let device = Device::open(&instance(), "local-sync").unwrap();
+    // 2^62 elements of 4 bytes wrap to 0 bytes on 64 bits: equal to the empty data.
+    let shapes: [&[usize]; 3] = [&[1 << 62], &[usize::MAX, 2], &[1 << 31, 1 << 31, 4]];
+    for shape in shapes {
+        let err = BufferView::from_f32(&device, shape, &[]).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument { reason, .. } if reason.contains("exceeds the address space")),
+            "{shape:?}: {err:?}"
+        );
+    }
+    let err = BufferView::from_i32(&device, &[1 << 62], &[]).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
 }
 
