@@ -61,3 +61,11 @@ if [ "$(.tools/venv/bin/pip show gguf 2>/dev/null | awk '/^Version/{print $2}')"
     echo "setup: pip install gguf==$GGUF_PY_VERSION"
     .tools/venv/bin/pip install -q --disable-pip-version-check "gguf==$GGUF_PY_VERSION"
 fi
+
+# Fuzzing (scripts/fuzz.sh): cargo-fuzz from crates.io into .tools/cargo (it runs on the stable
+# toolchain with RUSTC_BOOTSTRAP=1; the sanitizer runtimes ship with the stable std).
+CARGO_FUZZ_VERSION=0.13.2
+if [ "$(.tools/cargo/bin/cargo-fuzz --version 2>/dev/null | awk '{print $2}')" != "$CARGO_FUZZ_VERSION" ]; then
+    echo "setup: cargo install cargo-fuzz@$CARGO_FUZZ_VERSION"
+    cargo install -q --locked --root .tools/cargo "cargo-fuzz@$CARGO_FUZZ_VERSION"
+fi
