@@ -349,6 +349,10 @@ impl KvBackend for IreeKvBackend {
         Ok(())
     }
 
+    fn snapshot_position(&self, snapshot: &IreeSnapshot) -> usize {
+        snapshot.position
+    }
+
     fn position(&self) -> usize {
         self.position
     }

@@ -229,6 +229,10 @@ impl KvBackend for ReferenceKv {
         Ok(())
     }
 
+    fn snapshot_position(&self, snapshot: &ReferenceSnapshot) -> usize {
+        snapshot.position
+    }
+
     fn position(&self) -> usize {
         self.position
     }

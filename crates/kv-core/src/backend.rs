@@ -120,6 +120,9 @@ pub trait KvBackend {
     /// Swaps the snapshot's caches back in. A snapshot of another session is an error.
     fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
 
+    /// The position `snapshot` holds, so that a caller can check a request before it restores.
+    fn snapshot_position(&self, snapshot: &Self::Snapshot) -> usize;
+
     /// Tokens consumed since the last prefill.
     fn position(&self) -> usize;
 
@@ -169,6 +172,9 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     }
     fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()> {
         (**self).restore(snapshot)
+    }
+    fn snapshot_position(&self, snapshot: &Self::Snapshot) -> usize {
+        (**self).snapshot_position(snapshot)
     }
     fn position(&self) -> usize {
         (**self).position()

@@ -94,15 +94,10 @@ impl<B: KvBackend> KvDecoder<B> {
             });
         }
         spec.check_tokens("generate", utterance)?;
-        let mut timing = StageTiming::default();
-
-        let t = Instant::now();
-        self.backend.restore(prefix)?;
-        timing.restore = t.elapsed();
-        let start = self.backend.position();
         // Room for the utterance and every step; the last generated id needs no step.
-        let needed = utterance.len() + max_new.saturating_sub(1);
-        if start + needed > spec.max_positions {
+        let start = self.backend.snapshot_position(prefix);
+        let needed = utterance.len().saturating_add(max_new.saturating_sub(1));
+        if start.saturating_add(needed) > spec.max_positions {
             return Err(Error::ContextOverflow {
                 op: "generate",
                 position: start,
@@ -110,6 +105,11 @@ impl<B: KvBackend> KvDecoder<B> {
                 max: spec.max_positions,
             });
         }
+        let mut timing = StageTiming::default();
+
+        let t = Instant::now();
+        self.backend.restore(prefix)?;
+        timing.restore = t.elapsed();
 
         let t = Instant::now();
         let mut next = None;
@@ -119,7 +119,8 @@ impl<B: KvBackend> KvDecoder<B> {
         }
         timing.chunk = t.elapsed();
 
-        let mut ids = Vec::with_capacity(max_new);
+        // Not `with_capacity(max_new)`: a caller's bound, not a size; generation may stop at eos.
+        let mut ids = Vec::new();
         let mut stopped_at_eos = false;
         let t = Instant::now();
         let mut token = next.unwrap_or_else(|| crate::error::invariant("non-empty utterance made no chunk call"));
@@ -195,5 +196,91 @@ impl<B: RedecodeBackend> RedecodeDecoder<B> {
             len += 1;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LayerKv;
+    use crate::spec::KvSpec;
+
+    /// Counts positions and calls; computes nothing.
+    struct Counting {
+        spec: KvSpec,
+        position: usize,
+        calls: usize,
+    }
+
+    impl KvBackend for Counting {
+        type Snapshot = usize;
+        fn spec(&self) -> &KvSpec {
+            &self.spec
+        }
+        fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
+            self.calls += 1;
+            self.position = tokens.len();
+            Ok(1)
+        }
+        fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
+            self.calls += 1;
+            self.position += tokens.len();
+            Ok(1)
+        }
+        fn step(&mut self, _token: i32) -> Result<i32> {
+            self.calls += 1;
+            self.position += 1;
+            Ok(1)
+        }
+        fn snapshot(&self) -> Result<usize> {
+            Ok(self.position)
+        }
+        fn restore(&mut self, snapshot: &usize) -> Result<()> {
+            self.calls += 1;
+            self.position = *snapshot;
+            Ok(())
+        }
+        fn snapshot_position(&self, snapshot: &usize) -> usize {
+            *snapshot
+        }
+        fn position(&self) -> usize {
+            self.position
+        }
+        fn read_layer(&self, _layer: usize) -> Result<LayerKv> {
+            unimplemented!()
+        }
+        fn name(&self) -> String {
+            "counting".into()
+        }
+    }
+
+    #[test]
+    fn context_overflow_is_checked_before_the_restore() {
+        let spec = KvSpec {
+            max_positions: 40,
+            ..KvSpec::default()
+        };
+        let mut decoder = KvDecoder::new(Counting {
+            spec,
+            position: 0,
+            calls: 0,
+        });
+        let long = decoder.prefill_prefix(&[1; 35]).unwrap();
+        decoder.backend_mut().chunk(&[1; 3]).unwrap();
+        let calls = decoder.backend().calls;
+        // 35 + 4 utterance + 2 steps > 40, while the session itself (at 38) is not restored.
+        let err = decoder.generate(&long, &[1; 4], None, 3).unwrap_err();
+        assert!(
+            matches!(err, Error::ContextOverflow { position: 35, n: 6, .. }),
+            "{err}"
+        );
+        assert_eq!(decoder.backend().position(), 38, "the session moved");
+        assert_eq!(decoder.backend().calls, calls, "a call was made");
+        // What fits still runs.
+        let generation = decoder.generate(&long, &[1; 4], None, 2).unwrap();
+        assert_eq!(generation.ids.len(), 2);
+        // A request whose size overflows usize is an overflow, not a wrap.
+        let err = decoder.generate(&long, &[1], None, usize::MAX).unwrap_err();
+        assert!(matches!(err, Error::ContextOverflow { .. }), "{err}");
     }
 }
