@@ -105,12 +105,25 @@ impl BufferView {
         element_size: usize,
         bytes: &[u8],
     ) -> Result<BufferView> {
-        let count: usize = shape.iter().product();
-        if count * element_size != bytes.len() {
+        // Checked: shapes come from caller geometry (a Kotlin `IreeKvSpec`), and a product that
+        // wraps (`usize` is 32 bits on armv7) could match a short `bytes` and make a view
+        // larger than its data.
+        let needed = shape
+            .iter()
+            .try_fold(element_size, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "create buffer view",
+                reason: format!(
+                    "shape {shape:?} of {element_size}-byte elements exceeds the address space ({}-bit)",
+                    usize::BITS
+                ),
+            })?;
+        if needed != bytes.len() {
             return Err(Error::InvalidArgument {
                 op: "create buffer view",
                 reason: format!(
-                    "shape {shape:?} needs {count} elements, got {}",
+                    "shape {shape:?} needs {} elements, got {}",
+                    needed / element_size,
                     bytes.len() / element_size
                 ),
             });
