@@ -16,6 +16,10 @@ pub enum JniError {
     /// An argument the Java side got wrong before the session saw it (null, negative count).
     #[error("{0}")]
     Argument(String),
+    /// An object whose lock an earlier call poisoned by panicking: a bug in this library, not
+    /// the caller's mistake; the object stays unusable.
+    #[error("internal error: {0}")]
+    Poisoned(String),
 }
 
 pub type JniResult<T> = Result<T, JniError>;

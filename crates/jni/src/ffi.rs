@@ -137,8 +137,32 @@ pub fn new_ints<'local>(env: &mut Env<'local>, values: &[i32]) -> JniResult<JInt
 /// Locks a session; a session poisoned by a panic (a broken invariant) stays unusable.
 pub fn lock<'a, T>(session: &'a Mutex<T>, what: &str) -> JniResult<MutexGuard<'a, T>> {
     session.lock().map_err(|_| {
-        JniError::Argument(format!(
-            "{what} is unusable after an internal panic in an earlier call; destroy it"
+        JniError::Poisoned(format!(
+            "{what} is unusable: an earlier call panicked inside the native library (a bug; the \
+             panic was reported by that call); destroy it and open a new one"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_lock_is_an_internal_error_not_a_bad_argument() {
+        let session = std::sync::Arc::new(Mutex::new(0));
+        let held = session.clone();
+        let _ = std::thread::spawn(move || {
+            let _guard = held.lock().unwrap();
+            panic!("a broken invariant");
+        })
+        .join();
+        let err = lock(&session, "this IreeKvSession").expect_err("the lock is poisoned");
+        assert!(matches!(err, JniError::Poisoned(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("internal error: this IreeKvSession is unusable") && text.contains("panicked"),
+            "{text}"
+        );
+    }
 }
