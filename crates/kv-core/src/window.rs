@@ -145,10 +145,27 @@ pub fn plan_prefill(spec: &KvSpec, tokens: &[i32]) -> Result<PrefillPlan> {
 
 /// Validates a chunk call (1..=C tokens after a prefix, within maxPositions) and plans it.
 pub fn plan_chunk(spec: &KvSpec, position: usize, tokens: &[i32]) -> Result<ChunkPlan> {
-    let n = tokens.len();
     if position == 0 {
         return Err(Error::NotPrefilled { op: "chunk" });
     }
+    chunk_at(spec, position, tokens)
+}
+
+/// Validates a prefill (as [`plan_prefill`]) and plans it as chunk calls from an empty cache:
+/// the first at position 0 with no past rows, each later one after the previous. A short prompt
+/// then costs `ceil(n / C)` chunk calls instead of one call over all `SEQ` rows. Every piece is
+/// planned (and so validated) before the caller runs any.
+pub fn plan_chunked_prefill(spec: &KvSpec, tokens: &[i32]) -> Result<Vec<ChunkPlan>> {
+    plan_prefill(spec, tokens)?;
+    tokens
+        .chunks(spec.chunk)
+        .enumerate()
+        .map(|(i, piece)| chunk_at(spec, i * spec.chunk, piece))
+        .collect()
+}
+
+fn chunk_at(spec: &KvSpec, position: usize, tokens: &[i32]) -> Result<ChunkPlan> {
+    let n = tokens.len();
     if n == 0 || n > spec.chunk {
         return Err(Error::BadTokenCount {
             op: "chunk",

@@ -1,7 +1,7 @@
 //! The window arithmetic against small hand-written tables of exact rows and positions.
 
 use kv_core::mask::{attends, chunk_mask, MASKED};
-use kv_core::window::{past_rows, plan_chunk, plan_step, step_keys, PastCall};
+use kv_core::window::{past_rows, plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, step_keys, PastCall};
 use kv_core::{Error, KvSpec, LayerKind, WindowRule};
 
 fn spec(window: usize) -> KvSpec {
@@ -124,4 +124,36 @@ fn plans_validate_before_anything_runs() {
     assert_eq!(plan.kind(LayerKind::Global).past, 6);
     assert_eq!(plan.kind(LayerKind::Global).mask.len(), 2 * 4 * (6 + 4));
     assert_eq!(plan.kind(LayerKind::Sliding).rope.start, 6);
+}
+
+/// A prefill fed as chunk calls from an empty cache: pieces of C tokens at positions 0, C, ...;
+/// the first sees no past rows (a mask over its own rows only), later ones are exactly the plans
+/// of ordinary chunk calls at their position.
+#[test]
+fn chunked_prefill_is_chunk_calls_from_an_empty_cache() {
+    let s = spec(4);
+    let tokens = [1, 2, 3, 4, 5, 6, 7];
+    let plans = plan_chunked_prefill(&s, &tokens).unwrap();
+    assert_eq!(plans.len(), 2);
+    assert_eq!((plans[0].position, plans[0].n), (0, 4));
+    assert_eq!((plans[1].position, plans[1].n), (4, 3));
+    for k in &plans[0].kinds {
+        assert_eq!(k.past, 0);
+        assert_eq!(k.mask, chunk_mask(0, 0, 4, s.chunk, s.window(k.kind), s.mask_head_count()));
+    }
+    let later = plan_chunk(&s, 4, &tokens[4..]).unwrap();
+    assert_eq!(plans[1].tokens, later.tokens);
+    assert_eq!(plans[1].select, later.select);
+    for (a, b) in plans[1].kinds.iter().zip(&later.kinds) {
+        assert_eq!((a.kind, a.past, &a.mask, &a.rope.cos), (b.kind, b.past, &b.mask, &b.rope.cos));
+    }
+    // One token: one call whose select picks row 0.
+    let one = plan_chunked_prefill(&s, &[9]).unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].select[0], 1.0);
+    // It refuses exactly what a prefill refuses, before planning anything.
+    for bad in [&[][..], &[1; 9][..], &[1, 10][..], &[-1][..]] {
+        let chunked = plan_chunked_prefill(&s, bad).unwrap_err().to_string();
+        assert_eq!(chunked, plan_prefill(&s, bad).unwrap_err().to_string());
+    }
 }
