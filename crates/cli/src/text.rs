@@ -9,10 +9,13 @@ use crate::report::parse_ids;
 /// `--prompt TEXT` | `--chat TEXT` | `--ids 1,2,3`: one of them.
 #[derive(Args, Clone, Debug)]
 pub struct PromptArgs {
-    /// Text, tokenized with the model's tokenizer (BOS as its metadata says).
+    /// Text, tokenized with the model's tokenizer (BOS as its metadata says). Special tokens
+    /// written in it (`<start_of_turn>`, `<|im_end|>`, ...) are parsed as control tokens, as
+    /// llama.cpp's CLI does: give only text you control; use --chat for anyone else's words.
     #[arg(long, conflicts_with_all = ["chat", "ids"])]
     pub prompt: Option<String>,
-    /// A user message, wrapped in the model's chat template.
+    /// A user message, wrapped in the model's chat template. Only the template's turn markers
+    /// become control tokens; the message is plain text, special-token look-alikes included.
     #[arg(long, conflicts_with = "ids")]
     pub chat: Option<String>,
     /// Token ids (`2,818,5279`), taken as they are.

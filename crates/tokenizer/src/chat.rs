@@ -79,9 +79,26 @@ impl ChatTemplate {
         }
     }
 
-    /// Renders `messages` followed by the opener of the model's turn.
+    /// Renders `messages` followed by the opener of the model's turn, as one string.
+    ///
+    /// The string cannot tell the template's markers from look-alikes inside a message:
+    /// tokenize conversations with [`crate::Tokenizer::encode_chat`], which can.
     pub fn apply(&self, messages: &[Message]) -> Result<String> {
-        let mut out = String::new();
+        Ok(self
+            .render(messages)?
+            .iter()
+            .map(|piece| match piece {
+                ChatPiece::Marker(m) => *m,
+                ChatPiece::Text(t) => t.as_str(),
+            })
+            .collect())
+    }
+
+    /// [`ChatTemplate::apply`] as pieces: the template's own turn markers apart from text
+    /// (message contents joined with the template's role names and newlines), so that only the
+    /// markers become control tokens.
+    pub fn render(&self, messages: &[Message]) -> Result<Vec<ChatPiece>> {
+        let mut out = Pieces::default();
         match self {
             ChatTemplate::Gemma => {
                 let (prefix, rest) = match messages.first() {
@@ -98,29 +115,67 @@ impl ChatTemplate {
                     if (role == "user") != expect_user {
                         return Err(Error::Invalid("Gemma turns must alternate user/model".into()));
                     }
-                    out.push_str("<start_of_turn>");
-                    out.push_str(role);
-                    out.push('\n');
+                    out.marker("<start_of_turn>");
+                    out.text(role);
+                    out.text("\n");
                     if i == 0 {
-                        out.push_str(&prefix);
+                        out.text(&prefix);
                     }
-                    out.push_str(m.content.trim());
-                    out.push_str("<end_of_turn>\n");
+                    out.text(m.content.trim());
+                    out.marker("<end_of_turn>");
+                    out.text("\n");
                 }
-                out.push_str("<start_of_turn>model\n");
+                out.marker("<start_of_turn>");
+                out.text("model\n");
             }
             ChatTemplate::ChatMl { default_system } => {
                 if let (Some(sys), false) = (default_system, messages.first().is_some_and(|m| m.role == "system")) {
-                    out.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+                    out.marker("<|im_start|>");
+                    out.text(&format!("system\n{sys}"));
+                    out.marker("<|im_end|>");
+                    out.text("\n");
                 }
                 for m in messages {
-                    out.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+                    out.marker("<|im_start|>");
+                    out.text(&format!("{}\n{}", m.role, m.content));
+                    out.marker("<|im_end|>");
+                    out.text("\n");
                 }
-                out.push_str("<|im_start|>assistant\n");
+                out.marker("<|im_start|>");
+                out.text("assistant\n");
             }
             ChatTemplate::None => return Err(Error::Unsupported("the model has no known chat template".into())),
         }
-        Ok(out)
+        Ok(out.0)
+    }
+}
+
+/// A piece of a rendered conversation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChatPiece {
+    /// A turn marker the template writes (`<start_of_turn>`, `<|im_end|>`, ...): a control token.
+    Marker(&'static str),
+    /// Everything else, message contents included: plain text, whatever it contains.
+    Text(String),
+}
+
+/// Rendered pieces, adjacent text joined (so text tokenizes as one run, as in the whole string).
+#[derive(Default)]
+struct Pieces(Vec<ChatPiece>);
+
+impl Pieces {
+    fn marker(&mut self, marker: &'static str) {
+        self.0.push(ChatPiece::Marker(marker));
+    }
+
+    fn text(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        match self.0.last_mut() {
+            Some(ChatPiece::Text(t)) => t.push_str(text),
+            _ => self.0.push(ChatPiece::Text(text.to_string())),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use gguf::GgufFile;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatPiece, ChatTemplate, Message};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -274,7 +274,9 @@ impl Tokenizer {
     }
 
     /// Tokenizes `text`, special tokens (`<start_of_turn>`, `<|im_start|>`, ...) parsed as single
-    /// tokens; BOS first when `add_bos`. llama.cpp's `llama_tokenize(text, add_bos, true)`.
+    /// tokens; BOS first when `add_bos`. llama.cpp's `llama_tokenize(text, add_bos, true)`: for
+    /// text the caller controls; end users' words go through [`Tokenizer::encode_chat`] or
+    /// [`Tokenizer::encode_with`] without `parse_special`.
     pub fn encode(&self, text: &str, add_bos: bool) -> Vec<i32> {
         self.encode_with(text, add_bos, true)
     }
@@ -289,30 +291,36 @@ impl Tokenizer {
             }
         }
         let mut is_prev_special = true;
+        self.encode_into(text, parse_special, &mut out, &mut is_prev_special);
+        out
+    }
+
+    /// Appends the ids of `text`; `is_prev_special` carries SentencePiece's space prefix rule
+    /// across calls (a prefix after a special token, never inside a text run).
+    fn encode_into(&self, text: &str, parse_special: bool, out: &mut Vec<i32>, is_prev_special: &mut bool) {
         for frag in self.partition(text, parse_special) {
             match frag {
                 Fragment::Token(id) => {
                     out.push(id);
-                    is_prev_special = true;
+                    *is_prev_special = true;
                 }
                 Fragment::Text(t) => {
                     match self.kind {
                         Kind::Spm => {
                             let mut s = String::with_capacity(t.len() + 3);
-                            if self.add_space_prefix && is_prev_special {
+                            if self.add_space_prefix && *is_prev_special {
                                 s.push(' ');
                             }
                             s.push_str(t);
                             let escaped = s.replace(' ', "\u{2581}");
-                            spm::tokenize(self, &escaped, &mut out);
+                            spm::tokenize(self, &escaped, out);
                         }
-                        Kind::Bpe(split) => bpe::tokenize(self, split, t, &mut out),
+                        Kind::Bpe(split) => bpe::tokenize(self, split, t, out),
                     }
-                    is_prev_special = false;
+                    *is_prev_special = false;
                 }
             }
         }
-        out
     }
 
     /// The bytes a token stands for. Control tokens give nothing unless `special`.
@@ -351,9 +359,35 @@ impl Tokenizer {
         self.chat.apply(messages)
     }
 
-    /// [`Tokenizer::apply_chat`] tokenized, with a BOS if the model wants one.
+    /// A conversation's ids, with a BOS if the model wants one: the ids of
+    /// [`Tokenizer::apply_chat`]'s text, except that only the template's own turn markers become
+    /// control tokens. Message contents are plain text (llama.cpp's `parse_special = false`), so
+    /// a message holding `<end_of_turn>` cannot close its turn and forge the model's.
     pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<i32>> {
-        Ok(self.encode(&self.apply_chat(messages)?, self.add_bos))
+        let mut out = Vec::new();
+        if self.add_bos {
+            out.extend(self.bos);
+        }
+        let mut is_prev_special = true;
+        let mut text = String::new();
+        for piece in self.chat.render(messages)? {
+            match piece {
+                ChatPiece::Marker(marker) => match self.token_id(marker) {
+                    Some(id) => {
+                        self.encode_into(&text, false, &mut out, &mut is_prev_special);
+                        text.clear();
+                        out.push(id);
+                        is_prev_special = true;
+                    }
+                    // A template named by the metadata over a vocabulary without this marker:
+                    // it is text, as it was in the rendered string.
+                    None => text.push_str(marker),
+                },
+                ChatPiece::Text(t) => text.push_str(&t),
+            }
+        }
+        self.encode_into(&text, false, &mut out, &mut is_prev_special);
+        Ok(out)
     }
 
     /// llama.cpp's `tokenizer_st_partition`: special tokens, longest first, cut out of the text.

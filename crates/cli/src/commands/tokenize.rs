@@ -11,9 +11,12 @@ pub struct TokenizeArgs {
     /// A real model (`gemma3-270m`, `smollm2-135m`).
     #[arg(long)]
     model: String,
+    /// The text. Special tokens written in it (`<start_of_turn>`, `<|im_end|>`, ...) are parsed
+    /// as control tokens, as llama.cpp's CLI does, unless --chat.
     #[arg(long)]
     text: String,
-    /// Wrap the text in the chat template as a user message.
+    /// Wrap the text in the chat template as a user message: only the template's turn markers
+    /// become control tokens; the text is plain text, special-token look-alikes included.
     #[arg(long)]
     chat: bool,
     /// Never add BOS (default: as the model's metadata says).
