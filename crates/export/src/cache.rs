@@ -13,7 +13,7 @@ use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source
 const FINGERPRINT_FILE: &str = "source.fingerprint";
 
 /// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
-const EMITTER_REVISION: u32 = 4;
+const EMITTER_REVISION: u32 = 5;
 
 /// A hash of the source manifest and weights (contents up to 64 MiB, length and mtime beyond).
 fn source_fingerprint(model: &str) -> Result<String> {
