@@ -11,6 +11,14 @@
 //!   (if exported) live in `PREFIX-redecode.mlir` over `weights.irpa`, which keeps the canonical
 //!   names and is also `parameters.weights` (what `backend-reference` reads). The key maps are
 //!   in `provenance.parameterKeys` (JSON: graph key → archive key → canonical name).
+//!
+//! Compile flags ([`ExportOptions::compile_flags`] for every module, then
+//! [`ExportOptions::graph_flags`] per graph) are one `iree-compile` run per module, so graphs of one
+//! module need the same flags: graphs whose flags differ get modules of their own (in the shared
+//! layout `PREFIX-GRAPH.mlir` per group of graphs with equal flags, all over the one
+//! `model.irpa`; in the three layout the redecode pair is split the same way). The flags each
+//! graph was compiled with are recorded in `provenance.compileFlags` (when every graph has the
+//! same) and `provenance.graphCompileFlags` (JSON: graph key → flags, when any graph has its own).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,6 +95,9 @@ pub struct ExportOptions {
     /// Extra `iree-compile` flags for every module, after [`weight_compile_flags`] (both recorded
     /// in the provenance).
     pub compile_flags: Vec<String>,
+    /// Extra `iree-compile` flags of single graphs, after [`Self::compile_flags`]; graphs whose
+    /// flags differ are compiled as separate modules (see the module docs).
+    pub graph_flags: BTreeMap<Graph, Vec<String>>,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -125,14 +136,43 @@ impl Default for ExportOptions {
                 Graph::RedecodeAt,
             ],
             compile_flags: Vec::new(),
+            graph_flags: BTreeMap::new(),
         }
     }
+}
+
+impl ExportOptions {
+    /// Every `iree-compile` flag of `graph`'s module: the weight format's, then
+    /// [`Self::compile_flags`], then `graph`'s own.
+    pub fn flags_of(&self, graph: Graph) -> Vec<String> {
+        weight_compile_flags(self.weights)
+            .iter()
+            .map(|f| f.to_string())
+            .chain(self.compile_flags.iter().cloned())
+            .chain(self.graph_flags.get(&graph).into_iter().flatten().cloned())
+            .collect()
+    }
+}
+
+/// `graphs` in groups of equal [`ExportOptions::flags_of`], in first-appearance order.
+fn flag_groups(graphs: &[Graph], options: &ExportOptions) -> Vec<(Vec<Graph>, Vec<String>)> {
+    let mut groups: Vec<(Vec<Graph>, Vec<String>)> = Vec::new();
+    for &g in graphs {
+        let flags = options.flags_of(g);
+        match groups.iter_mut().find(|(_, f)| *f == flags) {
+            Some((gs, _)) => gs.push(g),
+            None => groups.push((vec![g], flags)),
+        }
+    }
+    groups
 }
 
 /// One module to write and compile.
 struct ModulePlan {
     stem: String,
     graphs: Vec<Graph>,
+    /// Every `iree-compile` flag of this module.
+    flags: Vec<String>,
     archive: String,
     /// canonical name → archive key (`None` = identity).
     keys: Option<BTreeMap<String, String>>,
@@ -196,12 +236,21 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     let mut key_maps: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     match options.layout {
         Layout::Shared => {
-            plans.push(ModulePlan {
-                stem: prefix.clone(),
-                graphs: options.graphs.clone(),
-                archive: "model.irpa".into(),
-                keys: None,
-            });
+            let groups = flag_groups(&options.graphs, options);
+            let split = groups.len() > 1;
+            for (graphs, flags) in groups {
+                plans.push(ModulePlan {
+                    stem: if split {
+                        format!("{prefix}-{}", graphs[0].key())
+                    } else {
+                        prefix.clone()
+                    },
+                    graphs,
+                    flags,
+                    archive: "model.irpa".into(),
+                    keys: None,
+                });
+            }
             m.parameters = Some(Parameters::Shared("model.irpa".into()));
             m.embedding_parameter = Some(TOKEN_EMBD.into());
         }
@@ -221,6 +270,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
                 plans.push(ModulePlan {
                     stem: format!("{prefix}-{}", g.key()),
                     graphs: vec![g],
+                    flags: options.flags_of(g),
                     archive,
                     keys: Some(keys),
                 });
@@ -229,10 +279,17 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             for &g in &redecode {
                 files.insert(g.key().into(), "weights.irpa".into());
             }
-            if !redecode.is_empty() {
+            let groups = flag_groups(&redecode, options);
+            let split = groups.len() > 1;
+            for (graphs, flags) in groups {
                 plans.push(ModulePlan {
-                    stem: format!("{prefix}-redecode"),
-                    graphs: redecode.clone(),
+                    stem: if split {
+                        format!("{prefix}-{}", graphs[0].key())
+                    } else {
+                        format!("{prefix}-redecode")
+                    },
+                    graphs,
+                    flags,
                     archive: "weights.irpa".into(),
                     keys: None,
                 });
@@ -261,29 +318,27 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         })
         .collect();
     let mut jobs = Vec::new();
+    let mut written = std::collections::BTreeSet::new();
     for plan in &plans {
         let text = emit_module(&m, &plan.graphs, &emit_opts(&plan.keys))?;
         let mlir = out_dir.join(format!("{}.mlir", plan.stem));
         std::fs::write(&mlir, text).map_err(ExportError::io("writing", &mlir))?;
         let archive_path = out_dir.join(&plan.archive);
-        if !archive_path.exists() || plan.keys.is_some() || options.layout == Layout::Shared {
+        // Each archive once per export (a shared `model.irpa` serves several modules when their
+        // flags differ); the three layout's `weights.irpa` is written above.
+        if plan.keys.is_some() || (options.layout == Layout::Shared && written.insert(plan.archive.clone())) {
             write_archive(&table, &data, plan.keys.as_ref(), &archive_path)?;
         }
         for target in &targets {
             let file = format!("{}.{}.vmfb", plan.stem, target.key());
-            jobs.push((mlir.clone(), target.clone(), out_dir.join(&file)));
+            jobs.push((mlir.clone(), target.clone(), out_dir.join(&file), plan.flags.clone()));
             let entry = m.modules.entry(target.key()).or_default();
             for g in &plan.graphs {
                 entry.insert(g.key().to_string(), file.clone());
             }
         }
     }
-    let flags: Vec<String> = weight_compile_flags(options.weights)
-        .iter()
-        .map(|f| f.to_string())
-        .chain(options.compile_flags.iter().cloned())
-        .collect();
-    compile_all(&jobs, &flags)?;
+    compile_all(&jobs)?;
 
     let p = &mut m.provenance;
     p.insert("compiler".into(), COMPILER_VERSION.into());
@@ -312,8 +367,27 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             .collect::<Vec<_>>()
             .join(","),
     );
-    if !flags.is_empty() {
-        p.insert("compileFlags".into(), flags.join(" "));
+    let per_graph: BTreeMap<&str, String> = options
+        .graphs
+        .iter()
+        .map(|&g| (g.key(), options.flags_of(g).join(" ")))
+        .collect();
+    let distinct: Vec<&String> = per_graph
+        .values()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    match distinct.as_slice() {
+        [one] if one.is_empty() => {}
+        [one] => {
+            p.insert("compileFlags".into(), one.to_string());
+        }
+        _ => {
+            p.insert(
+                "graphCompileFlags".into(),
+                serde_json::to_string(&per_graph).unwrap_or_default(),
+            );
+        }
     }
     if !key_maps.is_empty() {
         p.insert(
@@ -326,9 +400,9 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     Ok(m)
 }
 
-/// Runs the compilations on as many threads as the machine has cores; the first failure (in job
-/// order) is the error.
-fn compile_all(jobs: &[(PathBuf, Target, PathBuf)], flags: &[String]) -> Result<()> {
+/// Runs the compilations (module, target, output, flags) on as many threads as the machine has
+/// cores; the first failure (in job order) is the error.
+fn compile_all(jobs: &[(PathBuf, Target, PathBuf, Vec<String>)]) -> Result<()> {
     let width = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -337,7 +411,7 @@ fn compile_all(jobs: &[(PathBuf, Target, PathBuf)], flags: &[String]) -> Result<
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = batch
                 .iter()
-                .map(|(mlir, target, out)| s.spawn(move || compile_with(mlir, target, out, flags)))
+                .map(|(mlir, target, out, flags)| s.spawn(move || compile_with(mlir, target, out, flags)))
                 .collect();
             handles
                 .into_iter()

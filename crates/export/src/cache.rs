@@ -46,7 +46,8 @@ fn source_fingerprint(model: &str) -> Result<String> {
 /// and, hoisting, lays the weights out for its matmul tiles once at load) where Vulkan needs the
 /// packed form on IREE's portable baseline (IREE 3.13 miscompiles bf16 on Vulkan; the packed
 /// widening must not be hoisted, [`crate::weight_compile_flags`]) and i16 on a named GPU target
-/// (fused into the decode step's matmuls; needs the 16-bit storage such targets have).
+/// (fused into the decode step's matmuls; needs the 16-bit storage such targets have). CPU
+/// modules are compiled with [`CPU_RUNTIME_FLAGS`].
 pub fn runtime_options(target: &Target) -> ExportOptions {
     ExportOptions {
         weights: match target {
@@ -54,9 +55,37 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
             Target::Vulkan { target: None } => crate::WeightFormat::PackedI32,
             Target::Vulkan { target: Some(_) } => crate::WeightFormat::I16,
         },
+        compile_flags: match target {
+            Target::Cpu { .. } => CPU_RUNTIME_FLAGS.iter().map(|f| f.to_string()).collect(),
+            Target::Vulkan { .. } => Vec::new(),
+        },
         ..ExportOptions::default()
     }
 }
+
+/// The `iree-compile` flags of CPU runtime exports, the same for every graph so that all graphs
+/// stay in one module (graphs with flags of their own get modules of their own, and each CPU
+/// module hoists its own relayout of every weight it reads: a second 536 MB for Gemma 3 270M).
+///
+/// - `--iree-opt-level=O3`: IREE's default is O0. Every graph compiles at O3 with the two-stage
+///   argmax (`mlir::Body::argmax_rows`) except the chunk graph.
+/// - `--iree-dispatch-creation-enable-aggressive-fusion=false`: the one O3 option (of those it
+///   turns on: assertions stripped, outer-dim concatenation, aggressive fusion, generalised
+///   matmuls, reassociated FP reductions, transposes propagated) the chunk graph fails with:
+///   "'vector.maskedstore' op write affecting operations on global resources are restricted to
+///   workgroup distributed contexts", on the one-term reduce that drops the unit dimension of the
+///   per-head mask, fused into the attention dispatch (Gemma 3 270M geometry, 6+ layers).
+///   Without it the chunk graph compiles at O3; the step measured the same with and without it.
+///
+/// Not used: `--iree-opt-data-tiling --iree-llvmcpu-enable-ukernels=all` fails on the step
+/// ("'affine.delinearize_index' op no basis element may be statically non-positive", the
+/// attention `dot_general` over the dynamic past) and on the prefill ("exceeded stack allocation
+/// limit of 32768 bytes"); it compiles for the chunk graph alone, which would then need a module
+/// (and a hoisted copy of the weights) of its own.
+pub const CPU_RUNTIME_FLAGS: &[&str] = &[
+    "--iree-opt-level=O3",
+    "--iree-dispatch-creation-enable-aggressive-fusion=false",
+];
 
 /// The default cache root: `$SKAINET_KV_CACHE/artifacts`, else `<workspace>/.cache/artifacts`.
 pub fn cache_root() -> PathBuf {

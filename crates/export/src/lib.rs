@@ -27,7 +27,7 @@ mod emit;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source};
-pub use cache::{cache_root, cached_export, cached_export_with, is_cached, runtime_options};
+pub use cache::{cache_root, cached_export, cached_export_with, is_cached, runtime_options, CPU_RUNTIME_FLAGS};
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
 

@@ -270,3 +270,42 @@ fn cpu_calls_agree(dir: &Path, m: &Manifest, label: &str, chunk: bool, steps: us
         assert_layers_close(&format!("{label} step"), &g, &r);
     }
 }
+
+/// Per-graph flags: a graph compiled with flags of its own gets a module of its own beside the
+/// shared one, over the same archive; every graph's flags are in the provenance, and every call
+/// still agrees with the reference. Starts from the CPU runtime settings, so their flags
+/// (`export::runtime_options`) are compiled and run here too.
+#[test]
+fn per_graph_flags_split_the_shared_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = export::runtime_options(&export::Target::cpu());
+    options.targets = vec![export::Target::cpu()];
+    options.prefill_seq = Some(PREFILL_SEQ);
+    options.graphs = vec![Graph::Prefill, Graph::Chunk, Graph::Step];
+    options.graph_flags.insert(
+        Graph::Chunk,
+        vec!["--iree-llvmcpu-reassociate-fp-reductions=false".into()],
+    );
+    let m = export_artifacts(&Source::Fixture("tiny-gemma3-gqa:5".into()), dir.path(), &options).unwrap();
+    let files = &m.modules["llvm-cpu"];
+    assert_eq!(files["prefill"], files["withPast"], "equal flags share a module");
+    assert_ne!(files["prefill"], files["prefillWithPast"], "the chunk has its own");
+    assert_eq!(
+        m.parameter_file(Graph::Chunk),
+        m.parameter_file(Graph::Step),
+        "one archive"
+    );
+    let per: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&m.provenance["graphCompileFlags"]).unwrap();
+    assert_eq!(per.len(), 3, "{per:?}");
+    assert!(per["prefillWithPast"].ends_with("--iree-llvmcpu-reassociate-fp-reductions=false"));
+    assert_eq!(per["prefill"], per["withPast"]);
+    for flag in &options.compile_flags {
+        assert!(
+            per.values().all(|f| f.contains(flag.as_str())),
+            "{flag} everywhere: {per:?}"
+        );
+    }
+    assert!(!m.provenance.contains_key("compileFlags"), "one key or the other");
+    cpu_calls_agree(dir.path(), &m, "per-graph flags", true, 2);
+}
