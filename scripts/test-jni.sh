@@ -2,7 +2,8 @@
 # The JNI libraries (crates/jni) on a real JVM: checks that each .so exports exactly the
 # CONTRACT §5 symbols, exports a fixture model and the Rust API's ids (jni-fixture), compiles the
 # Kotlin classes and tests with kotlinc (scripts/setup.sh installs it) and the Java test with javac,
-# and runs both against target/debug/libskainet_iree_{kv,redecode}.so.
+# and runs both against target/debug/libskainet_iree_{kv,redecode}.so, then a 15 s JNI stress test
+# (JniStressTest.java; SKAINET_JNI_STRESS_SECONDS / _THREADS, SKAINET_JNI_STRESS_ONLY=1 runs only it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -12,8 +13,8 @@ KOTLIN_HOME=.tools/kotlin/node_modules/kotlin-compiler
 KOTLINC="$KOTLIN_HOME/bin/kotlinc"
 STDLIB="$KOTLIN_HOME/lib/kotlin-stdlib.jar"
 [ -x "$KOTLINC" ] || { echo "test-jni: $KOTLINC missing; run scripts/setup.sh" >&2; exit 1; }
-OUT=target/jni-test
-LIBS=target/debug
+OUT="${CARGO_TARGET_DIR:-target}/jni-test"
+LIBS="${CARGO_TARGET_DIR:-target}/debug"
 
 cargo build -p skainet-iree-kv -p skainet-iree-redecode
 
@@ -49,6 +50,21 @@ javac -d "$OUT/classes" -cp "$OUT/classes:$STDLIB" $(find kotlin/src/test/java -
 run() {
     java -Xcheck:jni -Djava.library.path="$LIBS" -cp "$OUT/classes:$STDLIB" "$@" "$OUT/fixture/fixture.properties"
 }
-run sk.ainet.transformers.iree.android.JniTestKt
-run sk.ainet.transformers.iree.android.JavaInteropTest
+if [ -z "${SKAINET_JNI_STRESS_ONLY:-}" ]; then
+    run sk.ainet.transformers.iree.android.JniTestKt
+    run sk.ainet.transformers.iree.android.JavaInteropTest
+fi
+# 8 threads creating, using, snapshotting, restoring, releasing and destroying sessions at random
+# with wrong handles mixed in (scripts/stress-jni.sh runs it for minutes). A fixed Java heap keeps
+# the RSS it samples about native memory.
+# The library logs every refused call to stderr: kept in a file, shown when the test fails.
+stress_log="$OUT/stress-stderr.log"
+if ! run -Xms64m -Xmx64m -Dskainet.stress.seconds="${SKAINET_JNI_STRESS_SECONDS:-15}" \
+    -Dskainet.stress.threads="${SKAINET_JNI_STRESS_THREADS:-8}" sk.ainet.transformers.iree.android.JniStressTest \
+    2>"$stress_log"; then
+    tail -40 "$stress_log" >&2
+    echo "test-jni: stress test failed (stderr in $stress_log)" >&2
+    exit 1
+fi
+echo "test-jni: stress stderr: $(wc -l <"$stress_log") lines ($(grep -c '^E/' "$stress_log" || true) refused calls logged)"
 echo "test-jni: passed in $((SECONDS - start)) s"
