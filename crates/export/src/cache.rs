@@ -68,7 +68,13 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
 /// module hoists its own relayout of every weight it reads: a second 536 MB for Gemma 3 270M).
 ///
 /// - `--iree-opt-level=O3`: IREE's default is O0. Every graph compiles at O3 with the two-stage
-///   argmax (`mlir::Body::argmax_rows`) except the chunk graph.
+///   argmax (`mlir::Body::argmax_rows`) except the chunk graph. At O3 the matmuls read the bf16
+///   weights in the archive's layout: nothing is hoisted (at O0 the step alone hoisted 127
+///   transposed weight copies), so Gemma 3 270M's peak RSS in `bench` fell from 1,347–1,556 MB to
+///   914–1,029 MB. Speed on a 2-core AMD EPYC (Zen 4, AVX-512 BF16) under heavy load, CPU time
+///   per call in `iree-benchmark-module`: step within noise (134–150 ms against 138–152 ms),
+///   chunk 197–207 ms against 222–245 ms, redecode (SEQ 128) 1.15 s against 1.25 s; on an AVX2
+///   EPYC the step alone went from 116 to 45 ms at O3 (`shared/notes/PERFORMANCE.md`).
 /// - `--iree-dispatch-creation-enable-aggressive-fusion=false`: the one O3 option (of those it
 ///   turns on: assertions stripped, outer-dim concatenation, aggressive fusion, generalised
 ///   matmuls, reassociated FP reductions, transposes propagated) the chunk graph fails with:
@@ -80,8 +86,9 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
 /// Not used: `--iree-opt-data-tiling --iree-llvmcpu-enable-ukernels=all` fails on the step
 /// ("'affine.delinearize_index' op no basis element may be statically non-positive", the
 /// attention `dot_general` over the dynamic past) and on the prefill ("exceeded stack allocation
-/// limit of 32768 bytes"); it compiles for the chunk graph alone, which would then need a module
-/// (and a hoisted copy of the weights) of its own.
+/// limit of 32768 bytes"); it compiles for the chunk graph alone (CPU time per call 157–171 ms
+/// against 197–215 ms without it), which would then need a module of its own holding a hoisted,
+/// data-tiled copy of every weight (+536 MB).
 pub const CPU_RUNTIME_FLAGS: &[&str] = &[
     "--iree-opt-level=O3",
     "--iree-dispatch-creation-enable-aggressive-fusion=false",
