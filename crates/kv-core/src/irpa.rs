@@ -76,6 +76,14 @@ pub enum IrpaError {
     /// The header at `offset` does not start with `IRPA`.
     #[error("irpa: bad magic {found:#010x} at offset {offset} (expected {MAGIC:#010x}, `IRPA`)")]
     BadMagic { offset: u64, found: u32 },
+    /// The file changed since it was opened (truncated, rewritten in place, or replaced at its
+    /// path): reading its mapping could raise SIGBUS or give other weights than the session's.
+    #[error(
+        "irpa: `{}` changed since it was opened ({detail}); archives are memory-mapped: never \
+         modify one in place while a session uses it; replace it by renaming and open a new session",
+        path.display()
+    )]
+    Changed { path: PathBuf, detail: String },
     /// A header version this reader does not understand (only 0.0 exists).
     #[error("irpa: unsupported archive version {major}.{minor} at offset {offset} (supported: 0.0)")]
     UnsupportedVersion { offset: u64, major: u16, minor: u16 },
@@ -191,10 +199,15 @@ impl Backing {
 /// A parsed `.irpa` archive. The bytes are memory-mapped (or owned, for [`Self::from_bytes`]);
 /// [`Self::data`] borrows from them without copying.
 ///
-/// The mapping assumes that nobody truncates or rewrites the file while it is open (the usual
-/// memory-map caveat); [`IrpaWriter::write`] replaces files by renaming, which is safe.
+/// **The file must not change while the archive is open.** Reading the mapping of a file that
+/// was truncated raises SIGBUS, which kills the process; a file rewritten in place changes the
+/// bytes under the borrow. Replace archives by renaming a new file over the old one (as
+/// [`IrpaWriter::write`] does), then open them again. [`Self::check_unchanged`] detects the usual
+/// violations (length, mtime, device and inode differ from those at open) before a read; it
+/// cannot close the window between that check and the read.
 pub struct IrpaArchive {
     path: Option<PathBuf>,
+    stamp: Option<FileStamp>,
     backing: Backing,
     entries: Vec<IrpaEntry>,
     by_name: HashMap<String, usize>,
@@ -222,24 +235,34 @@ impl IrpaArchive {
             }
         };
         let file = File::open(path).map_err(io_err("open"))?;
-        let len = file.metadata().map_err(io_err("stat"))?.len();
-        let backing = if len == 0 {
+        let stamp = FileStamp::of_file(file, path).map_err(io_err("stat"))?;
+        let backing = if stamp.identity.len == 0 {
             // Mapping an empty file is not portable; an empty archive is truncated anyway.
             Backing::Owned(Vec::new())
         } else {
             // SAFETY: the map is read-only; as documented on the type, the file must not be
             // modified while the archive is open.
-            Backing::Mmap(unsafe { Mmap::map(&file) }.map_err(io_err("memory-map"))?)
+            Backing::Mmap(unsafe { Mmap::map(&stamp.file) }.map_err(io_err("memory-map"))?)
         };
-        Self::parse(Some(path.to_path_buf()), backing)
+        Self::parse(Some(path.to_path_buf()), Some(stamp), backing)
     }
 
     /// Parses an archive held in memory (no path).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, IrpaError> {
-        Self::parse(None, Backing::Owned(bytes))
+        Self::parse(None, None, Backing::Owned(bytes))
     }
 
-    fn parse(path: Option<PathBuf>, backing: Backing) -> Result<Self, IrpaError> {
+    /// Errs when the file no longer is the one this archive mapped (see the type's notes);
+    /// always `Ok` for [`Self::from_bytes`]. Two `stat` calls: cheap enough before every read
+    /// of a session's embedding rows.
+    pub fn check_unchanged(&self) -> Result<(), IrpaError> {
+        match &self.stamp {
+            Some(stamp) => stamp.check(),
+            None => Ok(()),
+        }
+    }
+
+    fn parse(path: Option<PathBuf>, stamp: Option<FileStamp>, backing: Backing) -> Result<Self, IrpaError> {
         let entries = parse_entries(backing.bytes())?;
         let mut by_name = HashMap::with_capacity(entries.len());
         for (i, e) in entries.iter().enumerate() {
@@ -260,6 +283,7 @@ impl IrpaArchive {
         }
         Ok(IrpaArchive {
             path,
+            stamp,
             backing,
             entries,
             by_name,
@@ -326,6 +350,99 @@ impl IrpaArchive {
             .iter()
             .filter(|e| e.kind != IrpaEntryKind::Skip && e.len() == len)
             .collect()
+    }
+}
+
+/// A file as it was when opened: its length, mtime and (on Unix) device and inode, with the file
+/// kept open so that a replaced path does not hide changes to the file still mapped.
+#[derive(Debug)]
+pub struct FileStamp {
+    path: PathBuf,
+    file: File,
+    identity: Identity,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    /// Device and inode (0, 0 where the platform has none).
+    id: (u64, u64),
+}
+
+impl Identity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        #[cfg(not(unix))]
+        let id = (0, 0);
+        Identity {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            id,
+        }
+    }
+}
+
+impl FileStamp {
+    /// Opens `path` and records what it is now.
+    pub fn open(path: &Path) -> Result<Self, IrpaError> {
+        let io_err = |op| {
+            move |source| IrpaError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let file = File::open(path).map_err(io_err("open"))?;
+        Self::of_file(file, path).map_err(io_err("stat"))
+    }
+
+    fn of_file(file: File, path: &Path) -> io::Result<Self> {
+        let identity = Identity::of(&file.metadata()?);
+        Ok(FileStamp {
+            path: path.to_path_buf(),
+            file,
+            identity,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Errs when the open file changed length or mtime (truncated or rewritten in place), or
+    /// the path now names another file (replaced). A path that no longer exists is fine: the
+    /// open file, which is what is mapped, is checked.
+    pub fn check(&self) -> Result<(), IrpaError> {
+        let changed = |detail: String| IrpaError::Changed {
+            path: self.path.clone(),
+            detail,
+        };
+        let io_err = |source| IrpaError::Io {
+            op: "stat",
+            path: self.path.clone(),
+            source,
+        };
+        let was = self.identity;
+        let now = Identity::of(&self.file.metadata().map_err(io_err)?);
+        if now.len != was.len {
+            return Err(changed(format!("{} bytes at open, {} now", was.len, now.len)));
+        }
+        if now.modified != was.modified {
+            return Err(changed("modified in place".into()));
+        }
+        match std::fs::metadata(&self.path) {
+            Ok(meta) if Identity::of(&meta).id != was.id => {
+                Err(changed("replaced: the path now names another file".into()))
+            }
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(e)),
+        }
     }
 }
 

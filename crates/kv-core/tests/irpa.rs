@@ -431,6 +431,55 @@ fn open_errors_name_the_file() {
     ));
 }
 
+#[test]
+fn a_file_changed_under_the_mapping_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.irpa");
+    let open = || {
+        mixed_writer().write(&path).unwrap();
+        let archive = IrpaArchive::open(&path).unwrap();
+        archive.check_unchanged().unwrap();
+        archive
+    };
+    let changed = |archive: &IrpaArchive, needle: &str| {
+        let err = archive.check_unchanged().unwrap_err();
+        assert!(matches!(err, IrpaError::Changed { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("a.irpa") && text.contains(needle), "{text}");
+    };
+
+    let archive = open();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(archive.file_len() / 2).unwrap();
+    changed(&archive, "bytes at open");
+    drop(archive);
+
+    // Same length, rewritten in place: only the mtime tells.
+    let archive = open();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    changed(&archive, "modified in place");
+    drop(archive);
+
+    // Replaced by a rename: the mapping is intact, but the session's weights are not the file's.
+    let archive = open();
+    let new = dir.path().join("new.irpa");
+    mixed_writer().write(&new).unwrap();
+    std::fs::rename(&new, &path).unwrap();
+    changed(&archive, "replaced");
+    drop(archive);
+
+    // Removed: what is mapped is still the file that was opened.
+    let archive = open();
+    std::fs::remove_file(&path).unwrap();
+    archive.check_unchanged().unwrap();
+    assert!(IrpaArchive::from_bytes(mixed_writer().to_bytes())
+        .unwrap()
+        .check_unchanged()
+        .is_ok());
+}
+
 /// Parses `bytes`; on success every reported slice must lie inside the archive.
 fn parse_never_escapes(bytes: Vec<u8>) {
     let len = bytes.len();
