@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
+use kv_core::irpa::FileStamp;
 use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
 use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
 use kv_core::{Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, Result, SessionId};
@@ -40,17 +41,29 @@ impl IreeSnapshot {
 ///
 /// Calls take `&mut self`: they replace the per-layer caches and run IREE invocations, which
 /// must not be concurrent on one context.
+///
+/// **The artifacts must not change while the session is open.** The `.irpa` archives are
+/// memory-mapped (by IREE for the weights, by [`Embedding`] for the host gather): reading a
+/// mapping whose file was truncated raises SIGBUS, which kills the process. Replace archives by
+/// renaming a new file over the old one, then open a new session. Each call first checks every
+/// archive's length, mtime, device and inode against those at open and fails with
+/// [`kv_core::irpa::IrpaError::Changed`] instead of reading a changed file (a check, not a lock:
+/// a truncation racing the call itself is not caught).
 pub struct IreeKvBackend {
     id: SessionId,
     manifest: Manifest,
     options: IreeOptions,
     device: Device,
     sessions: Vec<Option<Session>>,
+    /// Each session's parameter archive as it was at open (checked before each call).
+    archives: Vec<FileStamp>,
     functions: HashMap<Graph, (usize, Function)>,
     args: HashMap<Graph, Vec<String>>,
     outputs: HashMap<Graph, Vec<String>>,
     embedding: Embedding,
     target: String,
+    /// Whether `release_prefill` removed the prefill graph (for the error of a later prefill).
+    prefill_released: bool,
     layers: Vec<LayerCache>,
     position: usize,
 }
@@ -105,6 +118,7 @@ impl IreeKvBackend {
         let Opened {
             device,
             sessions,
+            archives,
             functions,
             target,
         } = opened;
@@ -112,11 +126,14 @@ impl IreeKvBackend {
         let archive = manifest
             .parameter_file(Graph::Step)
             .ok_or_else(|| Error::manifest("parameters", "no archive for `withPast`"))?;
-        let embedding = Embedding::open(
-            &dir.join(archive),
-            manifest.embedding_parameter.as_deref(),
-            &manifest.spec,
-        )?;
+        let archive = dir.join(archive);
+        let step_vmfb = manifest.modules.get(&target).and_then(|m| m.get(Graph::Step.key()));
+        let embedding = match (&manifest.embedding_parameter, step_vmfb) {
+            (Some(name), _) => Embedding::open(&archive, Some(name), &manifest.spec)?,
+            // Seed artifacts (the JNI's in-memory manifest) do not name the table.
+            (None, Some(vmfb)) => Embedding::open_beside(&archive, &dir.join(vmfb), &manifest.spec)?,
+            (None, None) => Embedding::open(&archive, None, &manifest.spec)?,
+        };
         let args = Graph::KV.iter().map(|&g| (g, manifest.args_or_canonical(g))).collect();
         let outputs = Graph::KV
             .iter()
@@ -128,11 +145,13 @@ impl IreeKvBackend {
             options,
             device,
             sessions,
+            archives,
             functions,
             args,
             outputs,
             embedding,
             target,
+            prefill_released: false,
             layers: Vec::new(),
             position: 0,
         })
@@ -147,22 +166,18 @@ impl IreeKvBackend {
         &self.target
     }
 
-    /// Drops the prefill graph's session when no other graph shares it (the seed's three-archive
-    /// layout: frees its weights once the prefix snapshot exists). Later `prefill` calls fail.
-    /// Returns whether anything was released.
+    /// Releases the prefill graph, whatever the layout: later `prefill` calls fail with an error
+    /// that says so (restore a snapshot and continue with chunk and step calls). Its session is
+    /// dropped when no other graph uses it (the seed's three-archive layout: its module and
+    /// weights are freed once the prefix snapshot exists); in one shared module nothing can be
+    /// freed. Returns whether a session was freed.
     pub fn release_prefill(&mut self) -> bool {
-        let Some(&(index, _)) = self.functions.get(&Graph::Prefill) else {
+        let Some((index, _)) = self.functions.remove(&Graph::Prefill) else {
             return false;
         };
-        let shared = self
-            .functions
-            .iter()
-            .any(|(&g, &(i, _))| g != Graph::Prefill && i == index);
-        if shared {
-            return false;
-        }
-        self.functions.remove(&Graph::Prefill);
-        self.sessions[index].take().is_some()
+        self.prefill_released = true;
+        let shared = self.functions.values().any(|&(i, _)| i == index);
+        !shared && self.sessions[index].take().is_some()
     }
 
     fn f32_view(&self, shape: &[usize], data: &[f32]) -> Result<BufferView> {
@@ -181,10 +196,15 @@ impl IreeKvBackend {
         mut inputs: HashMap<String, BufferView>,
         expect: &dyn Fn(&str) -> (Vec<usize>, ElementType),
     ) -> Result<HashMap<String, BufferView>> {
-        let (index, function) = self
-            .functions
-            .get(&graph)
-            .ok_or_else(|| contract_err(graph.key(), "this graph's session was released (release_prefill)"))?;
+        let (index, function) = self.functions.get(&graph).ok_or_else(|| {
+            contract_err(
+                graph.key(),
+                match self.prefill_released {
+                    true => "the prefill graph was released (release_prefill); restore a snapshot and continue with chunk and step calls",
+                    false => "this session was opened without a prefill module; restore a snapshot and continue with chunk and step calls",
+                },
+            )
+        })?;
         let ordered: Vec<BufferView> = self.args[&graph]
             .iter()
             .map(|name| {
@@ -194,6 +214,7 @@ impl IreeKvBackend {
             })
             .collect::<Result<_>>()?;
         let refs: Vec<&BufferView> = ordered.iter().collect();
+        self.archives[*index].check()?;
         let session = self.sessions[*index]
             .as_mut()
             .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));

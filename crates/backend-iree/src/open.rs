@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use iree_runtime::{Device, Function, Instance, Session};
+use kv_core::irpa::FileStamp;
 use kv_core::{Error, Graph, Manifest, Result, WindowRule};
 
 use crate::convert::iree_err;
@@ -38,6 +39,9 @@ impl IreeOptions {
 pub(crate) struct Opened {
     pub device: Device,
     pub sessions: Vec<Option<Session>>,
+    /// The parameter archive of each session as it was at open: IREE maps it, so a call on a
+    /// session whose archive changed could raise SIGBUS; callers check before each call.
+    pub archives: Vec<FileStamp>,
     /// Graph → (index into `sessions`, function).
     pub functions: HashMap<Graph, (usize, Function)>,
     pub target: String,
@@ -128,6 +132,7 @@ pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], opt
     .map_err(iree_err(format!("open device `{}`", options.device)))?;
 
     let mut sessions: Vec<Option<Session>> = Vec::new();
+    let mut archives = Vec::new();
     let mut by_files: HashMap<(PathBuf, PathBuf), usize> = HashMap::new();
     let mut functions = HashMap::new();
     for &graph in graphs {
@@ -152,6 +157,7 @@ pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], opt
                         irpa.display()
                     )))?;
                 sessions.push(Some(session));
+                archives.push(FileStamp::open(&irpa)?);
                 by_files.insert((vmfb, irpa), sessions.len() - 1);
                 sessions.len() - 1
             }
@@ -187,6 +193,7 @@ pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], opt
     Ok(Opened {
         device,
         sessions,
+        archives,
         functions,
         target,
     })

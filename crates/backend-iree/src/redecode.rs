@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
+use kv_core::irpa::FileStamp;
 use kv_core::{Error, Graph, Manifest, RedecodeBackend, Result};
 
 use crate::convert::{contract_err, iree_err};
@@ -13,6 +14,8 @@ use crate::open::{open_graphs, IreeOptions, Opened};
 pub struct IreeRedecodeBackend {
     device: Device,
     session: Session,
+    /// The session's parameter archive as it was at open (checked before each call).
+    archive: FileStamp,
     function: Function,
     seq: usize,
     vocab: usize,
@@ -33,6 +36,7 @@ impl IreeRedecodeBackend {
         let Opened {
             device,
             mut sessions,
+            mut archives,
             mut functions,
             ..
         } = open_graphs(dir, &manifest, &[Graph::Redecode], &options)?;
@@ -42,9 +46,11 @@ impl IreeRedecodeBackend {
         let session = sessions[index]
             .take()
             .unwrap_or_else(|| kv_core::error::invariant("opened session"));
+        let archive = archives.swap_remove(index);
         Ok(IreeRedecodeBackend {
             device,
             session,
+            archive,
             function,
             seq,
             vocab: manifest.spec.vocab_size,
@@ -89,6 +95,7 @@ impl IreeRedecodeBackend {
         let Opened {
             device,
             mut sessions,
+            mut archives,
             mut functions,
             ..
         } = open_graphs(Path::new(""), &manifest, &[Graph::Redecode], &options)?;
@@ -98,6 +105,7 @@ impl IreeRedecodeBackend {
         let session = sessions[index]
             .take()
             .unwrap_or_else(|| kv_core::error::invariant("opened session"));
+        let archive = archives.swap_remove(index);
         let seq = seq
             .or_else(|| match crate::open::declared_input_dims(&function, 0).as_deref() {
                 Some(&[Some(1), Some(seq)]) => Some(seq),
@@ -107,6 +115,7 @@ impl IreeRedecodeBackend {
         Ok(IreeRedecodeBackend {
             device,
             session,
+            archive,
             function,
             seq,
             vocab,
@@ -149,6 +158,7 @@ impl IreeRedecodeBackend {
                 max: self.seq,
             });
         }
+        self.archive.check()?;
         let input = BufferView::from_i32(&self.device, &[1, self.seq], tokens).map_err(iree_err("upload tokens"))?;
         let results = self
             .session

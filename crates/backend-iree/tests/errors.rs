@@ -149,11 +149,69 @@ fn released_prefill_is_an_error_and_the_session_keeps_decoding() {
         c.step(9).unwrap()
     });
 
-    // One shared module cannot drop the prefill function alone.
+    // One shared module: nothing can be freed, but prefill is released all the same.
     let shared = artifacts("tiny-gemma3:1", Layout::Shared);
     let mut s = IreeKvBackend::open(&shared, IreeOptions::new("local-task")).unwrap();
-    assert!(!s.release_prefill());
-    s.prefill(&[1, 2]).unwrap();
+    let mut control = IreeKvBackend::open(&shared, IreeOptions::new("local-task")).unwrap();
+    s.prefill(&[1, 2, 3, 4]).unwrap();
+    control.prefill(&[1, 2, 3, 4]).unwrap();
+    assert!(!s.release_prefill(), "one shared module frees nothing");
+    let err = s.prefill(&[1, 2]).unwrap_err().to_string();
+    assert!(err.contains("prefill graph was released"), "{err}");
+    assert_eq!(s.position(), 4);
+    assert_eq!(s.chunk(&[5, 6]).unwrap(), control.chunk(&[5, 6]).unwrap());
+    assert_eq!(s.step(9).unwrap(), control.step(9).unwrap());
+
+    // Without a prefill module the error says that instead.
+    let mut m = Manifest::load(&dir).unwrap();
+    for modules in m.modules.values_mut() {
+        modules.remove(Graph::Prefill.key());
+    }
+    let mut s = IreeKvBackend::open_manifest(&dir, m, IreeOptions::new("local-task")).unwrap();
+    let err = s.prefill(&[1, 2]).unwrap_err().to_string();
+    assert!(err.contains("opened without a prefill module"), "{err}");
+}
+
+#[test]
+fn an_archive_changed_after_open_is_an_error_not_a_sigbus() {
+    for layout in [Layout::Shared, Layout::Three] {
+        let dir = copy_dir(&artifacts("tiny-gemma3:1", layout));
+        let m = Manifest::load(dir.path()).unwrap();
+        let mut s = IreeKvBackend::open(dir.path(), IreeOptions::new("local-task")).unwrap();
+        s.prefill(&[1, 2, 3, 4]).unwrap();
+        let with_past = dir.path().join(m.parameter_file(Graph::Step).unwrap());
+        let len = std::fs::metadata(&with_past).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&with_past)
+            .unwrap()
+            .set_len(len / 4)
+            .unwrap();
+        for err in [s.step(9).unwrap_err(), s.chunk(&[5, 6]).unwrap_err()] {
+            let err = err.to_string();
+            assert!(
+                err.contains("changed since it was opened") && err.contains(&with_past.display().to_string()),
+                "{layout:?}: {err}"
+            );
+        }
+        assert_eq!(s.position(), 4);
+    }
+
+    // The chunk graph's own archive (three archives): IREE maps it; checked before the call.
+    let dir = copy_dir(&artifacts("tiny-gemma3:1", Layout::Three));
+    let m = Manifest::load(dir.path()).unwrap();
+    let mut s = IreeKvBackend::open(dir.path(), IreeOptions::new("local-task")).unwrap();
+    s.prefill(&[1, 2, 3, 4]).unwrap();
+    let chunk = dir.path().join(m.parameter_file(Graph::Chunk).unwrap());
+    let replacement = dir.path().join("replacement.irpa");
+    std::fs::copy(&chunk, &replacement).unwrap();
+    std::fs::rename(&replacement, &chunk).unwrap();
+    let err = s.chunk(&[5, 6]).unwrap_err().to_string();
+    assert!(
+        err.contains("replaced") && err.contains(&chunk.display().to_string()),
+        "{err}"
+    );
+    s.step(9).unwrap();
 }
 
 #[test]

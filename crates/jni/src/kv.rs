@@ -251,9 +251,9 @@ pub fn native_release_snapshot(env: EnvUnowned<'_>, snapshot: jlong) {
 pub fn native_release_prefill(env: EnvUnowned<'_>, h: jlong) {
     call(env, "IreeKvSession.nativeReleasePrefill", |_| {
         let released = with_backend(h, |b| Ok(b.release_prefill()))?;
-        crate::log::info(&match released {
-            true => "IreeKvSession: prefill graph released".to_string(),
-            false => "IreeKvSession: releasePrefill kept the prefill graph (none, or it shares a module)".to_string(),
+        crate::log::info(match released {
+            true => "IreeKvSession: prefill graph released, its module and weights freed",
+            false => "IreeKvSession: prefill graph released (later prefills fail); nothing to free: none was opened, or it shares a module with chunk and step",
         });
         Ok(())
     })

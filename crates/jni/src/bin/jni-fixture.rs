@@ -2,13 +2,16 @@
 //! layout (cached), computes the ids the Rust API produces for a fixed prefix, utterances and
 //! redecode prompt (`kv_core::KvDecoder` over `IreeKvBackend`, `RedecodeDecoder` over
 //! `IreeRedecodeBackend`), and writes `OUTDIR/fixture.properties` for the JVM tests, plus a vmfb
-//! whose result breaks the redecode contract (`nativeStep` must return null for it).
+//! whose result breaks the redecode contract (`nativeStep` must return null for it), the shared
+//! layout's files, and with-past archives holding two entries of the embedding's size
+//! (`OUTDIR/embeddings/`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
 use export::{cached_export, Layout, Target};
+use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::{Graph, KvBackend, KvDecoder, Manifest, RedecodeBackend, RedecodeDecoder};
 
 const MODEL: &str = "tiny-gemma3:7";
@@ -38,23 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target = manifest.modules.keys().next().ok_or("no modules")?.clone();
     let mut p: BTreeMap<String, String> = BTreeMap::new();
     let abs = |name: &str| dir.join(name).display().to_string();
-
-    for (key, graph) in [
-        ("withPast", Graph::Step),
-        ("chunk", Graph::Chunk),
-        ("prefill", Graph::Prefill),
-    ] {
-        let vmfb = &manifest.modules[&target][graph.key()];
-        p.insert(format!("{key}.vmfb"), abs(vmfb));
-        p.insert(
-            format!("{key}.irpa"),
-            abs(manifest.parameter_file(graph).ok_or("no archive")?),
-        );
-        p.insert(
-            format!("{key}.function"),
-            manifest.functions.get(graph).ok_or("no function")?.into(),
-        );
-    }
+    graph_files(&mut p, "", &dir, &manifest)?;
     for (key, value) in [
         ("nLayers", spec.n_layers),
         ("headDim", spec.head_dim),
@@ -72,6 +59,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     p.insert("spec.slidingRopeBase".into(), spec.sliding_rope_base.to_string());
     p.insert("spec.globalRopeBase".into(), spec.global_rope_base.to_string());
+
+    // One shared module for all three graphs: `releasePrefill` must still disable prefill.
+    let shared = cached_export(MODEL, &Target::cpu(), Layout::Shared)?;
+    graph_files(&mut p, "shared.", &shared, &Manifest::load(&shared)?)?;
+
+    // Seed artifacts whose with-past archive holds a second entry of the embedding's size (as an
+    // untied model's output table would): `embeddings/<case>/` hold a copy of the with-past
+    // vmfb and such an archive; `named` adds a manifest.json naming the table, `well-known` a
+    // copy of the table named `token_embd.weight`, `bare` neither (an error must say where to
+    // write the name).
+    let embedding = manifest.embedding_parameter.as_deref().ok_or("no embeddingParameter")?;
+    let with_past_vmfb = dir.join(&manifest.modules[&target][Graph::Step.key()]);
+    let with_past_irpa = dir.join(manifest.parameter_file(Graph::Step).ok_or("no archive")?);
+    for case in ["bare", "named", "well-known"] {
+        let case_dir = out.join("embeddings").join(case);
+        std::fs::create_dir_all(&case_dir)?;
+        let vmfb = case_dir.join("with_past.vmfb");
+        std::fs::copy(&with_past_vmfb, &vmfb)?;
+        let archive = IrpaArchive::open(&with_past_irpa)?;
+        let mut writer = IrpaWriter::new();
+        for entry in archive.entries() {
+            writer.add_data(entry.name(), archive.entry_data(entry)?.to_vec())?;
+        }
+        let table = archive.data(embedding)?;
+        writer.add_data("output_table", vec![0u8; table.len()])?;
+        match case {
+            "named" => std::fs::write(
+                case_dir.join("manifest.json"),
+                format!("{{\"embeddingParameter\": \"{embedding}\"}}\n"),
+            )?,
+            "well-known" => {
+                writer.add_data("token_embd.weight", table.to_vec())?;
+            }
+            _ => {}
+        }
+        let irpa = case_dir.join("with_past.irpa");
+        writer.write(&irpa)?;
+        p.insert(format!("embeddings.{case}.vmfb"), vmfb.display().to_string());
+        p.insert(format!("embeddings.{case}.irpa"), irpa.display().to_string());
+    }
 
     // The ids the JVM must reproduce, through the Rust API on the same artifacts.
     let mut decoder = KvDecoder::new(IreeKvBackend::open(&dir, IreeOptions::new("local-task"))?);
@@ -127,6 +154,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text: String = p.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
     std::fs::write(out.join("fixture.properties"), text)?;
     println!("{}", out.join("fixture.properties").display());
+    Ok(())
+}
+
+/// `{prefix}withPast.vmfb`, `.irpa`, `.function` and the same for `chunk` and `prefill`.
+fn graph_files(
+    p: &mut BTreeMap<String, String>,
+    prefix: &str,
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let target = manifest.modules.keys().next().ok_or("no modules")?;
+    let abs = |name: &str| dir.join(name).display().to_string();
+    for (key, graph) in [
+        ("withPast", Graph::Step),
+        ("chunk", Graph::Chunk),
+        ("prefill", Graph::Prefill),
+    ] {
+        let vmfb = &manifest.modules[target][graph.key()];
+        p.insert(format!("{prefix}{key}.vmfb"), abs(vmfb));
+        p.insert(
+            format!("{prefix}{key}.irpa"),
+            abs(manifest.parameter_file(graph).ok_or("no archive")?),
+        );
+        p.insert(
+            format!("{prefix}{key}.function"),
+            manifest.functions.get(graph).ok_or("no function")?.into(),
+        );
+    }
     Ok(())
 }
 

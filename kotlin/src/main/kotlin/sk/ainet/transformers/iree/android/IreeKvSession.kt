@@ -41,7 +41,11 @@ class IreeKvSession private constructor(private var handle: Long, val spec: Iree
 
     fun restore(snapshot: Snapshot) = nativeRestore(live(), snapshot.handle)
 
-    /** Frees the prefill graph's weights (three-archive layout) once the prefix snapshot exists. */
+    /**
+     * Releases the prefill graph once the prefix snapshot exists: later [prefill] calls throw,
+     * whatever the layout; with a prefill module of its own (three-archive layout) its module
+     * and weights are freed, with one shared module nothing can be.
+     */
     fun releasePrefill() = nativeReleasePrefill(live())
 
     val position: Int get() = nativePosition(live())
@@ -59,7 +63,13 @@ class IreeKvSession private constructor(private var handle: Long, val spec: Iree
             System.loadLibrary("skainet_iree_kv")
         }
 
-        /** Opens the three graphs on `device` (`local-task`, `local-sync`, `vulkan`); [vmfbPrefill] may be null. */
+        /**
+         * Opens the three graphs on `device` (`local-task`, `local-sync`, `vulkan`); [vmfbPrefill] may be null.
+         * The embedding table in [irpaWithPast] is named by `embeddingParameter` in a `manifest.json`
+         * beside [vmfbWithPast] when there is one, else found by a well-known name or its size.
+         * The `.irpa` files are memory-mapped: do not truncate or rewrite them while the session is
+         * open (replace them by renaming, then open a new session); a changed file makes calls throw.
+         */
         @JvmStatic
         fun open(
             device: String,

@@ -1,6 +1,10 @@
 package sk.ainet.transformers.iree.android
 
 import java.io.File
+import java.io.RandomAccessFile
+import java.nio.file.Files
+import java.nio.file.Paths
+import java.nio.file.StandardCopyOption
 import java.util.Properties
 import kotlin.system.exitProcess
 
@@ -21,13 +25,19 @@ class Fixture(path: String) {
         get("spec.slidingRopeBase").toFloat(), get("spec.globalRopeBase").toFloat(),
     )
 
-    fun open(device: String = "local-task", withPrefill: Boolean = true, withPastVmfb: String = this["withPast.vmfb"]) =
-        IreeKvSession.open(
-            device, spec,
-            withPastVmfb, this["withPast.irpa"], this["withPast.function"],
-            this["chunk.vmfb"], this["chunk.irpa"], this["chunk.function"],
-            if (withPrefill) this["prefill.vmfb"] else null, this["prefill.irpa"], this["prefill.function"],
-        )
+    /** Opens the graphs whose keys start with [files] (`""`, `shared.`). */
+    fun open(
+        device: String = "local-task",
+        withPrefill: Boolean = true,
+        files: String = "",
+        withPastVmfb: String = this["${files}withPast.vmfb"],
+        withPastIrpa: String = this["${files}withPast.irpa"],
+    ) = IreeKvSession.open(
+        device, spec,
+        withPastVmfb, withPastIrpa, this["${files}withPast.function"],
+        this["${files}chunk.vmfb"], this["${files}chunk.irpa"], this["${files}chunk.function"],
+        if (withPrefill) this["${files}prefill.vmfb"] else null, this["${files}prefill.irpa"], this["${files}prefill.function"],
+    )
 }
 
 private var checks = 0
@@ -141,7 +151,7 @@ fun main(args: Array<String>) {
 
     // Without a prefill module: prefill is refused, the rest opens.
     f.open(withPrefill = false).use { noPrefill ->
-        throwsIse("prefill without a prefill module", "released") { noPrefill.prefill(padded, 3) }
+        throwsIse("prefill without a prefill module", "without a prefill module") { noPrefill.prefill(padded, 3) }
     }
 
     // releasePrefill: the prefix snapshot keeps serving utterances; prefill is gone.
@@ -155,11 +165,86 @@ fun main(args: Array<String>) {
     session.close()
     throwsIse("closed Kotlin session", "closed") { session.step(1) }
 
+    sharedModuleReleasePrefill(f)
+    embeddingTableOfSeedArtifacts(f)
+    changedArchives(f)
     redecode(f)
 
     println("JniTest: $checks checks, ${failures.size} failed")
     failures.forEach { println("FAILED: $it") }
     exitProcess(if (failures.isEmpty()) 0 else 1)
+}
+
+/** One module for all three graphs: `releasePrefill` disables prefill there too. */
+private fun sharedModuleReleasePrefill(f: Fixture) {
+    val prefix = f.ints("prefix")
+    val padded = IntArray(f.int("spec.seq")).also { prefix.copyInto(it) }
+    f.open(files = "shared.").use { s ->
+        s.prefill(padded, prefix.size)
+        val snapshot = s.snapshot()
+        val next = s.step(7)
+        s.releasePrefill()
+        throwsIse("shared module: prefill after releasePrefill", "was released") { s.prefill(padded, prefix.size) }
+        s.releasePrefill()
+        s.restore(snapshot)
+        check("shared module: restore and step after releasePrefill", s.step(7) == next)
+        snapshot.close()
+    }
+}
+
+/**
+ * With-past archives holding a second entry of the embedding's size (an untied model's output
+ * table would be one): a manifest.json beside the vmfb names the table, else a well-known name;
+ * without either the error says what to write where.
+ */
+private fun embeddingTableOfSeedArtifacts(f: Fixture) {
+    val prefix = f.ints("prefix")
+    val padded = IntArray(f.int("spec.seq")).also { prefix.copyInto(it) }
+    fun open(case: String) = f.open(withPastVmfb = f["embeddings.$case.vmfb"], withPastIrpa = f["embeddings.$case.irpa"])
+    for ((case, how) in listOf("named" to "by the manifest.json beside the vmfb", "well-known" to "by its well-known name")) {
+        val name = "two tables of one size: found $how"
+        try {
+            open(case).use { s -> check(name, s.prefill(padded, prefix.size) == f.int("prefix.firstToken")) }
+        } catch (e: IllegalStateException) {
+            check(name, false) { "threw ${e.message}" }
+        }
+    }
+    val bare = f["embeddings.bare.vmfb"]
+    val manifest = File(File(bare).parentFile, "manifest.json").path
+    throwsIse("two tables of one size, no hint: the error says what to write where", "into $manifest (a manifest.json beside $bare)") {
+        open("bare")
+    }
+}
+
+/** Archives truncated or replaced after `nativeCreate`: the next call throws, no SIGBUS. */
+private fun changedArchives(f: Fixture) {
+    val prefix = f.ints("prefix")
+    val padded = IntArray(f.int("spec.seq")).also { prefix.copyInto(it) }
+    val dir = Files.createTempDirectory("skainet-jni-changed")
+    fun copy(key: String): String {
+        val from = Paths.get(f[key])
+        return Files.copy(from, dir.resolve(from.fileName), StandardCopyOption.REPLACE_EXISTING).toString()
+    }
+    fun open(): IreeKvSession {
+        val irpa = copy("withPast.irpa")
+        return f.open(withPastVmfb = copy("withPast.vmfb"), withPastIrpa = irpa)
+    }
+    val irpa = dir.resolve(Paths.get(f["withPast.irpa"]).fileName)
+
+    open().use { s ->
+        s.prefill(padded, prefix.size)
+        RandomAccessFile(irpa.toFile(), "rw").use { it.setLength(it.length() / 4) }
+        throwsIse("truncated archive: step throws", "changed since it was opened") { s.step(7) }
+        throwsIse("truncated archive: chunk throws", "changed since it was opened") { s.chunk(intArrayOf(1, 2), 2) }
+    }
+    open().use { s ->
+        s.prefill(padded, prefix.size)
+        val fresh = dir.resolve("fresh.irpa")
+        Files.copy(Paths.get(f["withPast.irpa"]), fresh)
+        Files.move(fresh, irpa, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE)
+        throwsIse("replaced archive: step throws", "replaced") { s.step(7) }
+    }
+    dir.toFile().deleteRecursively()
 }
 
 private fun sessionHandle(s: IreeKvSession): Long =
