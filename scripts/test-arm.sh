@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ARM: the pure-Rust crates' tests cross-built for aarch64 and armv7 Linux and run under
 # qemu-user; the IREE runtime cross-built for aarch64 Linux with the JNI libraries linked against
-# it and their exports checked; the Android targets built as far as this machine allows (no NDK:
-# the pure-Rust crates compile for them, nothing native is linked). scripts/setup.sh installs the
+# it and their exports checked, and the IREE conformance suite run on it (aarch64 modules,
+# local-sync and local-task) under qemu-user; the Android targets built as far as this machine
+# allows (no NDK: the pure-Rust crates compile for them, nothing native is linked). scripts/setup.sh installs the
 # cross compilers, qemu and the Rust targets.
 #
 # Linkers and runners are set here, per target, not in a cargo config, so host builds are unaffected.
@@ -29,15 +30,15 @@ done
 
 # 2. The IREE runtime cross-built for aarch64 Linux, and the JNI libraries linked against it.
 target=aarch64-unknown-linux-gnu
+export CMAKE_TOOLCHAIN_FILE="$PWD/crates/jni/cmake/aarch64-linux-gnu.cmake"
+export IREE_HOST_BIN_DIR="$PWD/.tools/venv/bin"
+export BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu"
 stage "$target: IREE runtime + JNI libraries"
-CMAKE_TOOLCHAIN_FILE="$PWD/crates/jni/cmake/aarch64-linux-gnu.cmake" \
-IREE_HOST_BIN_DIR="$PWD/.tools/venv/bin" \
-BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu" \
-    cargo build --target "$target" -p skainet-iree-kv -p skainet-iree-redecode
+cargo build --target "$target" -p skainet-iree-kv -p skainet-iree-redecode
 prefix=Java_sk_ainet_transformers_iree_android
 for lib in kv:IreeKvSession:10 redecode:IreeRedecodeSession:4; do
     IFS=: read -r name class count <<<"$lib"
-    so="target/$target/debug/libskainet_iree_$name.so"
+    so="${CARGO_TARGET_DIR:-target}/$target/debug/libskainet_iree_$name.so"
     file "$so" | grep -q 'ARM aarch64' || { echo "test-arm: $so is not an aarch64 ELF" >&2; exit 1; }
     got=$(aarch64-linux-gnu-nm -D --defined-only "$so" | grep ' T Java_' | awk '{print $3}')
     if [ "$(echo "$got" | grep -c "^${prefix}_${class}_")" != "$count" ] || [ "$(echo "$got" | wc -l)" != "$count" ]; then
@@ -46,7 +47,15 @@ for lib in kv:IreeKvSession:10 redecode:IreeRedecodeSession:4; do
     echo "test-arm: $so: aarch64, exactly $count JNI exports"
 done
 
-# 3. Android: no NDK here, so no .so can be linked and the IREE runtime cannot be cross-built;
+# 3. The IREE conformance suite on that runtime, under qemu (crates/conformance/tests/iree_arm.rs):
+#    the fixtures' graphs compiled for the aarch64 triple (the emulated test binary runs the host's
+#    iree-compile; exports are cached in .cache/artifacts), run on local-sync and local-task and
+#    compared with the FP32 reference like on x86. Fewer property cases than on x86 (qemu is slow).
+stage "$target: IREE conformance on local-sync and local-task under qemu"
+SKAINET_IREE_CASES="${SKAINET_IREE_ARM_CASES:-2}" cargo test --target "$target" -p conformance --test iree_arm
+unset CMAKE_TOOLCHAIN_FILE
+
+# 4. Android: no NDK here, so no .so can be linked and the IREE runtime cannot be cross-built;
 #    the pure-Rust crates are compiled for both Android ABIs (rlibs need no linker).
 for target in aarch64-linux-android armv7-linux-androideabi; do
     stage "$target: build kv-core, backend-reference (no native code)"

@@ -24,9 +24,32 @@ impl IreeFactory {
     }
 }
 
-/// The cached export of `model` (see `export::cached_export`).
+/// The LLVM target triple the CPU modules are compiled for: `$SKAINET_IREE_CPU_TRIPLE`, else the
+/// architecture this binary was built for when it is an ARM one (the suite cross-built for
+/// aarch64 / armv7 and run under qemu-user, `scripts/test-arm.sh`), else none (`iree-compile`'s
+/// default, the host's).
+pub fn cpu_triple() -> Option<String> {
+    match std::env::var("SKAINET_IREE_CPU_TRIPLE") {
+        Ok(t) if !t.is_empty() => Some(t),
+        _ if cfg!(target_arch = "aarch64") => Some("aarch64-unknown-linux-gnu".into()),
+        _ if cfg!(target_arch = "arm") => Some("armv7a-unknown-linux-gnueabihf".into()),
+        _ => None,
+    }
+}
+
+/// The cached export of `model` (see `export::cached_export`); CPU modules for [`cpu_triple`]
+/// (its own cache entry: the flag is part of the options' key).
 pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::path::PathBuf> {
-    export::cached_export(model, target, layout).map_err(|e| Error::Backend {
+    let options = export::ExportOptions {
+        targets: vec![target.clone()],
+        layout,
+        compile_flags: match (target, cpu_triple()) {
+            (Target::Cpu { .. }, Some(triple)) => vec![format!("--iree-llvmcpu-target-triple={triple}")],
+            _ => Vec::new(),
+        },
+        ..export::ExportOptions::default()
+    };
+    export::cached_export_with(model, &options).map_err(|e| Error::Backend {
         backend: "export",
         op: format!("export {model}"),
         message: e.to_string(),
