@@ -63,7 +63,7 @@ pub enum AnyKv {
 pub enum AnyRedecode {
     Reference(ReferenceRedecode),
     #[cfg(feature = "iree")]
-    Iree(backend_iree::IreeRedecodeBackend),
+    Iree(Box<backend_iree::IreeRedecodeBackend>),
 }
 
 /// Runs `$body` with `$b` bound to the concrete backend inside an [`AnyKv`] / [`AnyRedecode`].
@@ -251,10 +251,10 @@ pub fn open_redecode(choice: BackendChoice, source: &ModelSource, seq: Option<us
             "--seq: an IREE redecode graph has the SEQ it was exported with; re-export with --redecode-seq"
         );
         let dir = source.artifacts_for(device)?;
-        return Ok(AnyRedecode::Iree(backend_iree::IreeRedecodeBackend::open(
+        return Ok(AnyRedecode::Iree(Box::new(backend_iree::IreeRedecodeBackend::open(
             &dir,
             backend_iree::IreeOptions::new(device),
-        )?));
+        )?)));
     }
     let _ = choice;
     let model = open_reference(&source.model_dir()?)?;

@@ -189,3 +189,18 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
         (**self).name()
     }
 }
+
+impl<B: RedecodeBackend + ?Sized> RedecodeBackend for Box<B> {
+    fn seq(&self) -> usize {
+        (**self).seq()
+    }
+    fn vocab_size(&self) -> usize {
+        (**self).vocab_size()
+    }
+    fn run(&mut self, tokens: &[i32]) -> Result<Vec<i32>> {
+        (**self).run(tokens)
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
