@@ -6,7 +6,7 @@ use std::path::Path;
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
 use kv_core::irpa::FileStamp;
 use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
-use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
+use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, Result, SessionId};
 
 use crate::convert::{contract_err, iree_err};
@@ -306,6 +306,9 @@ impl KvBackend for IreeKvBackend {
 
     fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
         let spec = self.manifest.spec.clone();
+        if self.options.prefill.by_chunks(tokens.len(), spec.chunk) {
+            return self.prefill_by_chunks(tokens);
+        }
         let plan = plan_prefill(&spec, tokens)?;
         let mut inputs = HashMap::new();
         inputs.insert("tokens".into(), self.i32_view(&[spec.seq], &plan.tokens)?);
@@ -327,18 +330,8 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
-        let spec = self.manifest.spec.clone();
-        let plan = plan_chunk(&spec, self.position, tokens)?;
-        let mut inputs = HashMap::new();
-        inputs.insert("tokens".into(), self.i32_view(&[spec.chunk], &plan.tokens)?);
-        inputs.insert(
-            "emb".into(),
-            self.f32_view(&[spec.chunk, spec.hidden_size], &self.embedding.gather(&plan.tokens)?)?,
-        );
-        inputs.insert("select".into(), self.f32_view(&[1, spec.chunk], &plan.select)?);
-        self.kind_inputs(&mut inputs, &plan.kinds, spec.chunk, true)?;
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
-        self.advance(Graph::Chunk, inputs, &pasts, spec.chunk, plan.n)
+        let plan = plan_chunk(&self.manifest.spec, self.position, tokens)?;
+        self.run_chunk(&plan)
     }
 
     fn step(&mut self, token: i32) -> Result<i32> {
@@ -412,6 +405,50 @@ impl KvBackend for IreeKvBackend {
 }
 
 impl IreeKvBackend {
+    fn run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        let mut inputs = HashMap::new();
+        inputs.insert("tokens".into(), self.i32_view(&[spec.chunk], &plan.tokens)?);
+        inputs.insert(
+            "emb".into(),
+            self.f32_view(&[spec.chunk, spec.hidden_size], &self.embedding.gather(&plan.tokens)?)?,
+        );
+        inputs.insert("select".into(), self.f32_view(&[1, spec.chunk], &plan.select)?);
+        self.kind_inputs(&mut inputs, &plan.kinds, spec.chunk, true)?;
+        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+        self.advance(Graph::Chunk, inputs, &pasts, spec.chunk, plan.n)
+    }
+
+    /// A prefill as chunk calls from an empty cache ([`crate::PrefillRoute`]). The session's
+    /// caches are put back if any call fails, so an error leaves it as it was.
+    fn prefill_by_chunks(&mut self, tokens: &[i32]) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        let plans = plan_chunked_prefill(&spec, tokens)?;
+        let empty = |device: &Device| {
+            BufferView::from_f32(device, &[1, spec.n_kv_heads, 0, spec.head_dim], &[])
+                .map_err(iree_err("make an empty cache"))
+        };
+        let layer = LayerCache {
+            k: empty(&self.device)?,
+            v: empty(&self.device)?,
+            first: 0,
+            rows: 0,
+        };
+        let before = (std::mem::replace(&mut self.layers, vec![layer; spec.n_layers]), self.position);
+        self.position = 0;
+        let mut token = 0;
+        for plan in &plans {
+            match self.run_chunk(plan) {
+                Ok(next) => token = next,
+                Err(e) => {
+                    (self.layers, self.position) = before;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(token)
+    }
+
     /// Runs a with-past graph: hands layer `l` the last `pasts[l]` rows of its cache, calls
     /// `graph` on `rows` new rows of which `real` are kept, and advances the position by `real`.
     /// The caches are replaced only after every result checked out.

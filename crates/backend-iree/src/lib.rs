@@ -25,5 +25,5 @@ mod redecode;
 
 pub use embedding::Embedding;
 pub use kv::{IreeKvBackend, IreeSnapshot};
-pub use open::{declared_input_dims, IreeOptions, DEVICES};
+pub use open::{declared_input_dims, IreeOptions, PrefillRoute, DEFAULT_CHUNKED_PREFILL_CALLS, DEVICES};
 pub use redecode::IreeRedecodeBackend;

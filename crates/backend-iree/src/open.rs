@@ -23,6 +23,7 @@ pub struct IreeOptions {
     /// Worker count of the local-task executor (`None` = IREE's default).
     pub workers: Option<usize>,
     pub rule: WindowRule,
+    pub prefill: PrefillRoute,
 }
 
 impl IreeOptions {
@@ -32,6 +33,45 @@ impl IreeOptions {
             target: None,
             workers: None,
             rule: WindowRule::Exact,
+            prefill: PrefillRoute::default(),
+        }
+    }
+}
+
+/// How [`crate::IreeKvBackend`]'s `prefill` runs a prompt.
+///
+/// The prefill graph always computes all `SEQ` rows, so a one-line prompt costs as much as a
+/// full one (3.7 s for Gemma 3 270M's SEQ 1024 on a 2-core CPU). Chunk calls from an empty cache
+/// cost per `C` tokens, each reading every weight once. Both give the same cache and token (the
+/// conformance suite runs both routes against the reference).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillRoute {
+    /// Always the prefill graph (one call of `SEQ` rows).
+    Graph,
+    /// Always chunk calls from an empty cache (`ceil(n / C)` calls).
+    Chunks,
+    /// Chunk calls while the prompt needs at most this many of them, the graph above.
+    ChunksUpTo(usize),
+}
+
+impl Default for PrefillRoute {
+    /// Chunks up to a quarter of `SEQ / C` calls: measured on Gemma 3 270M (docs/benchmarks.md),
+    /// a chunk call costs well under a quarter of... see `PrefillRoute::by_chunks`.
+    fn default() -> Self {
+        PrefillRoute::ChunksUpTo(DEFAULT_CHUNKED_PREFILL_CALLS)
+    }
+}
+
+/// See [`PrefillRoute::default`].
+pub const DEFAULT_CHUNKED_PREFILL_CALLS: usize = 8;
+
+impl PrefillRoute {
+    /// Whether a prompt of `n` tokens goes through chunk calls of `chunk` tokens.
+    pub fn by_chunks(self, n: usize, chunk: usize) -> bool {
+        match self {
+            PrefillRoute::Graph => false,
+            PrefillRoute::Chunks => true,
+            PrefillRoute::ChunksUpTo(calls) => n.div_ceil(chunk) <= calls,
         }
     }
 }

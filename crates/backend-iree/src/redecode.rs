@@ -90,7 +90,7 @@ impl IreeRedecodeBackend {
             device: device.into(),
             target: Some("m".into()),
             workers,
-            rule: Default::default(),
+            ..IreeOptions::new(device)
         };
         let Opened {
             device,

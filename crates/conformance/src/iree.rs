@@ -1,7 +1,7 @@
 //! The IREE backends: fixture models exported once per process (and cached on disk under
 //! `.cache/artifacts`), opened on `local-task`, `local-sync` or `vulkan`.
 
-use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
+use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend, PrefillRoute};
 use export::{Layout, Target};
 use kv_core::tolerance::Tolerance;
 use kv_core::{Error, Result, WindowRule};
@@ -12,6 +12,9 @@ use crate::factory::BackendFactory;
 pub struct IreeFactory {
     pub device: &'static str,
     pub layout: Layout,
+    /// How `prefill` runs: the suites of the shared layout use the prefill graph, those of the
+    /// three-archive layout chunk calls from an empty cache, so both routes face every problem.
+    pub prefill: PrefillRoute,
 }
 
 impl IreeFactory {
@@ -70,6 +73,7 @@ impl BackendFactory for IreeFactory {
             &dir,
             IreeOptions {
                 rule,
+                prefill: self.prefill,
                 ..IreeOptions::new(self.device)
             },
         )
