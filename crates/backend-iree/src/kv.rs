@@ -407,6 +407,14 @@ impl KvBackend for IreeKvBackend {
 impl IreeKvBackend {
     fn run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
         let spec = self.manifest.spec.clone();
+        let inputs = self.chunk_inputs(plan)?;
+        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+        self.advance(Graph::Chunk, inputs, &pasts, spec.chunk, plan.n)
+    }
+
+    /// A chunk call's inputs but the caches.
+    fn chunk_inputs(&self, plan: &ChunkPlan) -> Result<HashMap<String, BufferView>> {
+        let spec = &self.manifest.spec;
         let mut inputs = HashMap::new();
         inputs.insert("tokens".into(), self.i32_view(&[spec.chunk], &plan.tokens)?);
         inputs.insert(
@@ -415,37 +423,68 @@ impl IreeKvBackend {
         );
         inputs.insert("select".into(), self.f32_view(&[1, spec.chunk], &plan.select)?);
         self.kind_inputs(&mut inputs, &plan.kinds, spec.chunk, true)?;
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
-        self.advance(Graph::Chunk, inputs, &pasts, spec.chunk, plan.n)
+        Ok(inputs)
     }
 
     /// A prefill as chunk calls from an empty cache ([`crate::PrefillRoute`]). The session's
     /// caches are put back if any call fails, so an error leaves it as it was.
     fn prefill_by_chunks(&mut self, tokens: &[i32]) -> Result<i32> {
-        let spec = self.manifest.spec.clone();
-        let plans = plan_chunked_prefill(&spec, tokens)?;
-        let empty = |device: &Device| {
-            BufferView::from_f32(device, &[1, spec.n_kv_heads, 0, spec.head_dim], &[])
-                .map_err(iree_err("make an empty cache"))
-        };
-        let layer = LayerCache {
-            k: empty(&self.device)?,
-            v: empty(&self.device)?,
-            first: 0,
-            rows: 0,
-        };
-        let before = (std::mem::replace(&mut self.layers, vec![layer; spec.n_layers]), self.position);
+        let plans = plan_chunked_prefill(&self.manifest.spec, tokens)?;
+        let before = (std::mem::take(&mut self.layers), self.position);
         self.position = 0;
-        let mut token = 0;
-        for plan in &plans {
-            match self.run_chunk(plan) {
-                Ok(next) => token = next,
-                Err(e) => {
-                    (self.layers, self.position) = before;
-                    return Err(e);
-                }
-            }
+        let result = self
+            .first_chunk(&plans[0])
+            .and_then(|first| plans[1..].iter().try_fold(first, |_, plan| self.run_chunk(plan)));
+        if result.is_err() {
+            (self.layers, self.position) = before;
         }
+        result
+    }
+
+    /// The first chunk of a prefill, at position 0 with no past. Vulkan refuses a dispatch
+    /// bound to an empty buffer, so every layer is handed one row of zeros whose mask column is
+    /// masked for every query: its softmax weight is exactly 0 (exp(-1e30) underflows), so the
+    /// results equal a call without it. The row is dropped from the kept cache.
+    fn first_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        let heads = spec.mask_head_count();
+        let mut widened = plan.clone();
+        for kind in &mut widened.kinds {
+            debug_assert_eq!(kind.past, 0);
+            kind.past = 1;
+            kind.mask = kind
+                .mask
+                .chunks(spec.chunk)
+                .flat_map(|row| std::iter::once(kv_core::mask::MASKED).chain(row.iter().copied()))
+                .collect();
+            debug_assert_eq!(kind.mask.len(), heads * spec.chunk * (spec.chunk + 1));
+        }
+        let zero = self.f32_view(
+            &[1, spec.n_kv_heads, 1, spec.head_dim],
+            &vec![0.0; spec.n_kv_heads * spec.head_dim],
+        )?;
+        let mut inputs = self.chunk_inputs(&widened)?;
+        for l in 0..spec.n_layers {
+            inputs.insert(k_name(l), zero.clone());
+            inputs.insert(v_name(l), zero.clone());
+        }
+        let results = self.call(Graph::Chunk, inputs, &|name| match name {
+            "token" => (vec![1], ElementType::I32),
+            _ => Self::kv_shape(&spec, 1 + spec.chunk),
+        })?;
+        let token = Self::read_token(&results)?;
+        self.layers = (0..spec.n_layers)
+            .map(|l| {
+                let (k, v) = (&results[&k_name(l)], &results[&v_name(l)]);
+                Ok(LayerCache {
+                    k: k.rows(1, 1 + plan.n).map_err(iree_err("drop the placeholder row"))?,
+                    v: v.rows(1, 1 + plan.n).map_err(iree_err("drop the placeholder row"))?,
+                    first: 0,
+                    rows: plan.n,
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.position = plan.n;
         Ok(token)
     }
 

@@ -113,9 +113,37 @@ impl CpuChoice {
     }
 }
 
-/// What an export made on demand is compiled for (each choice has its own cache entry).
+/// `--prefill`: how an IREE session runs a prompt from position 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum PrefillChoice {
+    /// Chunk calls from an empty cache for prompts of up to 8 chunks, the prefill graph above.
+    #[default]
+    Auto,
+    /// Always the prefill graph (all SEQ rows, whatever the prompt's length).
+    Graph,
+    /// Always chunk calls from an empty cache.
+    Chunks,
+}
+
+#[cfg(feature = "iree")]
+impl From<PrefillChoice> for backend_iree::PrefillRoute {
+    fn from(choice: PrefillChoice) -> Self {
+        match choice {
+            PrefillChoice::Auto => backend_iree::PrefillRoute::default(),
+            PrefillChoice::Graph => backend_iree::PrefillRoute::Graph,
+            PrefillChoice::Chunks => backend_iree::PrefillRoute::Chunks,
+        }
+    }
+}
+
+/// What an export made on demand is compiled for (each choice has its own cache entry), and how
+/// its prefill runs.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TargetArgs {
+    /// How an IREE session runs a prompt from position 0: a short prompt need not pay for the
+    /// prefill graph's SEQ rows.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub prefill: PrefillChoice,
     /// The CPU a CPU export is compiled for.
     #[arg(long, value_enum, default_value = "generic")]
     pub cpu: CpuChoice,
@@ -231,6 +259,7 @@ pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) ->
         let t = Instant::now();
         let options = backend_iree::IreeOptions {
             rule: rule.into(),
+            prefill: source.target.prefill.into(),
             ..backend_iree::IreeOptions::new(device)
         };
         let backend = backend_iree::IreeKvBackend::open(&dir, options)?;
