@@ -31,6 +31,11 @@ export_twin cpu --targets cpu --cpu x86-64-v3 --weights bf16
 rm -rf $D/cache/artifacts/tiny-gemma3-7-vulkan-shared
 cp -r .cache/artifacts/tiny-gemma3-7-vulkan-shared $D/cache/artifacts/
 
+# The seed's three-archive layout (three sessions on one Vulkan device, which did not open before
+# each device had one HAL group): the tiny model, archives included (a few MB).
+rm -rf $D/tiny-three
+./target/release/skainet-kv export --model tiny-gemma3:7 --out $D/tiny-three --targets vulkan --layout three
+
 # Arguments of the bare step function for iree-benchmark-module (past = 200 rows).
 python3 - "$D" <<'PY'
 import re, subprocess, sys

@@ -24,5 +24,14 @@ for v in packed i16-ampere; do
   timeout 200 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
     --ids 2,818,5279,529,7001,563,11,107,3689,1234,99,4242 --max-new 12 2>&1 | tail -3
 done
+echo "== three-archive layout (three sessions on one Vulkan device), tiny model, vulkan then reference"
+$D/bin/skainet-kv demo --backend iree-vulkan --artifacts $D/tiny-three --json 2>&1 | tail -1
+$D/bin/skainet-kv demo --backend reference --json 2>&1 | tail -1
+echo "== first token of an 8-token prompt: prefill graph (all SEQ rows) vs chunk calls from an empty cache"
+for route in graph chunks graph chunks; do
+  printf '%s ' $route
+  timeout 100 $D/bin/skainet-kv generate --backend iree-vulkan --model $TWIN --artifacts $D/i16-ampere --prefill $route \
+    --ids 2,818,5279,529,7001,563,11,107 --max-new 4 --json 2>&1 | tail -1
+done
 echo "== bench $TWIN cpu (host cores)"
 timeout 200 $D/bin/skainet-kv bench --backend iree-cpu --model $TWIN --artifacts $D/cpu --prefix-tokens 843 --utterances 8 --repeat 2 2>&1 | tail -10
