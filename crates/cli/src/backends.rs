@@ -92,14 +92,15 @@ macro_rules! with_redecode {
 /// `--cpu`: the CPU the IREE CPU modules are compiled for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum CpuChoice {
-    /// Any x86-64 / the portable baseline (artifacts that travel).
-    #[default]
+    /// Any x86-64 / the portable baseline (artifacts that travel; `export`'s default).
     Generic,
     /// AVX2 + FMA (this kind of machine; faster).
     #[value(name = "x86-64-v3")]
     X86_64V3,
-    /// Every feature of the CPU compiling (here AVX-512 and AVX-512 BF16: the fastest; the
-    /// artifacts run only on CPUs like it).
+    /// Every feature of the CPU compiling (e.g. AVX-512 BF16: the fastest; the artifacts run
+    /// only on CPUs like it, so each CPU gets its own cache entry). The default of the commands
+    /// that export for the machine they run on.
+    #[default]
     Host,
 }
 
@@ -144,8 +145,8 @@ pub struct TargetArgs {
     /// prefill graph's SEQ rows.
     #[arg(long, value_enum, default_value = "auto")]
     pub prefill: PrefillChoice,
-    /// The CPU a CPU export is compiled for.
-    #[arg(long, value_enum, default_value = "generic")]
+    /// The CPU an on-demand CPU export is compiled for (`host`: this one, its own cache entry).
+    #[arg(long, value_enum, default_value = "host")]
     pub cpu: CpuChoice,
     /// The GPU a Vulkan export is compiled for (`--iree-vulkan-target`: ampere, valhall, adreno,
     /// rdna3, ...); its weights are then declared i16 and widened inside the decode step's

@@ -150,6 +150,28 @@ struct Entry {
     fingerprint: String,
 }
 
+/// What identifies this machine's CPU for `--iree-llvmcpu-target-cpu=host` code: the model name
+/// and feature flags the kernel reports (LLVM derives `host` from the same), else the architecture.
+fn host_cpu() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    // x86 names these `model name` / `flags`, ARM `CPU part` / `Features`.
+    format!(
+        "{} {} | {}{}",
+        std::env::consts::ARCH,
+        field("model name"),
+        field("flags"),
+        field("Features") + &field("CPU part")
+    )
+}
+
 impl Entry {
     fn of(model: &str, options: &ExportOptions) -> Result<Entry> {
         use std::hash::{Hash, Hasher};
@@ -166,13 +188,22 @@ impl Entry {
             ..ExportOptions::default()
         };
         // Every field but targets and layout (in the name already) decides the entry.
-        let settings = format!(
+        let mut settings = format!(
             "{:?}",
             ExportOptions {
                 targets: Vec::new(),
                 ..options.clone()
             }
         );
+        // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
+        // with) another machine never runs code built for instructions that one lacks.
+        if options
+            .targets
+            .iter()
+            .any(|t| matches!(t, Target::Cpu { cpu } if cpu == "host"))
+        {
+            settings.push_str(&format!("\nhost cpu: {}", host_cpu()));
+        }
         if settings != format!("{defaults:?}") {
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             settings.hash(&mut hasher);
