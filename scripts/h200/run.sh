@@ -10,11 +10,12 @@ export SKAINET_KV_CACHE=$PWD/$D/cache
 TWIN=gemma3-270m-shape:1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $D/bin/skainet-kv inspect --model $TWIN >/dev/null # generates the twin's archive
-for v in packed i16-ampere cpu; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+VARIANTS=$(for v in packed i16-ampere cpu; do [ -d $D/$v ] && echo $v; done)
+for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
 echo "== demo, tiny model, vulkan then reference"
 $D/bin/skainet-kv demo --backend iree-vulkan 2>&1 | tail -4
 $D/bin/skainet-kv demo --backend reference 2>&1 | tail -4
-for v in packed i16-ampere; do
+for v in $(echo "$VARIANTS" | grep -v cpu); do
   echo "== bench $TWIN vulkan $v"
   timeout 240 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 --utterances 8 --repeat 2 --redecode 2>&1 | tail -14
   echo "== iree-benchmark-module, bare step, $v"
@@ -34,4 +35,4 @@ for route in graph chunks graph chunks; do
     --ids 2,818,5279,529,7001,563,11,107 --max-new 4 --json 2>&1 | tail -1
 done
 echo "== bench $TWIN cpu (host cores)"
-timeout 200 $D/bin/skainet-kv bench --backend iree-cpu --model $TWIN --artifacts $D/cpu --prefix-tokens 843 --utterances 8 --repeat 2 2>&1 | tail -10
+[ -d $D/cpu ] && timeout 200 $D/bin/skainet-kv bench --backend iree-cpu --model $TWIN --artifacts $D/cpu --prefix-tokens 843 --utterances 8 --repeat 2 2>&1 | tail -10
