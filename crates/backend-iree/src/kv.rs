@@ -180,6 +180,17 @@ impl IreeKvBackend {
         !shared && self.sessions[index].take().is_some()
     }
 
+    /// The error for a graph this session does not have (only the prefill graph can be missing).
+    fn missing(&self, graph: Graph) -> Error {
+        contract_err(
+            graph.key(),
+            match self.prefill_released {
+                true => "the prefill graph was released (release_prefill); restore a snapshot and continue with chunk and step calls",
+                false => "this session was opened without a prefill module; restore a snapshot and continue with chunk and step calls",
+            },
+        )
+    }
+
     fn f32_view(&self, shape: &[usize], data: &[f32]) -> Result<BufferView> {
         BufferView::from_f32(&self.device, shape, data).map_err(iree_err("upload f32 input"))
     }
@@ -196,15 +207,7 @@ impl IreeKvBackend {
         mut inputs: HashMap<String, BufferView>,
         expect: &dyn Fn(&str) -> (Vec<usize>, ElementType),
     ) -> Result<HashMap<String, BufferView>> {
-        let (index, function) = self.functions.get(&graph).ok_or_else(|| {
-            contract_err(
-                graph.key(),
-                match self.prefill_released {
-                    true => "the prefill graph was released (release_prefill); restore a snapshot and continue with chunk and step calls",
-                    false => "this session was opened without a prefill module; restore a snapshot and continue with chunk and step calls",
-                },
-            )
-        })?;
+        let (index, function) = self.functions.get(&graph).ok_or_else(|| self.missing(graph))?;
         let ordered: Vec<BufferView> = self.args[&graph]
             .iter()
             .map(|name| {
@@ -306,6 +309,11 @@ impl KvBackend for IreeKvBackend {
 
     fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
         let spec = self.manifest.spec.clone();
+        // Whatever the route, a session without the prefill graph (released, or opened without
+        // it) refuses prefills, as the seed does: one behaviour for every layout.
+        if !self.functions.contains_key(&Graph::Prefill) {
+            return Err(self.missing(Graph::Prefill));
+        }
         if self.options.prefill.by_chunks(tokens.len(), spec.chunk) {
             return self.prefill_by_chunks(tokens);
         }
