@@ -9,12 +9,12 @@ use kv_core::{Error, Result, WindowRule};
 use crate::factory::BackendFactory;
 
 /// Sessions on one IREE device, over artifacts of one layout.
+///
+/// How `prefill` runs follows the layout, so that both routes face every problem: the shared
+/// layout's suites run the prefill graph, the three-archive ones chunk calls from an empty cache.
 pub struct IreeFactory {
     pub device: &'static str,
     pub layout: Layout,
-    /// How `prefill` runs: the suites of the shared layout use the prefill graph, those of the
-    /// three-archive layout chunk calls from an empty cache, so both routes face every problem.
-    pub prefill: PrefillRoute,
 }
 
 impl IreeFactory {
@@ -73,7 +73,10 @@ impl BackendFactory for IreeFactory {
             &dir,
             IreeOptions {
                 rule,
-                prefill: self.prefill,
+                prefill: match self.layout {
+                    Layout::Shared => PrefillRoute::Graph,
+                    Layout::Three => PrefillRoute::Chunks,
+                },
                 ..IreeOptions::new(self.device)
             },
         )

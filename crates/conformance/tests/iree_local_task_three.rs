@@ -1,9 +1,9 @@
 //! The conformance suite on `local-task` with the seed's layout: three modules, three archives
 //! with their own key numbering, three sessions on one device.
-//! `prefill` runs as chunk calls from an empty cache here (the shared-layout suites run the graph).
+//! `prefill` runs as chunk calls from an empty cache here (`IreeFactory`: the shared layout's
+//! suites run the prefill graph).
 #![cfg(feature = "iree")]
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "local-task",
-    layout: export::Layout::Three,
-    prefill: backend_iree::PrefillRoute::Chunks
+    layout: export::Layout::Three
 });

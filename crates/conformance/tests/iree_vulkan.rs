@@ -2,6 +2,5 @@
 #![cfg(feature = "iree")]
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "vulkan",
-    layout: export::Layout::Shared,
-    prefill: backend_iree::PrefillRoute::Graph
+    layout: export::Layout::Shared
 });
