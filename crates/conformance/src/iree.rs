@@ -27,15 +27,13 @@ impl IreeFactory {
     }
 }
 
-/// The LLVM target triple the CPU modules are compiled for: `$SKAINET_IREE_CPU_TRIPLE`, else the
-/// architecture this binary was built for when it is an ARM one (the suite cross-built for
-/// aarch64 / armv7 and run under qemu-user, `scripts/test-arm.sh`), else none (`iree-compile`'s
-/// default, the host's).
+/// The LLVM target triple the CPU modules are compiled for: `$SKAINET_IREE_CPU_TRIPLE`, else
+/// `aarch64-unknown-linux-gnu` when this binary is an aarch64 one (the suite cross-built and run
+/// under qemu-user, `scripts/test-arm.sh`), else none (`iree-compile`'s default, the host's).
 pub fn cpu_triple() -> Option<String> {
     match std::env::var("SKAINET_IREE_CPU_TRIPLE") {
         Ok(t) if !t.is_empty() => Some(t),
         _ if cfg!(target_arch = "aarch64") => Some("aarch64-unknown-linux-gnu".into()),
-        _ if cfg!(target_arch = "arm") => Some("armv7a-unknown-linux-gnueabihf".into()),
         _ => None,
     }
 }
