@@ -18,6 +18,7 @@ $D/bin/skainet-kv demo --backend reference 2>&1 | tail -4
 for v in $(echo "$VARIANTS" | grep -v cpu); do
   echo "== bench $TWIN vulkan $v"
   timeout 240 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 --utterances 8 --repeat 2 --redecode 2>&1 | tail -14
+  echo "(exit ${PIPESTATUS[0]})"
   echo "== iree-benchmark-module, bare step, $v"
   timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
     --function=gemma_with_past $(cat $D/step-args.txt) --benchmark_repetitions=5 --benchmark_min_time=20x 2>&1 | grep -E "median|ERROR"
@@ -28,11 +29,13 @@ done
 echo "== three-archive layout (three sessions on one Vulkan device), tiny model, vulkan then reference"
 $D/bin/skainet-kv demo --backend iree-vulkan --artifacts $D/tiny-three --json 2>&1 | tail -1
 $D/bin/skainet-kv demo --backend reference --json 2>&1 | tail -1
-echo "== first token of an 8-token prompt: prefill graph (all SEQ rows) vs chunk calls from an empty cache"
-for route in graph chunks graph chunks; do
-  printf '%s ' $route
-  timeout 100 $D/bin/skainet-kv generate --backend iree-vulkan --model $TWIN --artifacts $D/i16-ampere --prefill $route \
-    --ids 2,818,5279,529,7001,563,11,107 --max-new 4 --json 2>&1 | tail -1
+echo "== prefill by route (bench's prefix prefill, median of 5 warm repeats): 8 and 843 tokens"
+for n in 8 843; do
+  for route in graph chunks; do
+    printf 'prefix %s, %s: ' $n $route
+    timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/i16-ampere --prefill $route \
+      --prefix-tokens $n --utterances 1 --max-new 2 --repeat 5 --json 2>&1 | tail -1 | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d["prefix_prefill_ms"], "ms")'
+  done
 done
 echo "== bench $TWIN cpu (host cores)"
 [ -d $D/cpu ] && timeout 200 $D/bin/skainet-kv bench --backend iree-cpu --model $TWIN --artifacts $D/cpu --prefix-tokens 843 --utterances 8 --repeat 2 2>&1 | tail -10

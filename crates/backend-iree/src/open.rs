@@ -33,7 +33,7 @@ impl IreeOptions {
             target: None,
             workers: None,
             rule: WindowRule::Exact,
-            prefill: PrefillRoute::default(),
+            prefill: PrefillRoute::auto_for(device),
         }
     }
 }
@@ -54,18 +54,27 @@ pub enum PrefillRoute {
     ChunksUpTo(usize),
 }
 
-impl Default for PrefillRoute {
-    /// Chunks up to a quarter of `SEQ / C` calls: measured on Gemma 3 270M (docs/benchmarks.md),
-    /// a chunk call costs well under a quarter of... see `PrefillRoute::by_chunks`.
-    fn default() -> Self {
-        PrefillRoute::ChunksUpTo(DEFAULT_CHUNKED_PREFILL_CALLS)
-    }
-}
-
-/// See [`PrefillRoute::default`].
+/// The most chunk calls [`PrefillRoute::auto_for`] a CPU device spends on a prefill.
 pub const DEFAULT_CHUNKED_PREFILL_CALLS: usize = 8;
 
 impl PrefillRoute {
+    /// The route measured best on `device` (an [`IreeOptions::new`] default).
+    ///
+    /// - CPU (`local-task`, `local-sync`): chunks up to 8 calls. On Gemma 3 270M a chunk call costs
+    ///   a small fraction of the SEQ 1024 prefill graph (both read every weight once; the graph
+    ///   then computes 1024 rows), so a short prompt's first token comes an order of magnitude
+    ///   sooner (docs/benchmarks.md).
+    /// - Vulkan: one chunk call at most. On the H200 (i16 weights) a chunk call costs as much as
+    ///   the whole prefill graph (0.43 vs 0.48 s for an 8-token prompt; 843 tokens: 22 s in
+    ///   chunks against 0.47 s), because both materialise the widened weights per call; one call
+    ///   of C rows is never slower than one of SEQ rows.
+    pub fn auto_for(device: &str) -> PrefillRoute {
+        match device {
+            "vulkan" => PrefillRoute::ChunksUpTo(1),
+            _ => PrefillRoute::ChunksUpTo(DEFAULT_CHUNKED_PREFILL_CALLS),
+        }
+    }
+
     /// Whether a prompt of `n` tokens goes through chunk calls of `chunk` tokens.
     pub fn by_chunks(self, n: usize, chunk: usize) -> bool {
         match self {

@@ -117,7 +117,8 @@ impl CpuChoice {
 /// `--prefill`: how an IREE session runs a prompt from position 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum PrefillChoice {
-    /// Chunk calls from an empty cache for prompts of up to 8 chunks, the prefill graph above.
+    /// What measured best on the device: on the CPU chunk calls from an empty cache for prompts
+    /// of up to 8 chunks, the prefill graph above; on Vulkan chunk calls only for one chunk.
     #[default]
     Auto,
     /// Always the prefill graph (all SEQ rows, whatever the prompt's length).
@@ -127,10 +128,10 @@ pub enum PrefillChoice {
 }
 
 #[cfg(feature = "iree")]
-impl From<PrefillChoice> for backend_iree::PrefillRoute {
-    fn from(choice: PrefillChoice) -> Self {
-        match choice {
-            PrefillChoice::Auto => backend_iree::PrefillRoute::default(),
+impl PrefillChoice {
+    fn route(self, device: &str) -> backend_iree::PrefillRoute {
+        match self {
+            PrefillChoice::Auto => backend_iree::PrefillRoute::auto_for(device),
             PrefillChoice::Graph => backend_iree::PrefillRoute::Graph,
             PrefillChoice::Chunks => backend_iree::PrefillRoute::Chunks,
         }
@@ -260,7 +261,7 @@ pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) ->
         let t = Instant::now();
         let options = backend_iree::IreeOptions {
             rule: rule.into(),
-            prefill: source.target.prefill.into(),
+            prefill: source.target.prefill.route(device),
             ..backend_iree::IreeOptions::new(device)
         };
         let backend = backend_iree::IreeKvBackend::open(&dir, options)?;
