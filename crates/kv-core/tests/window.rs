@@ -139,13 +139,19 @@ fn chunked_prefill_is_chunk_calls_from_an_empty_cache() {
     assert_eq!((plans[1].position, plans[1].n), (4, 3));
     for k in &plans[0].kinds {
         assert_eq!(k.past, 0);
-        assert_eq!(k.mask, chunk_mask(0, 0, 4, s.chunk, s.window(k.kind), s.mask_head_count()));
+        assert_eq!(
+            k.mask,
+            chunk_mask(0, 0, 4, s.chunk, s.window(k.kind), s.mask_head_count())
+        );
     }
     let later = plan_chunk(&s, 4, &tokens[4..]).unwrap();
     assert_eq!(plans[1].tokens, later.tokens);
     assert_eq!(plans[1].select, later.select);
     for (a, b) in plans[1].kinds.iter().zip(&later.kinds) {
-        assert_eq!((a.kind, a.past, &a.mask, &a.rope.cos), (b.kind, b.past, &b.mask, &b.rope.cos));
+        assert_eq!(
+            (a.kind, a.past, &a.mask, &a.rope.cos),
+            (b.kind, b.past, &b.mask, &b.rope.cos)
+        );
     }
     // One token: one call whose select picks row 0.
     let one = plan_chunked_prefill(&s, &[9]).unwrap();
