@@ -318,13 +318,7 @@ impl KvBackend for IreeKvBackend {
             return self.prefill_by_chunks(tokens);
         }
         let plan = plan_prefill(&spec, tokens)?;
-        let mut inputs = HashMap::new();
-        inputs.insert("tokens".into(), self.i32_view(&[spec.seq], &plan.tokens)?);
-        inputs.insert(
-            "emb".into(),
-            self.f32_view(&[spec.seq, spec.hidden_size], &self.embedding.gather(&plan.tokens)?)?,
-        );
-        inputs.insert("select".into(), self.f32_view(&[1, spec.seq], &plan.select)?);
+        let inputs = self.token_inputs(&plan.tokens, &plan.select)?;
         let results = self.call(Graph::Prefill, inputs, &|name| match name {
             "token" => (vec![1], ElementType::I32),
             _ => Self::kv_shape(&spec, spec.seq),
@@ -422,15 +416,22 @@ impl IreeKvBackend {
 
     /// A chunk call's inputs but the caches.
     fn chunk_inputs(&self, plan: &ChunkPlan) -> Result<HashMap<String, BufferView>> {
-        let spec = &self.manifest.spec;
+        let mut inputs = self.token_inputs(&plan.tokens, &plan.select)?;
+        self.kind_inputs(&mut inputs, &plan.kinds, self.manifest.spec.chunk, true)?;
+        Ok(inputs)
+    }
+
+    /// `tokens`, their gathered `emb` rows and the one-hot `select` of a many-row call (prefill
+    /// or chunk: as many rows as `tokens`, padding included).
+    fn token_inputs(&self, tokens: &[i32], select: &[f32]) -> Result<HashMap<String, BufferView>> {
+        let rows = tokens.len();
         let mut inputs = HashMap::new();
-        inputs.insert("tokens".into(), self.i32_view(&[spec.chunk], &plan.tokens)?);
+        inputs.insert("tokens".into(), self.i32_view(&[rows], tokens)?);
         inputs.insert(
             "emb".into(),
-            self.f32_view(&[spec.chunk, spec.hidden_size], &self.embedding.gather(&plan.tokens)?)?,
+            self.f32_view(&[rows, self.manifest.spec.hidden_size], &self.embedding.gather(tokens)?)?,
         );
-        inputs.insert("select".into(), self.f32_view(&[1, spec.chunk], &plan.select)?);
-        self.kind_inputs(&mut inputs, &plan.kinds, spec.chunk, true)?;
+        inputs.insert("select".into(), self.f32_view(&[1, rows], select)?);
         Ok(inputs)
     }
 
