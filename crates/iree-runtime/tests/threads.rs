@@ -70,3 +70,49 @@ fn vulkan_sessions_on_many_threads() {
     // Fewer calls: lavapipe is slow, and the race was in instance creation, not in the driver.
     concurrent_sessions("vulkan", 40);
 }
+
+/// Devices opened on one thread while a session calls on another — what the JNI does when an app
+/// opens sessions from several threads. Opening a local device used to create a VM instance for
+/// the VMVX executable loader, and creating a VM instance rewrites process-global type ids
+/// (zeroing them first): the calling thread then failed with "ref type mismatch" (found by the JNI
+/// stress test, about once in 10,000 session openings). The runtime is now built without the
+/// VMVX loader (`iree-runtime-sys/cmake/CMakeLists.txt`).
+#[test]
+fn devices_opened_beside_running_calls() {
+    fixture();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opener = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let instance = Instance::shared().unwrap();
+            let mut opened = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for name in ["local-task", "local-sync"] {
+                    drop(Device::open(&instance, name).expect("open device"));
+                }
+                opened += 2;
+            }
+            opened
+        })
+    };
+    let device = Device::open(&Instance::shared().unwrap(), "local-sync").unwrap();
+    let mut session = Session::open(&device, vmfb_for("local-sync"), &[("model", &fixture().irpa)]).unwrap();
+    let x = BufferView::from_f32(&device, &[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let y = BufferView::from_f32(&device, &[4], &[0.0; 4]).unwrap();
+    let want: Vec<f32> = (0..4).map(|i| (i + 1) as f32 * W[i]).collect();
+    let started = std::time::Instant::now();
+    let mut calls = 0;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        while started.elapsed() < std::time::Duration::from_secs(5) {
+            let out = session.call("module.forward", &[&x, &y]).unwrap_or_else(|e| panic!("call {calls}: {e}"));
+            assert_eq!(out[0].to_f32_vec().unwrap(), want);
+            calls += 1;
+        }
+    }));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = opener.join().expect("the opening thread failed");
+    assert!(opened > 0 && calls > 0, "{opened} devices opened, {calls} calls");
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
