@@ -104,7 +104,9 @@ fn devices_opened_beside_running_calls() {
     let mut calls = 0;
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         while started.elapsed() < std::time::Duration::from_secs(5) {
-            let out = session.call("module.forward", &[&x, &y]).unwrap_or_else(|e| panic!("call {calls}: {e}"));
+            let out = session
+                .call("module.forward", &[&x, &y])
+                .unwrap_or_else(|e| panic!("call {calls}: {e}"));
             assert_eq!(out[0].to_f32_vec().unwrap(), want);
             calls += 1;
         }
