@@ -32,6 +32,8 @@ pub enum Error {
     NotPrefilled { op: &'static str },
     #[error("restore: the snapshot belongs to session {snapshot_session}, not to this session ({session})")]
     ForeignSnapshot { session: u64, snapshot_session: u64 },
+    #[error("snapshot file {path}: {reason}")]
+    SnapshotFile { path: String, reason: String },
     #[error("read_layer: layer {layer} out of range (nLayers {n_layers})")]
     LayerOutOfRange { layer: usize, n_layers: usize },
     #[error("redecode: prompt of {len} tokens leaves no room in a graph of SEQ {seq} (need 1..{seq})")]

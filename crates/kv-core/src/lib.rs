@@ -11,6 +11,8 @@
 //! - **Snapshots are owned values.** A backend's `Snapshot` holds its own references to the
 //!   per-layer caches (views, not copies), carries the [`backend::SessionId`] of its session, and
 //!   outlives any later call.
+//! - **Snapshot files.** [`snapshot_file`] saves a snapshot's rows with the model's fingerprint
+//!   and loads them back into a fresh session of the same model ([`PersistSnapshot`]).
 //! - **Threading.** A session is `&mut self` per call and used from one thread at a time;
 //!   wrappers that share one (JNI) serialise calls with a lock.
 //! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by name) and archives;
@@ -25,6 +27,7 @@ pub mod manifest;
 pub mod mask;
 pub mod params;
 pub mod rope;
+pub mod snapshot_file;
 pub mod spec;
 pub mod tolerance;
 pub mod window;
@@ -33,5 +36,6 @@ pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId};
 pub use decoder::{Generation, KvDecoder, RedecodeDecoder, StageTiming};
 pub use error::{Error, Result};
 pub use manifest::{Graph, Manifest};
+pub use snapshot_file::{ModelFingerprint, PersistSnapshot};
 pub use spec::{Activation, Architecture, Family, KvSpec, LayerKind};
 pub use window::WindowRule;

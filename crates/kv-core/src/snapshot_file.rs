@@ -1,0 +1,485 @@
+//! Snapshot files: a prefix's caches saved to disk and loaded back into a fresh session of the
+//! same model, so the shared prefix (an app's tool catalog) is prefilled once per install instead
+//! of once per launch.
+//!
+//! A file is self-describing and checked whole before anything is handed to a backend:
+//!
+//! ```text
+//! offset  size  what
+//! 0       8     magic b"SKVSNAP\0"
+//! 8       4     format version, u32 LE (FORMAT_VERSION)
+//! 12      4     header length H, u32 LE
+//! 16      H     header, JSON (SnapshotHeader): contract, model fingerprint, spec, window rule,
+//!               position, per-layer rows, data length, CRC-32 of the data
+//! ..            zero padding to a multiple of 64
+//! D       ..    data: per layer, K then V, f32 LE `[nKvHeads, rows, headDim]`, each block
+//!               starting at a multiple of 64 bytes (so a mapping can be read as `&[f32]` in place)
+//! ```
+//!
+//! Loading maps the file and hands each layer's rows to the backend as slices of the mapping: no
+//! parsing per row, one upload per block. A file of another model (fingerprint), contract, window
+//! rule or geometry, a truncated or corrupt one (length, CRC-32) is an [`Error::SnapshotFile`]
+//! and the session is not touched: loading makes a new snapshot, it does not restore it.
+//! Writes go to a temporary file in the same directory, renamed over the target once complete.
+//!
+//! Like the `.irpa` archives, a snapshot file must not be truncated while it is being loaded
+//! (reading a truncated mapping raises SIGBUS); its length is checked when it is opened.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::backend::{KvBackend, LayerKv};
+use crate::error::{Error, Result};
+use crate::manifest::CONTRACT_VERSION;
+use crate::spec::{KvSpec, LayerKind};
+use crate::window::WindowRule;
+
+pub const MAGIC: [u8; 8] = *b"SKVSNAP\0";
+/// Bump when the layout above changes; older readers then refuse newer files by version.
+pub const FORMAT_VERSION: u32 = 1;
+/// Alignment of the header's end and of every data block.
+const ALIGN: usize = 64;
+/// A header longer than this is not a snapshot header (a guard against allocating from garbage).
+const MAX_HEADER: usize = 1 << 20;
+/// Embedding rows hashed into a [`ModelFingerprint`] (spread evenly over the vocabulary).
+const FINGERPRINT_ROWS: usize = 257;
+
+/// Identifies a model's math: the geometry that shapes the caches and a sample of its weights.
+///
+/// Two sessions of the same model agree whatever their backend, target or weight format: it is
+/// computed from the geometry and the embedding rows rounded to bf16 (the archives' format, so a
+/// backend holding f32 copies of bf16 weights gets the same bits), not from files. A sample, not
+/// a hash of every weight: fine-tunes of one base that kept its embedding table bit for bit on
+/// the sampled rows would not be told apart.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModelFingerprint([u8; 32]);
+
+impl ModelFingerprint {
+    /// The fingerprint of the model with geometry `spec` whose embedding rows `rows` returns
+    /// (`rows(ids)` → `ids.len() × hiddenSize` values, as the backend's gather gives them).
+    pub fn compute(spec: &KvSpec, rows: impl FnOnce(&[i32]) -> Result<Vec<f32>>) -> Result<Self> {
+        let vocab = spec.vocab_size;
+        let mut ids: Vec<i32> = (0..FINGERPRINT_ROWS)
+            .map(|i| (i * (vocab - 1) / (FINGERPRINT_ROWS - 1)) as i32)
+            .collect();
+        ids.dedup();
+        let values = rows(&ids)?;
+        if values.len() != ids.len() * spec.hidden_size {
+            crate::error::invariant("an embedding gather returned the wrong number of values");
+        }
+        let mut hash = Sha256::new();
+        hash.update(b"skainet-kv model fingerprint 1\n");
+        hash.update(serde_json::to_vec(&Geometry::of(spec)).unwrap_or_else(|e| crate::error::invariant(&e.to_string())));
+        hash.update(crate::bf16::f32_to_bf16_bytes(&values));
+        Ok(ModelFingerprint(hash.finalize().into()))
+    }
+
+    pub fn to_hex(self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::fmt::Debug for ModelFingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModelFingerprint({})", self.to_hex())
+    }
+}
+
+/// The spec's keys that decide what the caches hold; `seq`, `chunk`, `maxPositions` and
+/// `maskHeads` shape the graphs, not the rows, so a file loads into sessions that differ there.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Geometry {
+    n_layers: usize,
+    head_dim: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    hidden_size: usize,
+    vocab_size: usize,
+    sliding_window: usize,
+    global_layer_period: usize,
+    sliding_rope_base: f32,
+    global_rope_base: f32,
+}
+
+impl Geometry {
+    fn of(spec: &KvSpec) -> Self {
+        Geometry {
+            n_layers: spec.n_layers,
+            head_dim: spec.head_dim,
+            n_heads: spec.n_heads,
+            n_kv_heads: spec.n_kv_heads,
+            hidden_size: spec.hidden_size,
+            vocab_size: spec.vocab_size,
+            sliding_window: spec.sliding_window,
+            global_layer_period: spec.global_layer_period,
+            sliding_rope_base: spec.sliding_rope_base,
+            global_rope_base: spec.global_rope_base,
+        }
+    }
+}
+
+/// One layer's rows as stored, borrowed from a loaded file: `[nKvHeads, rows, headDim]` each,
+/// covering the absolute positions `first_position .. first_position + rows`.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerRows<'a> {
+    pub first_position: usize,
+    pub rows: usize,
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+}
+
+/// A session whose snapshots can be saved to files and loaded back. Beside [`KvBackend`] rather
+/// than in it: test doubles of the trait need not implement files.
+pub trait PersistSnapshot: KvBackend {
+    /// The fingerprint of this session's model ([`ModelFingerprint::compute`]).
+    fn model_fingerprint(&self) -> Result<ModelFingerprint>;
+
+    /// The rule this session's steps follow; a file made under another rule holds other rows.
+    fn window_rule(&self) -> WindowRule;
+
+    /// Host copies of every layer of `snapshot`, in layer order.
+    fn snapshot_layers(&self, snapshot: &Self::Snapshot) -> Result<Vec<LayerKv>>;
+
+    /// A snapshot of this session holding `layers` at `position`, as if a prefix had been fed and
+    /// snapshotted. The caller has checked the rows ([`check_layers`]); the session's own state is
+    /// not touched (restore the snapshot to continue from it).
+    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<Self::Snapshot>;
+}
+
+impl<B: PersistSnapshot + ?Sized> PersistSnapshot for Box<B> {
+    fn model_fingerprint(&self) -> Result<ModelFingerprint> {
+        (**self).model_fingerprint()
+    }
+    fn window_rule(&self) -> WindowRule {
+        (**self).window_rule()
+    }
+    fn snapshot_layers(&self, snapshot: &Self::Snapshot) -> Result<Vec<LayerKv>> {
+        (**self).snapshot_layers(snapshot)
+    }
+    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<Self::Snapshot> {
+        (**self).snapshot_from_layers(position, layers)
+    }
+}
+
+/// The JSON header of a snapshot file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotHeader {
+    pub contract_version: u32,
+    /// [`ModelFingerprint::to_hex`] of the model that made it.
+    pub model: String,
+    pub spec: KvSpec,
+    /// `exact` or `seed-step`.
+    pub window_rule: String,
+    pub position: usize,
+    /// Element type of the data; only `f32` is written.
+    pub dtype: String,
+    pub layers: Vec<LayerHeader>,
+    pub data_bytes: u64,
+    pub data_crc32: u32,
+    /// The backend that saved it (informational).
+    #[serde(default)]
+    pub saved_by: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerHeader {
+    pub first_position: usize,
+    pub rows: usize,
+}
+
+fn rule_name(rule: WindowRule) -> &'static str {
+    match rule {
+        WindowRule::Exact => "exact",
+        WindowRule::SeedStep => "seed-step",
+    }
+}
+
+fn file_err(path: &Path, reason: impl Into<String>) -> Error {
+    Error::SnapshotFile {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn aligned(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Bytes of one K or V block of `rows` rows.
+fn block_bytes(spec: &KvSpec, rows: usize) -> Option<usize> {
+    spec.n_kv_heads
+        .checked_mul(rows)?
+        .checked_mul(spec.head_dim)?
+        .checked_mul(4)
+}
+
+/// Offsets of every layer's K and V blocks from the start of the data, and the data's length.
+fn data_layout(spec: &KvSpec, layers: &[LayerHeader]) -> Option<(Vec<(usize, usize)>, usize)> {
+    let mut offset = 0usize;
+    let mut offsets = Vec::with_capacity(layers.len());
+    for layer in layers {
+        let bytes = aligned(block_bytes(spec, layer.rows)?);
+        let v = offset.checked_add(bytes)?;
+        offsets.push((offset, v));
+        offset = v.checked_add(bytes)?;
+    }
+    Some((offsets, offset))
+}
+
+/// Checks that `layers` are what a session at `position` may hold: every layer ends at
+/// `position`, a global layer holds every row since 0, a sliding layer at least the
+/// `min(position, window)` rows the next call may ask of it (see [`crate::window`]).
+pub fn check_layers(spec: &KvSpec, position: usize, layers: &[LayerHeader]) -> std::result::Result<(), String> {
+    if position > spec.max_positions {
+        return Err(format!(
+            "position {position} exceeds this session's maxPositions {}",
+            spec.max_positions
+        ));
+    }
+    if layers.len() != spec.n_layers {
+        return Err(format!("{} layers, the model has {}", layers.len(), spec.n_layers));
+    }
+    for (l, layer) in layers.iter().enumerate() {
+        if layer.first_position.checked_add(layer.rows) != Some(position) {
+            return Err(format!(
+                "layer {l} holds positions {}..{}+{}, not ending at the snapshot's position {position}",
+                layer.first_position, layer.first_position, layer.rows
+            ));
+        }
+        let kind = spec.layer_kind(l);
+        let needed = match spec.window(kind) {
+            None => position,
+            Some(w) => position.min(w),
+        };
+        if layer.rows < needed {
+            return Err(format!(
+                "layer {l} ({}) holds {} rows, a session at position {position} needs at least {needed}",
+                match kind {
+                    LayerKind::Sliding => "sliding",
+                    LayerKind::Global => "global",
+                },
+                layer.rows
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Saves `snapshot` of `backend` to `path`, atomically (a temporary file beside it, renamed).
+/// Returns the number of bytes written.
+pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, path: &Path) -> Result<u64> {
+    let spec = backend.spec().clone();
+    let position = backend.snapshot_position(snapshot);
+    let layers = backend.snapshot_layers(snapshot)?;
+    let headers: Vec<LayerHeader> = layers
+        .iter()
+        .map(|l| LayerHeader {
+            first_position: l.first_position,
+            rows: l.rows,
+        })
+        .collect();
+    check_layers(&spec, position, &headers)
+        .unwrap_or_else(|reason| crate::error::invariant(&format!("a backend's own snapshot is invalid: {reason}")));
+    let (_, data_bytes) =
+        data_layout(&spec, &headers).unwrap_or_else(|| crate::error::invariant("a held snapshot's size overflows"));
+
+    let mut crc = crc32fast::Hasher::new();
+    let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(2 * layers.len());
+    for layer in &layers {
+        for values in [&layer.k, &layer.v] {
+            let mut bytes = crate::bf16::f32_to_bytes(values);
+            bytes.resize(aligned(bytes.len()), 0);
+            crc.update(&bytes);
+            blocks.push(bytes);
+        }
+    }
+    let header = SnapshotHeader {
+        contract_version: CONTRACT_VERSION,
+        model: backend.model_fingerprint()?.to_hex(),
+        spec,
+        window_rule: rule_name(backend.window_rule()).into(),
+        position,
+        dtype: "f32".into(),
+        layers: headers,
+        data_bytes: data_bytes as u64,
+        data_crc32: crc.finalize(),
+        saved_by: backend.name(),
+    };
+    let json = serde_json::to_vec(&header).unwrap_or_else(|e| crate::error::invariant(&e.to_string()));
+    let data_start = aligned(16 + json.len());
+
+    let tmp = temp_path(path);
+    let write = || -> std::io::Result<u64> {
+        let mut out = BufWriter::new(File::create(&tmp)?);
+        out.write_all(&MAGIC)?;
+        out.write_all(&FORMAT_VERSION.to_le_bytes())?;
+        out.write_all(&(json.len() as u32).to_le_bytes())?;
+        out.write_all(&json)?;
+        out.write_all(&vec![0; data_start - 16 - json.len()])?;
+        for block in &blocks {
+            out.write_all(block)?;
+        }
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok((data_start + data_bytes) as u64)
+    };
+    let written = write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err("writing snapshot", &tmp)(e)
+    })?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err("renaming snapshot into place", path)(e)
+    })?;
+    Ok(written)
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
+/// Reads and checks a snapshot file's header against `backend` without loading any rows.
+pub fn read_header(path: &Path) -> Result<SnapshotHeader> {
+    let file = File::open(path).map_err(io_err("opening snapshot", path))?;
+    // SAFETY: the mapping is read-only and dropped before returning; see the module note on
+    // files truncated under a mapping (the length is checked first).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("mapping snapshot", path))?;
+    Ok(parse_header(path, &map)?.0)
+}
+
+/// The header and the offset of the data.
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SnapshotHeader, usize)> {
+    if bytes.len() < 16 || bytes[..8] != MAGIC {
+        return Err(file_err(path, "not a skainet-kv snapshot file (bad magic)"));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or_else(|_| unreachable!()));
+    if version != FORMAT_VERSION {
+        return Err(file_err(
+            path,
+            format!("format version {version}; this runtime reads version {FORMAT_VERSION}"),
+        ));
+    }
+    let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap_or_else(|_| unreachable!())) as usize;
+    if header_len > MAX_HEADER || 16 + header_len > bytes.len() {
+        return Err(file_err(
+            path,
+            format!("truncated: a header of {header_len} bytes in a file of {}", bytes.len()),
+        ));
+    }
+    let header: SnapshotHeader = serde_json::from_slice(&bytes[16..16 + header_len])
+        .map_err(|e| file_err(path, format!("corrupt header: {e}")))?;
+    Ok((header, aligned(16 + header_len)))
+}
+
+/// Loads the snapshot file at `path` into a new snapshot of `backend` (restore it to continue).
+/// Everything is checked before the backend sees a row; the session is not touched either way.
+pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::Snapshot> {
+    if cfg!(target_endian = "big") {
+        return Err(file_err(path, "snapshot files are little-endian; this host is big-endian"));
+    }
+    let file = File::open(path).map_err(io_err("opening snapshot", path))?;
+    // SAFETY: read-only; the length is checked against the header before any data is read, and
+    // the rows are copied to the backend before the mapping is dropped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("mapping snapshot", path))?;
+    let (header, data_start) = parse_header(path, &map)?;
+
+    if header.contract_version != CONTRACT_VERSION {
+        return Err(file_err(
+            path,
+            format!(
+                "made for contract version {}; this session runs version {CONTRACT_VERSION}",
+                header.contract_version
+            ),
+        ));
+    }
+    let spec = backend.spec();
+    let fingerprint = backend.model_fingerprint()?.to_hex();
+    if header.model != fingerprint {
+        return Err(file_err(
+            path,
+            format!(
+                "made by another model (fingerprint {}…, this session's model is {}…)",
+                &header.model.get(..12).unwrap_or(&header.model),
+                &fingerprint[..12]
+            ),
+        ));
+    }
+    let rule = rule_name(backend.window_rule());
+    if header.window_rule != rule {
+        return Err(file_err(
+            path,
+            format!(
+                "made under the `{}` window rule; this session uses `{rule}`",
+                header.window_rule
+            ),
+        ));
+    }
+    if header.dtype != "f32" {
+        return Err(file_err(path, format!("dtype `{}`; only f32 is supported", header.dtype)));
+    }
+    // The fingerprint covers the geometry, so the header's spec can only disagree if edited.
+    check_layers(spec, header.position, &header.layers).map_err(|reason| file_err(path, reason))?;
+    let (offsets, data_bytes) =
+        data_layout(spec, &header.layers).ok_or_else(|| file_err(path, "layer sizes overflow"))?;
+    if header.data_bytes != data_bytes as u64 {
+        return Err(file_err(
+            path,
+            format!(
+                "corrupt header: {} data bytes declared, the layers need {data_bytes}",
+                header.data_bytes
+            ),
+        ));
+    }
+    let expected = data_start
+        .checked_add(data_bytes)
+        .ok_or_else(|| file_err(path, "layer sizes overflow"))?;
+    if map.len() != expected {
+        return Err(file_err(
+            path,
+            format!(
+                "{} bytes, the header describes {expected}: {}",
+                map.len(),
+                if map.len() < expected { "truncated" } else { "trailing bytes" }
+            ),
+        ));
+    }
+    let data = &map[data_start..];
+    if crc32fast::hash(data) != header.data_crc32 {
+        return Err(file_err(path, "corrupt: the data's CRC-32 does not match the header"));
+    }
+    let floats = |offset: usize, rows: usize| -> Result<&[f32]> {
+        let len = block_bytes(spec, rows).unwrap_or_else(|| crate::error::invariant("checked by data_layout"));
+        bytemuck::try_cast_slice(&data[offset..offset + len])
+            .map_err(|e| file_err(path, format!("data block not aligned for f32: {e}")))
+    };
+    let rows: Vec<LayerRows<'_>> = header
+        .layers
+        .iter()
+        .zip(&offsets)
+        .map(|(layer, &(k, v))| {
+            Ok(LayerRows {
+                first_position: layer.first_position,
+                rows: layer.rows,
+                k: floats(k, layer.rows)?,
+                v: floats(v, layer.rows)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    backend.snapshot_from_layers(header.position, &rows)
+}

@@ -1,0 +1,370 @@
+//! The snapshot file format against a fake backend whose rows are a function of the tokens: what
+//! is saved comes back bit for bit, continues like the original, and every kind of bad file is
+//! refused without touching the session. The real backends run the same round trip in the
+//! conformance suite.
+
+use std::path::Path;
+
+use kv_core::snapshot_file::{self, LayerRows, ModelFingerprint, PersistSnapshot};
+use kv_core::{Error, KvBackend, KvSpec, LayerKv, Result, SessionId, WindowRule};
+
+/// Rows derived from (token, position, layer, model seed); sliding layers keep `window` rows.
+#[derive(Clone)]
+struct Fake {
+    spec: KvSpec,
+    seed: u32,
+    rule: WindowRule,
+    id: SessionId,
+    position: usize,
+    layers: Vec<LayerKv>,
+    last: i32,
+}
+
+#[derive(Clone, Debug)]
+struct FakeSnapshot {
+    session: SessionId,
+    position: usize,
+    layers: Vec<LayerKv>,
+    last: i32,
+}
+
+fn spec() -> KvSpec {
+    KvSpec {
+        n_layers: 4,
+        head_dim: 8,
+        n_heads: 2,
+        n_kv_heads: 2,
+        hidden_size: 16,
+        vocab_size: 50,
+        sliding_window: 6,
+        global_layer_period: 2,
+        chunk: 4,
+        seq: 8,
+        max_positions: 40,
+        ..KvSpec::default()
+    }
+}
+
+impl Fake {
+    fn new(seed: u32) -> Self {
+        let spec = spec();
+        let layers = (0..spec.n_layers).map(|_| empty(&spec, 0)).collect();
+        Fake {
+            spec,
+            seed,
+            rule: WindowRule::Exact,
+            id: SessionId::fresh(),
+            position: 0,
+            layers,
+            last: 0,
+        }
+    }
+
+    fn value(&self, token: i32, p: usize, l: usize, h: usize, i: usize, which: u32) -> f32 {
+        let x = (token as u32)
+            .wrapping_mul(2654435761)
+            .wrapping_add(p as u32 * 40503 + l as u32 * 977 + h as u32 * 131 + i as u32 * 7 + which * 3 + self.seed);
+        (x % 1000) as f32 / 1000.0 - 0.5
+    }
+
+    /// Appends one token's rows to every layer (sliding layers drop what left the window) and
+    /// "predicts" the next token from everything held.
+    fn feed(&mut self, token: i32) -> i32 {
+        let spec = self.spec.clone();
+        for l in 0..spec.n_layers {
+            let old = &self.layers[l];
+            let keep = match spec.window(spec.layer_kind(l)) {
+                Some(w) => (old.rows + 1).min(w),
+                None => old.rows + 1,
+            };
+            let drop = old.rows + 1 - keep;
+            let mut new = empty(&spec, self.position + 1 - keep);
+            new.rows = keep;
+            for h in 0..spec.n_kv_heads {
+                for r in 0..keep {
+                    let p = new.first_position + r;
+                    for i in 0..spec.head_dim {
+                        let (k, v) = if r + drop < old.rows {
+                            (old.k_at(h, p).unwrap()[i], old.v_at(h, p).unwrap()[i])
+                        } else {
+                            (self.value(token, p, l, h, i, 0), self.value(token, p, l, h, i, 1))
+                        };
+                        new.k.push(k);
+                        new.v.push(v);
+                    }
+                }
+            }
+            self.layers[l] = new;
+        }
+        self.position += 1;
+        let sum: f32 = self.layers.iter().flat_map(|l| l.k.iter()).sum();
+        self.last = (sum.abs() * 1000.0) as i32 % spec.vocab_size as i32;
+        self.last
+    }
+}
+
+fn empty(spec: &KvSpec, first: usize) -> LayerKv {
+    LayerKv {
+        first_position: first,
+        rows: 0,
+        n_kv_heads: spec.n_kv_heads,
+        head_dim: spec.head_dim,
+        k: vec![],
+        v: vec![],
+    }
+}
+
+impl KvBackend for Fake {
+    type Snapshot = FakeSnapshot;
+    fn spec(&self) -> &KvSpec {
+        &self.spec
+    }
+    fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
+        self.spec.check_tokens("prefill", tokens)?;
+        self.layers = (0..self.spec.n_layers).map(|_| empty(&self.spec, 0)).collect();
+        self.position = 0;
+        Ok(tokens.iter().map(|&t| self.feed(t)).last().unwrap_or(0))
+    }
+    fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
+        self.spec.check_tokens("chunk", tokens)?;
+        Ok(tokens.iter().map(|&t| self.feed(t)).last().unwrap_or(0))
+    }
+    fn step(&mut self, token: i32) -> Result<i32> {
+        self.chunk(&[token])
+    }
+    fn snapshot(&self) -> Result<FakeSnapshot> {
+        Ok(FakeSnapshot {
+            session: self.id,
+            position: self.position,
+            layers: self.layers.clone(),
+            last: self.last,
+        })
+    }
+    fn restore(&mut self, s: &FakeSnapshot) -> Result<()> {
+        self.id.check_owner(s.session)?;
+        self.position = s.position;
+        self.layers = s.layers.clone();
+        self.last = s.last;
+        Ok(())
+    }
+    fn snapshot_position(&self, s: &FakeSnapshot) -> usize {
+        s.position
+    }
+    fn position(&self) -> usize {
+        self.position
+    }
+    fn read_layer(&self, layer: usize) -> Result<LayerKv> {
+        Ok(self.layers[layer].clone())
+    }
+    fn name(&self) -> String {
+        "fake".into()
+    }
+}
+
+impl PersistSnapshot for Fake {
+    fn model_fingerprint(&self) -> Result<ModelFingerprint> {
+        let hidden = self.spec.hidden_size;
+        ModelFingerprint::compute(&self.spec, |ids| {
+            Ok(ids
+                .iter()
+                .flat_map(|&id| (0..hidden).map(move |i| (id as f32 + i as f32 * 0.5) * (self.seed + 1) as f32))
+                .collect())
+        })
+    }
+    fn window_rule(&self) -> WindowRule {
+        self.rule
+    }
+    fn snapshot_layers(&self, s: &FakeSnapshot) -> Result<Vec<LayerKv>> {
+        Ok(s.layers.clone())
+    }
+    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<FakeSnapshot> {
+        Ok(FakeSnapshot {
+            session: self.id,
+            position,
+            layers: layers
+                .iter()
+                .map(|l| LayerKv {
+                    first_position: l.first_position,
+                    rows: l.rows,
+                    n_kv_heads: self.spec.n_kv_heads,
+                    head_dim: self.spec.head_dim,
+                    k: l.k.to_vec(),
+                    v: l.v.to_vec(),
+                })
+                .collect(),
+            last: 0,
+        })
+    }
+}
+
+fn prefixed(seed: u32, prefix: &[i32]) -> (Fake, FakeSnapshot) {
+    let mut fake = Fake::new(seed);
+    fake.prefill(prefix).unwrap();
+    let snap = fake.snapshot().unwrap();
+    (fake, snap)
+}
+
+const PREFIX: [i32; 11] = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5];
+
+fn saved(dir: &Path) -> std::path::PathBuf {
+    let (fake, snap) = prefixed(0, &PREFIX);
+    let path = dir.join("prefix.skvsnap");
+    snapshot_file::save(&fake, &snap, &path).unwrap();
+    path
+}
+
+#[test]
+fn a_loaded_snapshot_continues_like_the_original_in_a_fresh_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut original, snap) = prefixed(0, &PREFIX);
+    let path = dir.path().join("prefix.skvsnap");
+    let bytes = snapshot_file::save(&original, &snap, &path).unwrap();
+    assert_eq!(bytes, std::fs::metadata(&path).unwrap().len());
+
+    let mut fresh = Fake::new(0);
+    let loaded = snapshot_file::load(&fresh, &path).unwrap();
+    assert_eq!(fresh.position(), 0, "loading must not restore");
+    assert_eq!(loaded.position, PREFIX.len());
+    assert_eq!(loaded.layers, snap.layers, "rows come back bit for bit");
+
+    fresh.restore(&loaded).unwrap();
+    let a: Vec<i32> = [7, 8, 9, 10, 11].iter().map(|&t| original.step(t).unwrap()).collect();
+    let b: Vec<i32> = [7, 8, 9, 10, 11].iter().map(|&t| fresh.step(t).unwrap()).collect();
+    assert_eq!(a, b);
+    // The loaded snapshot branches like any other.
+    fresh.restore(&loaded).unwrap();
+    assert_eq!(fresh.step(7).unwrap(), a[0]);
+    // No temporary file is left beside it.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn an_empty_session_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::new(0);
+    let snap = fake.snapshot().unwrap();
+    let path = dir.path().join("empty.skvsnap");
+    snapshot_file::save(&fake, &snap, &path).unwrap();
+    let loaded = snapshot_file::load(&Fake::new(0), &path).unwrap();
+    assert_eq!(loaded.position, 0);
+}
+
+/// Loads `bytes` as a snapshot file into a session at some position; checks the error and that
+/// the session did not move.
+fn refused(bytes: &[u8], into: &mut Fake, expect: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.skvsnap");
+    std::fs::write(&path, bytes).unwrap();
+    into.prefill(&[1, 2, 3]).unwrap();
+    let before = into.snapshot().unwrap();
+    let err = snapshot_file::load(&*into, &path).unwrap_err();
+    assert!(matches!(err, Error::SnapshotFile { .. }), "{err}");
+    assert!(err.to_string().contains(expect), "`{err}` should say `{expect}`");
+    assert_eq!(into.position(), 3);
+    assert_eq!(into.snapshot().unwrap().layers, before.layers);
+}
+
+#[test]
+fn bad_files_are_refused_and_the_session_is_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(saved(dir.path())).unwrap();
+    let header_len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+
+    refused(b"hello", &mut Fake::new(0), "bad magic");
+    refused(&good[..good.len() - 1], &mut Fake::new(0), "truncated");
+    refused(&good[..100], &mut Fake::new(0), "truncated");
+    refused(&[&good[..], &[0]].concat(), &mut Fake::new(0), "trailing bytes");
+
+    let mut corrupt = good.clone();
+    let last = corrupt.len() - 3;
+    corrupt[last] ^= 0x40;
+    refused(&corrupt, &mut Fake::new(0), "CRC-32");
+
+    let mut version = good.clone();
+    version[8] = 9;
+    refused(&version, &mut Fake::new(0), "format version 9");
+
+    let mut header = good.clone();
+    header[16 + header_len / 2] = b'\x01';
+    refused(&header, &mut Fake::new(0), "corrupt header");
+
+    // Another model: same geometry, other weights.
+    refused(&good, &mut Fake::new(1), "another model");
+
+    // Another window rule.
+    let mut seed_rule = Fake::new(0);
+    seed_rule.rule = WindowRule::SeedStep;
+    refused(&good, &mut seed_rule, "window rule");
+
+    // A position this session cannot hold.
+    let mut small = Fake::new(0);
+    small.spec.max_positions = 10;
+    refused(&good, &mut small, "maxPositions");
+}
+
+#[test]
+fn headers_that_lie_about_the_rows_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(saved(dir.path())).unwrap();
+    let header_len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&good[16..16 + header_len]).unwrap();
+
+    // Rewrites the header (keeping its length, so the data stays where it was).
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut h = header.clone();
+        edit(&mut h);
+        let mut text = serde_json::to_vec(&h).unwrap();
+        assert!(text.len() <= header_len, "edited header grew");
+        text.resize(header_len, b' ');
+        let mut bytes = good.clone();
+        bytes[16..16 + header_len].copy_from_slice(&text);
+        bytes
+    };
+    refused(
+        &with(&|h| h["position"] = 12.into()),
+        &mut Fake::new(0),
+        "not ending at the snapshot's position",
+    );
+    refused(
+        &with(&|h| h["layers"][1]["rows"] = 2.into()),
+        &mut Fake::new(0),
+        "layer 1",
+    );
+    refused(
+        &with(&|h| {
+            h["layers"].as_array_mut().unwrap().pop();
+        }),
+        &mut Fake::new(0),
+        "3 layers, the model has 4",
+    );
+    refused(&with(&|h| h["contractVersion"] = 7.into()), &mut Fake::new(0), "contract version 7");
+    refused(&with(&|h| h["dtype"] = "f16".into()), &mut Fake::new(0), "dtype");
+    refused(&with(&|h| h["dataBytes"] = 64.into()), &mut Fake::new(0), "data bytes declared");
+}
+
+#[test]
+fn a_failed_write_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, snap) = prefixed(0, &PREFIX);
+    let err = snapshot_file::save(&fake, &snap, &dir.path().join("missing/dir/x.skvsnap")).unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    // An existing file is replaced whole.
+    let path = saved(dir.path());
+    let (other, snap) = prefixed(0, &PREFIX[..5]);
+    snapshot_file::save(&other, &snap, &path).unwrap();
+    assert_eq!(snapshot_file::load(&Fake::new(0), &path).unwrap().position, 5);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn the_fingerprint_ignores_graph_shapes_but_not_geometry_or_weights() {
+    let a = Fake::new(0);
+    let mut b = Fake::new(0);
+    b.spec.chunk = 8;
+    b.spec.seq = 16;
+    b.spec.max_positions = 80;
+    assert_eq!(a.model_fingerprint().unwrap(), b.model_fingerprint().unwrap());
+    b.spec.sliding_window = 5;
+    assert_ne!(a.model_fingerprint().unwrap(), b.model_fingerprint().unwrap());
+    assert_ne!(a.model_fingerprint().unwrap(), Fake::new(3).model_fingerprint().unwrap());
+}
