@@ -6,8 +6,12 @@ use std::path::Path;
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
 use kv_core::irpa::FileStamp;
 use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
+use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
-use kv_core::{Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, Result, SessionId};
+use kv_core::{
+    Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result, SessionId,
+    WindowRule,
+};
 
 use crate::convert::{contract_err, iree_err};
 use crate::embedding::Embedding;
@@ -556,6 +560,75 @@ impl IreeKvBackend {
             v,
             first,
             rows: keep,
+        })
+    }
+}
+
+impl PersistSnapshot for IreeKvBackend {
+    fn model_fingerprint(&self) -> Result<ModelFingerprint> {
+        ModelFingerprint::compute(&self.manifest.spec, |ids| self.embedding.gather(ids))
+    }
+
+    fn window_rule(&self) -> WindowRule {
+        self.options.rule
+    }
+
+    /// Copies every layer's rows to the host (one read per buffer).
+    fn snapshot_layers(&self, snapshot: &IreeSnapshot) -> Result<Vec<LayerKv>> {
+        self.id.check_owner(snapshot.session)?;
+        let spec = &self.manifest.spec;
+        if snapshot.layers.is_empty() {
+            return Ok((0..spec.n_layers)
+                .map(|_| LayerKv {
+                    first_position: 0,
+                    rows: 0,
+                    n_kv_heads: spec.n_kv_heads,
+                    head_dim: spec.head_dim,
+                    k: vec![],
+                    v: vec![],
+                })
+                .collect());
+        }
+        snapshot
+            .layers
+            .iter()
+            .map(|cache| {
+                Ok(LayerKv {
+                    first_position: cache.first,
+                    rows: cache.rows,
+                    n_kv_heads: spec.n_kv_heads,
+                    head_dim: spec.head_dim,
+                    k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
+                    v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
+                })
+            })
+            .collect()
+    }
+
+    /// One upload per K and V buffer, straight from the caller's slices (a mapped file).
+    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<IreeSnapshot> {
+        let spec = &self.manifest.spec;
+        // A session at position 0 holds no buffers (Vulkan refuses empty ones).
+        let layers = if position == 0 {
+            Vec::new()
+        } else {
+            layers
+                .iter()
+                .map(|l| {
+                    let shape = [1, spec.n_kv_heads, l.rows, spec.head_dim];
+                    Ok(LayerCache {
+                        k: self.f32_view(&shape, l.k)?,
+                        v: self.f32_view(&shape, l.v)?,
+                        first: l.first_position,
+                        rows: l.rows,
+                    })
+                })
+                .collect::<Result<_>>()?
+        };
+        Ok(IreeSnapshot {
+            session: self.id,
+            position,
+            layers,
         })
     }
 }

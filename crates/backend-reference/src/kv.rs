@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
-use kv_core::{Error, KvBackend, KvSpec, LayerKv, Result, SessionId, WindowRule};
+use kv_core::{Error, KvBackend, KvSpec, LayerKv, ModelFingerprint, PersistSnapshot, Result, SessionId, WindowRule};
 use ndarray::{concatenate, s, Array3, ArrayView3, Axis};
 
 use crate::forward::{argmax_lowest, KeyMask, LayerInputs};
@@ -259,5 +260,66 @@ impl KvBackend for ReferenceKv {
 
     fn name(&self) -> String {
         "reference".into()
+    }
+}
+
+impl PersistSnapshot for ReferenceKv {
+    fn model_fingerprint(&self) -> Result<ModelFingerprint> {
+        let table = self.model.embedding();
+        ModelFingerprint::compute(self.model.spec(), |ids| {
+            Ok(ids.iter().flat_map(|&id| table.row(id as usize).to_vec()).collect())
+        })
+    }
+
+    fn window_rule(&self) -> WindowRule {
+        self.rule
+    }
+
+    fn snapshot_layers(&self, snapshot: &ReferenceSnapshot) -> Result<Vec<LayerKv>> {
+        self.session.check_owner(snapshot.session)?;
+        let spec = self.model.spec();
+        Ok(snapshot
+            .caches
+            .iter()
+            .map(|cache| LayerKv {
+                first_position: cache.first_position,
+                rows: cache.rows(),
+                n_kv_heads: spec.n_kv_heads,
+                head_dim: spec.head_dim,
+                k: cache.k.iter().copied().collect(),
+                v: cache.v.iter().copied().collect(),
+            })
+            .collect())
+    }
+
+    /// The loaded snapshot has no logits of a last call (`last_logits` is `None` after restoring
+    /// it until the next call).
+    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<ReferenceSnapshot> {
+        let spec = self.model.spec();
+        let array = |rows: usize, data: &[f32]| {
+            Array3::from_shape_vec((spec.n_kv_heads, rows, spec.head_dim), data.to_vec())
+                .map(Arc::new)
+                .map_err(|e| Error::Backend {
+                    backend: "reference",
+                    op: "load snapshot".into(),
+                    message: e.to_string(),
+                })
+        };
+        let caches = layers
+            .iter()
+            .map(|l| {
+                Ok(LayerCache {
+                    first_position: l.first_position,
+                    k: array(l.rows, l.k)?,
+                    v: array(l.rows, l.v)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(ReferenceSnapshot {
+            session: self.session,
+            position,
+            caches,
+            last_logits: None,
+        })
     }
 }

@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
 use kv_core::tolerance::Tolerance;
-use kv_core::{KvBackend, RedecodeBackend, Result, WindowRule};
+use kv_core::{PersistSnapshot, RedecodeBackend, Result, WindowRule};
 
 /// Opens sessions of one backend on fixture models (`tiny-gemma3:7`, `tiny-gemma3:7:w5`, ...).
 pub trait BackendFactory {
-    type Kv: KvBackend;
+    type Kv: PersistSnapshot;
     type Redecode: RedecodeBackend;
 
     fn name(&self) -> String;

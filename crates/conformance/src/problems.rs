@@ -562,3 +562,103 @@ pub fn kv_matches_reference_call_by_call<F: BackendFactory>(factory: &F) {
         }
     });
 }
+
+/// A snapshot saved to a file and loaded into a fresh session continues exactly like the session
+/// that saved it, branches like any snapshot, and a file saved by the reference continues here
+/// like the reference; a file of another model is refused and leaves the session usable.
+pub fn snapshot_files_continue_like_the_session<F: BackendFactory>(factory: &F) {
+    use kv_core::snapshot_file;
+    check_known(factory, "snapshot_files_continue_like_the_session", || {
+        let model = "tiny-gemma3:1";
+        let spec = spec_of(model);
+        let prefix: Vec<i32> = (0..40).map(|i| (i * 17 + 3) % 500).collect();
+        let utterance = [21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31];
+        let dir = tempfile::tempdir().expect("temp dir");
+
+        // Continues `b` from its current position: the utterance in chunks, then 6 steps.
+        fn continue_from<B: KvBackend>(b: &mut B, utterance: &[i32]) -> (Vec<i32>, Vec<LayerKv>) {
+            let mut ids = Vec::new();
+            for piece in utterance.chunks(b.spec().chunk) {
+                ids.push(b.chunk(piece).expect("chunk"));
+            }
+            for _ in 0..6 {
+                let next = b.step(*ids.last().expect("a token")).expect("step");
+                ids.push(next);
+            }
+            (ids, layers(b))
+        }
+        fn prefilled<B: KvBackend>(b: &mut B, prefix: &[i32]) -> B::Snapshot {
+            let spec = b.spec().clone();
+            let (head, rest) = prefix.split_at(spec.seq.min(prefix.len()));
+            b.prefill(head).expect("prefill");
+            for piece in rest.chunks(spec.chunk) {
+                b.chunk(piece).expect("chunk");
+            }
+            b.snapshot().expect("snapshot")
+        }
+
+        let mut original = factory.kv(model, WindowRule::Exact).unwrap();
+        let snap = prefilled(&mut original, &prefix);
+        let path = dir.path().join("prefix.skvsnap");
+        snapshot_file::save(&original, &snap, &path).expect("save");
+        let (want, want_layers) = continue_from(&mut original, &utterance);
+
+        let mut fresh = factory.kv(model, WindowRule::Exact).unwrap();
+        let loaded = snapshot_file::load(&fresh, &path).expect("load");
+        assert_eq!(fresh.position(), 0, "loading must not restore");
+        assert_eq!(fresh.snapshot_position(&loaded), prefix.len());
+        fresh.restore(&loaded).expect("restore");
+        let (got, got_layers) = continue_from(&mut fresh, &utterance);
+        assert_eq!(got, want, "tokens after a loaded snapshot");
+        for (l, (g, w)) in got_layers.iter().zip(&want_layers).enumerate() {
+            assert_layers_close(
+                &format!("layer {l} after a loaded snapshot"),
+                g,
+                w,
+                kv_core::tolerance::Tolerance::SAME_BACKEND,
+            );
+        }
+        // It branches: another utterance from the same loaded snapshot, then the first again.
+        original.restore(&snap).unwrap();
+        let (other_want, _) = continue_from(&mut original, &utterance[..3]);
+        fresh.restore(&loaded).unwrap();
+        assert_eq!(continue_from(&mut fresh, &utterance[..3]).0, other_want);
+        fresh.restore(&loaded).unwrap();
+        assert_eq!(continue_from(&mut fresh, &utterance).0, want);
+
+        // A file saved by the reference continues here as the reference continues.
+        let mut reference = ReferenceFactory.kv(model, WindowRule::Exact).unwrap();
+        let reference_snap = prefilled(&mut reference, &prefix);
+        let from_reference = dir.path().join("reference.skvsnap");
+        snapshot_file::save(&reference, &reference_snap, &from_reference).expect("save reference");
+        let (reference_ids, _) = continue_from(&mut reference, &utterance);
+        let mut loaded_here = factory.kv(model, WindowRule::Exact).unwrap();
+        let snap_here = snapshot_file::load(&loaded_here, &from_reference).expect("load the reference's file");
+        loaded_here.restore(&snap_here).unwrap();
+        let (ids_here, _) = continue_from(&mut loaded_here, &utterance);
+        let mut context = prefix.clone();
+        context.extend_from_slice(&utterance);
+        for (i, (&g, &w)) in ids_here
+            .iter()
+            .zip(&reference_ids)
+            .enumerate()
+            .skip(utterance.len().div_ceil(spec.chunk) - 1)
+        {
+            assert_token(&format!("token {i} after the reference's file"), model, &context, g, w);
+            context.push(w);
+        }
+
+        // Another model's file: refused, the session unchanged and usable.
+        let other = "tiny-gemma3:2:w5";
+        let mut stranger = factory.kv(other, WindowRule::Exact).unwrap();
+        stranger.prefill(&[1, 2, 3]).unwrap();
+        let Err(err) = snapshot_file::load(&stranger, &path) else {
+            panic!("another model's file was loaded");
+        };
+        assert!(matches!(err, Error::SnapshotFile { .. }), "{err}");
+        assert_eq!(stranger.position(), 3);
+        let mut control = factory.kv(other, WindowRule::Exact).unwrap();
+        control.prefill(&[1, 2, 3]).unwrap();
+        assert_eq!(stranger.step(9).unwrap(), control.step(9).unwrap());
+    });
+}

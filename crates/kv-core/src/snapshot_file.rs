@@ -73,7 +73,9 @@ impl ModelFingerprint {
         }
         let mut hash = Sha256::new();
         hash.update(b"skainet-kv model fingerprint 1\n");
-        hash.update(serde_json::to_vec(&Geometry::of(spec)).unwrap_or_else(|e| crate::error::invariant(&e.to_string())));
+        hash.update(
+            serde_json::to_vec(&Geometry::of(spec)).unwrap_or_else(|e| crate::error::invariant(&e.to_string())),
+        );
         hash.update(crate::bf16::f32_to_bf16_bytes(&values));
         Ok(ModelFingerprint(hash.finalize().into()))
     }
@@ -350,7 +352,10 @@ pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, pa
 }
 
 fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
 }
 
@@ -391,7 +396,10 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SnapshotHeader, usize)> {
 /// Everything is checked before the backend sees a row; the session is not touched either way.
 pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::Snapshot> {
     if cfg!(target_endian = "big") {
-        return Err(file_err(path, "snapshot files are little-endian; this host is big-endian"));
+        return Err(file_err(
+            path,
+            "snapshot files are little-endian; this host is big-endian",
+        ));
     }
     let file = File::open(path).map_err(io_err("opening snapshot", path))?;
     // SAFETY: read-only; the length is checked against the header before any data is read, and
@@ -431,7 +439,10 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
         ));
     }
     if header.dtype != "f32" {
-        return Err(file_err(path, format!("dtype `{}`; only f32 is supported", header.dtype)));
+        return Err(file_err(
+            path,
+            format!("dtype `{}`; only f32 is supported", header.dtype),
+        ));
     }
     // The fingerprint covers the geometry, so the header's spec can only disagree if edited.
     check_layers(spec, header.position, &header.layers).map_err(|reason| file_err(path, reason))?;
@@ -455,7 +466,11 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
             format!(
                 "{} bytes, the header describes {expected}: {}",
                 map.len(),
-                if map.len() < expected { "truncated" } else { "trailing bytes" }
+                if map.len() < expected {
+                    "truncated"
+                } else {
+                    "trailing bytes"
+                }
             ),
         ));
     }

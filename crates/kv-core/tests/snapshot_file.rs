@@ -337,9 +337,17 @@ fn headers_that_lie_about_the_rows_are_refused() {
         &mut Fake::new(0),
         "3 layers, the model has 4",
     );
-    refused(&with(&|h| h["contractVersion"] = 7.into()), &mut Fake::new(0), "contract version 7");
+    refused(
+        &with(&|h| h["contractVersion"] = 7.into()),
+        &mut Fake::new(0),
+        "contract version 7",
+    );
     refused(&with(&|h| h["dtype"] = "f16".into()), &mut Fake::new(0), "dtype");
-    refused(&with(&|h| h["dataBytes"] = 64.into()), &mut Fake::new(0), "data bytes declared");
+    refused(
+        &with(&|h| h["dataBytes"] = 64.into()),
+        &mut Fake::new(0),
+        "data bytes declared",
+    );
 }
 
 #[test]
@@ -366,5 +374,8 @@ fn the_fingerprint_ignores_graph_shapes_but_not_geometry_or_weights() {
     assert_eq!(a.model_fingerprint().unwrap(), b.model_fingerprint().unwrap());
     b.spec.sliding_window = 5;
     assert_ne!(a.model_fingerprint().unwrap(), b.model_fingerprint().unwrap());
-    assert_ne!(a.model_fingerprint().unwrap(), Fake::new(3).model_fingerprint().unwrap());
+    assert_ne!(
+        a.model_fingerprint().unwrap(),
+        Fake::new(3).model_fingerprint().unwrap()
+    );
 }
