@@ -42,6 +42,9 @@ enum Command {
     Export(commands::export::ExportArgs),
     /// Stage medians: open, prefix prefill, restore (at two prefix lengths), chunk, decode.
     Bench(commands::bench::BenchArgs),
+    /// Save a prefilled prefix to a file (`save`), describe one (`info`); load it with
+    /// `--prefix-snapshot` on `generate` and `bench`.
+    Snapshot(commands::snapshot::SnapshotArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "iree")]
         Command::Export(args) => commands::export::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Snapshot(args) => commands::snapshot::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

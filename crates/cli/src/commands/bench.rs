@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
+use kv_core::snapshot_file::{self, PersistSnapshot};
 use kv_core::{KvBackend, KvDecoder, KvSpec, RedecodeBackend, RedecodeDecoder};
 use serde::Serialize;
 
@@ -41,8 +42,24 @@ pub struct BenchArgs {
     /// models, else the manifest's).
     #[arg(long)]
     redecode_seq: Option<usize>,
+    /// A prefix saved by `snapshot save`: loaded instead of prefilled for the utterances (the
+    /// prefix prefill is still timed, on a prefix of the same length, to compare).
+    #[arg(long)]
+    prefix_snapshot: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
+}
+
+/// The prefix's snapshot as a file: written, then loaded into the session (median of repeats).
+#[derive(Serialize)]
+struct SnapshotFileReport {
+    /// `--prefix-snapshot`, or a temporary file of the bench's own prefix.
+    file: String,
+    prefix_tokens: usize,
+    mb: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    save_ms: Option<f64>,
+    load_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -60,6 +77,7 @@ struct BenchReport {
     open_ms: f64,
     prefix_tokens: usize,
     prefix_prefill_ms: f64,
+    snapshot_file: SnapshotFileReport,
     restore: Restore,
     chunk_call_ms: f64,
     decode_ms_per_token: f64,
@@ -125,7 +143,7 @@ fn restore_median<B: KvBackend>(decoder: &mut KvDecoder<B>, prefix: &[i32]) -> R
     Ok(median(times))
 }
 
-fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<BenchReport> {
+fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Result<BenchReport> {
     let spec = backend.spec().clone();
     let name = backend.name();
     let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
@@ -150,6 +168,7 @@ fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<B
         Some(s) => s,
         None => decoder.prefill_prefix(&prefix)?,
     };
+    let (snapshot, snapshot_file) = snapshot_file_stage(&decoder, snapshot, args)?;
     let (mut chunk, mut decode, mut totals, mut per_token) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeat.max(1) {
         for i in 0..args.utterances {
@@ -170,6 +189,7 @@ fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<B
         open_ms: ms(open),
         prefix_tokens: long,
         prefix_prefill_ms: median(prefill),
+        snapshot_file,
         restore,
         chunk_call_ms: median(chunk),
         decode_ms_per_token: median(decode),
@@ -180,6 +200,42 @@ fn bench<B: KvBackend>(backend: B, args: &BenchArgs, open: Duration) -> Result<B
         kv_ms_per_generated_token: median(per_token),
         redecode: None,
     })
+}
+
+/// Saves the prefix's snapshot to a temporary file (or takes `--prefix-snapshot`) and loads it
+/// `repeat` times; the utterances then run from the loaded snapshot, as an app's would.
+fn snapshot_file_stage<B: PersistSnapshot>(
+    decoder: &KvDecoder<B>,
+    prefilled: B::Snapshot,
+    args: &BenchArgs,
+) -> Result<(B::Snapshot, SnapshotFileReport)> {
+    let backend = decoder.backend();
+    let dir = tempfile::tempdir()?;
+    let (path, save_ms) = match &args.prefix_snapshot {
+        Some(path) => (path.clone(), None),
+        None => {
+            let path = dir.path().join("prefix.skvsnap");
+            let t = Instant::now();
+            snapshot_file::save(backend, &prefilled, &path)?;
+            (path, Some(ms(t.elapsed())))
+        }
+    };
+    let mut loads = Vec::new();
+    let mut loaded = None;
+    for _ in 0..args.repeat.max(1) {
+        let (snapshot, took) = crate::commands::snapshot::load(backend, &path)?;
+        loads.push(ms(took));
+        loaded = Some(snapshot);
+    }
+    let loaded = loaded.unwrap_or_else(|| unreachable!("at least one load"));
+    let report = SnapshotFileReport {
+        file: path.display().to_string(),
+        prefix_tokens: backend.snapshot_position(&loaded),
+        mb: std::fs::metadata(&path)?.len() as f64 / 1e6,
+        save_ms,
+        load_ms: median(loads),
+    };
+    Ok((loaded, report))
 }
 
 fn prefix_tokens(args: &BenchArgs) -> usize {
@@ -252,6 +308,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!(
         "  prefix prefill ({:>5} tok)  {:>10.3} ms",
         r.prefix_tokens, r.prefix_prefill_ms
+    );
+    let f = &r.snapshot_file;
+    if let Some(save) = f.save_ms {
+        println!("  snapshot file save          {save:>10.3} ms  ({:.1} MB)", f.mb);
+    }
+    println!(
+        "  snapshot file load ({:>5} tok) {:>7.3} ms  (instead of the prefill)",
+        f.prefix_tokens, f.load_ms
     );
     println!(
         "  restore ({:>5} tok prefix)  {:>10.4} ms",

@@ -6,4 +6,5 @@ pub mod export;
 pub mod generate;
 pub mod inspect;
 pub mod redecode;
+pub mod snapshot;
 pub mod tokenize;

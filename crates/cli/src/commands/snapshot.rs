@@ -1,0 +1,163 @@
+//! `skainet-kv snapshot`: save a prefilled prefix to a file (`save`) and describe one (`info`).
+//! `generate` and `bench` load such a file with `--prefix-snapshot` instead of prefilling.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use kv_core::snapshot_file::{self, PersistSnapshot};
+use kv_core::{KvBackend, KvDecoder};
+use serde::Serialize;
+
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
+use crate::report::{ms, parse_ids};
+
+#[derive(Args)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Prefill a prefix and save its snapshot to a file (written atomically).
+    Save(SaveArgs),
+    /// Print a snapshot file's header: model fingerprint, position, rows per layer.
+    Info {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct SaveArgs {
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a fixture name or a model directory.
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    artifacts: Option<PathBuf>,
+    #[command(flatten)]
+    target: TargetArgs,
+    #[arg(long, value_enum, default_value = "reference")]
+    backend: BackendChoice,
+    /// The prefix as ids (`1,2,3`).
+    #[arg(long, value_parser = parse_ids, required_unless_present = "prefix_file")]
+    prefix_ids: Vec<Vec<i32>>,
+    /// The prefix as a text file, tokenized with the model's tokenizer (BOS as its metadata
+    /// says; special tokens written in it are parsed, so a chat turn can be written out).
+    #[arg(long, conflicts_with = "prefix_ids")]
+    prefix_file: Option<PathBuf>,
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "exact")]
+    window_rule: RuleChoice,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct SaveReport {
+    file: String,
+    backend: String,
+    prefix_tokens: usize,
+    bytes: u64,
+    prefill_ms: f64,
+    save_ms: f64,
+    model_fingerprint: String,
+}
+
+/// Loads `path` into a new snapshot of `backend` (not restored), timed.
+pub fn load<B: PersistSnapshot>(backend: &B, path: &Path) -> Result<(B::Snapshot, Duration)> {
+    let t = Instant::now();
+    let snapshot =
+        snapshot_file::load(backend, path).with_context(|| format!("loading --prefix-snapshot {}", path.display()))?;
+    Ok((snapshot, t.elapsed()))
+}
+
+pub fn run(args: SnapshotArgs) -> Result<()> {
+    match args.action {
+        Action::Save(args) => save(args),
+        Action::Info { file, json } => info(&file, json),
+    }
+}
+
+fn prefix_of(args: &SaveArgs) -> Result<Vec<i32>> {
+    let ids = match &args.prefix_file {
+        Some(file) => {
+            let text =
+                std::fs::read_to_string(file).with_context(|| format!("reading --prefix-file {}", file.display()))?;
+            let tok = crate::model::tokenizer(&args.model)?;
+            tok.encode(&text, tok.add_bos_default())
+        }
+        None => args.prefix_ids.concat(),
+    };
+    if ids.is_empty() {
+        bail!("the prefix is empty: give --prefix-ids 1,2,3 or a non-empty --prefix-file");
+    }
+    Ok(ids)
+}
+
+fn save(args: SaveArgs) -> Result<()> {
+    let prefix = prefix_of(&args)?;
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
+    let report = crate::with_backend!(backend, b => {
+        let name = b.name();
+        let fingerprint = b.model_fingerprint()?.to_hex();
+        let mut decoder = KvDecoder::new(b);
+        let t = Instant::now();
+        let snapshot = decoder.prefill_prefix(&prefix).context("prefilling the prefix")?;
+        let prefill = t.elapsed();
+        let t = Instant::now();
+        let bytes = snapshot_file::save(decoder.backend(), &snapshot, &args.out)
+            .with_context(|| format!("saving {}", args.out.display()))?;
+        SaveReport {
+            file: args.out.display().to_string(),
+            backend: name,
+            prefix_tokens: prefix.len(),
+            bytes,
+            prefill_ms: ms(prefill),
+            save_ms: ms(t.elapsed()),
+            model_fingerprint: fingerprint,
+        }
+    });
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "saved {} tokens of prefix to {} ({:.1} MB) on {}: prefill {:.1} ms, save {:.1} ms",
+            report.prefix_tokens,
+            report.file,
+            report.bytes as f64 / 1e6,
+            report.backend,
+            report.prefill_ms,
+            report.save_ms
+        );
+    }
+    Ok(())
+}
+
+fn info(file: &Path, json: bool) -> Result<()> {
+    let header = snapshot_file::read_header(file).with_context(|| format!("reading {}", file.display()))?;
+    if json {
+        println!("{}", serde_json::to_string(&header)?);
+        return Ok(());
+    }
+    let spec = &header.spec;
+    println!("{}", file.display());
+    println!("  position        {}", header.position);
+    println!("  model           {}", header.model);
+    println!(
+        "  geometry        {} layers, {} KV heads × {}, window {}, vocab {}",
+        spec.n_layers, spec.n_kv_heads, spec.head_dim, spec.sliding_window, spec.vocab_size
+    );
+    println!("  window rule     {}", header.window_rule);
+    println!("  contract        v{}", header.contract_version);
+    println!("  saved by        {}", header.saved_by);
+    println!("  data            {} bytes, {}", header.data_bytes, header.dtype);
+    let rows: Vec<String> = header.layers.iter().map(|l| l.rows.to_string()).collect();
+    println!("  rows per layer  {}", rows.join(" "));
+    Ok(())
+}
