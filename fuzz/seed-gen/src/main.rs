@@ -321,7 +321,7 @@ fn main() {
     let real: Vec<(&str, GgufFile)> = ["gemma3-270m", "smollm2-135m"]
         .into_iter()
         .map(|name| {
-            let path = gguf::models::ensure(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let path = model_store::ensure(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             (name, GgufFile::open(path).unwrap())
         })
         .collect();
