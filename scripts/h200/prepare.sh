@@ -35,7 +35,7 @@ done
 # The tiny demo model's Vulkan export, as the CLI caches it.
 ./target/release/skainet-kv demo --backend iree-vulkan >/dev/null
 rm -rf $D/cache/artifacts/tiny-gemma3-7-vulkan-shared
-cp -r .cache/artifacts/tiny-gemma3-7-vulkan-shared $D/cache/artifacts/
+cp -r "$SKAINET_KV_CACHE/artifacts/tiny-gemma3-7-vulkan-shared" $D/cache/artifacts/
 
 # The seed's three-archive layout (three sessions on one Vulkan device, which did not open before
 # each device had one HAL group): the tiny model, archives included (a few MB).

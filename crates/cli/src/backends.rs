@@ -239,7 +239,7 @@ impl ModelSource {
                 "skainet-kv: exporting {} for {} (once; cached under {})",
                 self.model,
                 target.key(),
-                export::cache_root().display()
+                export::cache_root()?.display()
             );
         }
         Ok(export::cached_export_with(&model, &options)?)

@@ -14,7 +14,13 @@ fn main() {
         ..Default::default()
     };
     let t = std::time::Instant::now();
-    match export_artifacts(&Source::parse(&args[1]), std::path::Path::new(&args[2]), &options) {
+    // A fixture name is materialized here: `export` itself reads fixtures only with its
+    // `fixtures` feature.
+    let source = match Source::parse(&args[1]) {
+        Source::Fixture(name) => Source::Dir(fixtures::materialize(&name).expect("fixture")),
+        dir => dir,
+    };
+    match export_artifacts(&source, std::path::Path::new(&args[2]), &options) {
         Ok(m) => println!("exported in {:.1} s: {:?}", t.elapsed().as_secs_f64(), m.modules),
         Err(e) => {
             eprintln!("{e}");

@@ -37,7 +37,9 @@ use crate::{ExportError, Result};
 pub enum Source {
     /// A directory with `manifest.json` (with `architecture`) and its canonically named bf16 archive.
     Dir(PathBuf),
-    /// A fixture name (`tiny-gemma3:7`), materialized through `fixtures::materialize`.
+    /// A fixture name (`tiny-gemma3:7`), materialized through `fixtures::materialize`: only with
+    /// the `fixtures` feature (the CLI and the test crates enable it), so that an exporter built
+    /// without it carries no test models.
     Fixture(String),
 }
 
@@ -51,10 +53,14 @@ impl Source {
         }
     }
 
-    fn dir(&self) -> Result<PathBuf> {
+    /// The model directory: the given one, or the fixture written into the fixture cache.
+    pub fn dir(&self) -> Result<PathBuf> {
         match self {
             Source::Dir(d) => Ok(d.clone()),
+            #[cfg(feature = "fixtures")]
             Source::Fixture(name) => Ok(fixtures::materialize(name)?),
+            #[cfg(not(feature = "fixtures"))]
+            Source::Fixture(name) => Err(ExportError::FixturesDisabled { name: name.clone() }),
         }
     }
 
@@ -466,4 +472,29 @@ fn write_archive(
     }
     w.write(path).map_err(kv_core::Error::from)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without the `fixtures` feature a fixture name is a clear error, never a lookup elsewhere.
+    #[test]
+    fn fixture_names_need_the_feature() {
+        let got = Source::parse("tiny-llama:3").dir();
+        if cfg!(feature = "fixtures") {
+            let dir = got.unwrap();
+            assert!(
+                dir.join(kv_core::manifest::MANIFEST_FILE).is_file(),
+                "{}",
+                dir.display()
+            );
+        } else {
+            let err = got.unwrap_err();
+            assert!(
+                matches!(err, ExportError::FixturesDisabled { ref name } if name == "tiny-llama:3"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -6,7 +6,9 @@ use std::sync::Mutex;
 
 use kv_core::manifest::MANIFEST_FILE;
 
-use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source, Target};
+use sha2::{Digest, Sha256};
+
+use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source, Target, WeightFormat};
 
 /// Beside a cached export: what it was made from, so a changed model (or a fixture whose
 /// definition changed) is exported again instead of silently reused.
@@ -15,30 +17,37 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
 const EMITTER_REVISION: u32 = 5;
 
-/// A hash of the source manifest and weights (contents up to 64 MiB, length and mtime beyond).
+/// A sha256 of the emitter and compiler versions and of the source manifest and weights
+/// (contents up to 64 MiB, length and mtime beyond), as hex.
 fn source_fingerprint(model: &str) -> Result<String> {
-    use std::hash::{Hash, Hasher};
-    let dir = match Source::parse(model) {
-        Source::Dir(dir) => dir,
-        Source::Fixture(name) => fixtures::materialize(&name)?,
-    };
+    let dir = Source::parse(model).dir()?;
     let manifest = kv_core::Manifest::load(&dir)?;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (EMITTER_REVISION, crate::COMPILER_VERSION).hash(&mut hasher);
+    let mut hasher = Sha256::new();
+    hasher.update(format!(
+        "emitter {EMITTER_REVISION}\ncompiler {}\n",
+        crate::COMPILER_VERSION
+    ));
     let mut files = vec![dir.join(MANIFEST_FILE)];
     files.extend(manifest.weights_file().map(|w| dir.join(w)));
     for file in files {
         let meta = std::fs::metadata(&file).map_err(ExportError::io("reading", &file))?;
-        meta.len().hash(&mut hasher);
+        hasher.update(meta.len().to_le_bytes());
         if meta.len() <= 64 << 20 {
-            std::fs::read(&file)
-                .map_err(ExportError::io("reading", &file))?
-                .hash(&mut hasher);
+            hasher.update(std::fs::read(&file).map_err(ExportError::io("reading", &file))?);
         } else {
-            meta.modified().ok().hash(&mut hasher);
+            let mtime_ns = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            hasher.update(mtime_ns.to_le_bytes());
         }
     }
-    Ok(format!("{:016x}", hasher.finish()))
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The export settings that run best on `target`, measured on FunctionGemma-270M's geometry
@@ -94,12 +103,13 @@ pub const CPU_RUNTIME_FLAGS: &[&str] = &[
     "--iree-dispatch-creation-enable-aggressive-fusion=false",
 ];
 
-/// The default cache root: `$SKAINET_KV_CACHE/artifacts`, else `<workspace>/.cache/artifacts`.
-pub fn cache_root() -> PathBuf {
-    match std::env::var_os("SKAINET_KV_CACHE") {
-        Some(dir) => PathBuf::from(dir).join("artifacts"),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/artifacts"),
-    }
+/// The default cache root: `artifacts/` in the project's cache ([`kv_paths::Root::Cache`]:
+/// `$SKAINET_KV_CACHE`, else the platform's cache directory). [`cached_export_in`] takes an
+/// explicit root instead.
+pub fn cache_root() -> Result<PathBuf> {
+    kv_paths::Root::Cache
+        .join("artifacts")
+        .map_err(ExportError::io("locating the export cache", Path::new("artifacts/")))
 }
 
 /// The artifact directory of `model` (a fixture name or a model directory) for `target` and
@@ -113,21 +123,26 @@ pub fn cached_export(model: &str, target: &Target, layout: Layout) -> Result<Pat
     cached_export_with(model, &options)
 }
 
-/// The artifact directory of `model` exported with `options`, exporting it first unless a
-/// finished export with the same options and source is cached. Entries are named
-/// `<model>-<targets>-<layout>` for the default options and get a hash of the options otherwise,
-/// so that, e.g., a redecode graph of another SEQ or bf16 weights live beside the default.
-/// Written beside the entry and renamed, so a crash never leaves half an artifact set that looks
-/// finished.
+/// [`cached_export_in`] the default [`cache_root`].
 pub fn cached_export_with(model: &str, options: &ExportOptions) -> Result<PathBuf> {
+    cached_export_in(&cache_root()?, model, options)
+}
+
+/// The artifact directory of `model` exported with `options` in the cache at `root`, exporting it
+/// first unless a finished export with the same options and source is cached. Entries are named
+/// `<model>-<targets>-<layout>` for the default options and get a hash of the options otherwise
+/// ([`entry_name`]), so that, e.g., a redecode graph of another SEQ or bf16 weights live beside
+/// the default. Written beside the entry and renamed, so a crash never leaves half an artifact
+/// set that looks finished.
+pub fn cached_export_in(root: &Path, model: &str, options: &ExportOptions) -> Result<PathBuf> {
     static LOCK: Mutex<()> = Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let entry = Entry::of(model, options)?;
+    let entry = Entry::of(root, model, options)?;
     if entry.is_fresh() {
         return Ok(entry.dir);
     }
-    let (root, name, dir, fingerprint) = (cache_root(), entry.name, entry.dir, entry.fingerprint);
-    std::fs::create_dir_all(&root).map_err(ExportError::io("creating artifact cache", &root))?;
+    let (name, dir, fingerprint) = (entry.name, entry.dir, entry.fingerprint);
+    std::fs::create_dir_all(root).map_err(ExportError::io("creating artifact cache", root))?;
     let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     export_artifacts(&Source::parse(model), &tmp, options)?;
@@ -140,7 +155,7 @@ pub fn cached_export_with(model: &str, options: &ExportOptions) -> Result<PathBu
 
 /// Whether [`cached_export_with`] would reuse a finished export (no compile).
 pub fn is_cached(model: &str, options: &ExportOptions) -> Result<bool> {
-    Ok(Entry::of(model, options)?.is_fresh())
+    Ok(Entry::of(&cache_root()?, model, options)?.is_fresh())
 }
 
 /// Where an export lives in the cache and what must match for it to be reused.
@@ -172,53 +187,204 @@ fn host_cpu() -> String {
     )
 }
 
-impl Entry {
-    fn of(model: &str, options: &ExportOptions) -> Result<Entry> {
-        use std::hash::{Hash, Hasher};
-        let targets: Vec<String> = options.targets.iter().map(Target::key).collect();
-        let mut name = format!(
-            "{}-{}-{:?}",
-            model.replace([':', '/'], "-"),
-            targets.join("+"),
-            options.layout
-        );
-        let defaults = ExportOptions {
-            targets: Vec::new(),
-            layout: options.layout,
-            ..ExportOptions::default()
-        };
-        // Every field but targets and layout (in the name already) decides the entry.
-        let mut settings = format!(
-            "{:?}",
-            ExportOptions {
-                targets: Vec::new(),
-                ..options.clone()
+fn layout_key(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Shared => "shared",
+        Layout::Three => "three",
+    }
+}
+
+fn weights_key(weights: WeightFormat) -> &'static str {
+    match weights {
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::PackedI32 => "packed-i32",
+        WeightFormat::I16 => "i16",
+    }
+}
+
+/// Every setting of `options` but the targets and the layout (both in the entry's name), plus the
+/// host CPU where a target is `host`, as JSON with sorted keys and stable spellings: the canonical
+/// form the entry's hash is taken of (never Rust's `Debug` output, which may change between
+/// compiler releases).
+fn settings(options: &ExportOptions) -> serde_json::Value {
+    let graph_flags: serde_json::Map<String, serde_json::Value> = options
+        .graph_flags
+        .iter()
+        .map(|(g, flags)| (g.key().to_string(), serde_json::json!(flags)))
+        .collect();
+    let mut settings = serde_json::json!({
+        "chunk": options.chunk,
+        "compileFlags": options.compile_flags,
+        "graphFlags": graph_flags,
+        "graphs": options.graphs.iter().map(|g| g.key()).collect::<Vec<_>>(),
+        "prefillSeq": options.prefill_seq,
+        "prefix": options.prefix,
+        "redecodeSeq": options.redecode_seq,
+        "vulkanTarget": options.vulkan_target,
+        "weights": weights_key(options.weights),
+    });
+    // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
+    // with) another machine never runs code built for instructions that one lacks.
+    if options
+        .targets
+        .iter()
+        .any(|t| matches!(t, Target::Cpu { cpu } if cpu == "host"))
+    {
+        settings["hostCpu"] = serde_json::json!(host_cpu());
+    }
+    settings
+}
+
+/// `settings` as compact JSON text with every object's keys sorted here, so that serde_json's
+/// `preserve_order` feature (which any crate in a build may turn on) cannot reorder them.
+fn canonical(settings: &serde_json::Value) -> String {
+    fn sorted(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<_> = m.keys().collect();
+                keys.sort();
+                let mut out = serde_json::Map::new();
+                for k in keys {
+                    out.insert(k.clone(), sorted(&m[k]));
+                }
+                serde_json::Value::Object(out)
             }
-        );
-        // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
-        // with) another machine never runs code built for instructions that one lacks.
-        if options
-            .targets
-            .iter()
-            .any(|t| matches!(t, Target::Cpu { cpu } if cpu == "host"))
-        {
-            settings.push_str(&format!("\nhost cpu: {}", host_cpu()));
+            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
         }
-        if settings != format!("{defaults:?}") {
-            let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            settings.hash(&mut hasher);
-            name = format!("{name}-{:08x}", hasher.finish() as u32);
-        }
-        let name = name.to_lowercase();
+    }
+    sorted(settings).to_string()
+}
+
+/// The cache entry's name: `<model>-<targets>-<layout>`, and for settings other than the defaults
+/// the first 8 hex digits of the sha256 of their canonical form.
+pub fn entry_name(model: &str, options: &ExportOptions) -> String {
+    let targets: Vec<String> = options.targets.iter().map(Target::key).collect();
+    let mut name = format!(
+        "{}-{}-{}",
+        model.replace([':', '/'], "-"),
+        targets.join("+"),
+        layout_key(options.layout)
+    );
+    let defaults = ExportOptions {
+        targets: Vec::new(),
+        layout: options.layout,
+        ..ExportOptions::default()
+    };
+    let settings = canonical(&settings(options));
+    if settings != canonical(&self::settings(&defaults)) {
+        let digest = Sha256::digest(settings.as_bytes());
+        name = format!("{name}-{}", &hex(&digest)[..8]);
+    }
+    name.to_lowercase()
+}
+
+impl Entry {
+    fn of(root: &Path, model: &str, options: &ExportOptions) -> Result<Entry> {
+        let name = entry_name(model, options);
         Ok(Entry {
-            dir: cache_root().join(&name),
+            dir: root.join(&name),
             name,
-            fingerprint: format!("{}\n{settings}\n", source_fingerprint(model)?),
+            fingerprint: format!("{}\n{}\n", source_fingerprint(model)?, canonical(&settings(options))),
         })
     }
 
     fn is_fresh(&self) -> bool {
         self.dir.join(MANIFEST_FILE).is_file()
             && std::fs::read_to_string(self.dir.join(FINGERPRINT_FILE)).is_ok_and(|s| s == self.fingerprint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv_core::Graph;
+
+    /// Pinned: a change of this name means every cache entry of these options is exported again
+    /// (and, if unintended, that the key no longer depends on the options alone).
+    #[test]
+    fn entry_names_are_pinned() {
+        let default = ExportOptions {
+            targets: vec![Target::cpu()],
+            ..ExportOptions::default()
+        };
+        assert_eq!(entry_name("tiny-gemma3:7", &default), "tiny-gemma3-7-llvm-cpu-shared");
+        let three = ExportOptions {
+            layout: Layout::Three,
+            ..default.clone()
+        };
+        assert_eq!(entry_name("tiny-gemma3:7", &three), "tiny-gemma3-7-llvm-cpu-three");
+        let mut tuned = ExportOptions {
+            targets: vec![Target::cpu(), Target::vulkan()],
+            redecode_seq: Some(128),
+            weights: WeightFormat::Bf16,
+            compile_flags: vec!["--iree-opt-level=O3".into()],
+            ..ExportOptions::default()
+        };
+        tuned.graph_flags.insert(Graph::Chunk, vec!["--x".into()]);
+        assert_eq!(
+            entry_name("tiny-llama:3", &tuned),
+            "tiny-llama-3-llvm-cpu+vulkan-shared-178e85dd"
+        );
+    }
+
+    #[test]
+    fn every_setting_changes_the_name() {
+        let base = ExportOptions::default();
+        let name = |o: &ExportOptions| entry_name("m", o);
+        let variants = [
+            ExportOptions {
+                chunk: Some(4),
+                ..base.clone()
+            },
+            ExportOptions {
+                prefill_seq: Some(32),
+                ..base.clone()
+            },
+            ExportOptions {
+                redecode_seq: Some(32),
+                ..base.clone()
+            },
+            ExportOptions {
+                prefix: Some("p".into()),
+                ..base.clone()
+            },
+            ExportOptions {
+                vulkan_target: Some("valhall".into()),
+                ..base.clone()
+            },
+            ExportOptions {
+                weights: WeightFormat::I16,
+                ..base.clone()
+            },
+            ExportOptions {
+                graphs: vec![Graph::Step],
+                ..base.clone()
+            },
+            ExportOptions {
+                compile_flags: vec!["--f".into()],
+                ..base.clone()
+            },
+            ExportOptions {
+                graph_flags: [(Graph::Step, vec!["--f".into()])].into(),
+                ..base.clone()
+            },
+            ExportOptions {
+                targets: vec![Target::Cpu { cpu: "host".into() }],
+                ..base.clone()
+            },
+        ];
+        let mut names: Vec<String> = variants.iter().map(name).collect();
+        names.push(name(&base));
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "{names:?}");
+    }
+
+    #[test]
+    fn canonical_form_sorts_keys() {
+        let v = serde_json::json!({"b": 1, "a": {"d": [2, {"f": 3, "e": 4}], "c": null}});
+        assert_eq!(canonical(&v), r#"{"a":{"c":null,"d":[2,{"e":4,"f":3}]},"b":1}"#);
     }
 }

@@ -65,7 +65,8 @@ impl Target {
     }
 }
 
-/// `IREE_COMPILE`, else `iree-compile` on `PATH`, else `<workspace>/.tools/venv/bin/iree-compile`.
+/// `IREE_COMPILE`, else `iree-compile` on `PATH`, else `venv/bin/iree-compile` in the tools root
+/// ([`kv_paths::Root::Tools`]: `$SKAINET_KV_TOOLS`, else the platform's data directory).
 pub fn find_compiler() -> Result<PathBuf> {
     let mut searched = Vec::new();
     if let Some(p) = std::env::var_os("IREE_COMPILE") {
@@ -84,12 +85,11 @@ pub fn find_compiler() -> Result<PathBuf> {
         }
     }
     searched.push("PATH".into());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = workspace.join(".tools/venv/bin/iree-compile");
-    if p.is_file() {
-        return Ok(p);
+    match kv_paths::Root::Tools.join("venv/bin/iree-compile") {
+        Ok(p) if p.is_file() => return Ok(p),
+        Ok(p) => searched.push(p.display().to_string()),
+        Err(e) => searched.push(e.to_string()),
     }
-    searched.push(p.display().to_string());
     Err(ExportError::CompilerMissing {
         searched: searched.join(", "),
     })

@@ -27,7 +27,10 @@ mod emit;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source};
-pub use cache::{cache_root, cached_export, cached_export_with, is_cached, runtime_options, CPU_RUNTIME_FLAGS};
+pub use cache::{
+    cache_root, cached_export, cached_export_in, cached_export_with, entry_name, is_cached, runtime_options,
+    CPU_RUNTIME_FLAGS,
+};
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};
 
@@ -40,6 +43,8 @@ pub enum ExportError {
     Core(#[from] kv_core::Error),
     #[error("emit: {0}")]
     Unsupported(String),
+    #[error("`{name}` is not a model directory, and fixture names need `export` built with its `fixtures` feature")]
+    FixturesDisabled { name: String },
     #[error(
         "iree-compile not found (searched: {searched}); install it with `pip install iree-base-compiler==3.13.0` \
          (or `scripts/env.sh`), or set IREE_COMPILE"

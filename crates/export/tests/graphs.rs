@@ -14,6 +14,12 @@ use common::{assert_layers_close, GraphSession};
 use export::{export_artifacts, ExportOptions, Layout, Source};
 use kv_core::{Graph, KvBackend, Manifest, RedecodeBackend, WindowRule};
 
+/// A fixture as a model directory, materialized here: `export` reads fixture names only with its
+/// `fixtures` feature, which `cargo test -p export` does not turn on.
+fn fixture_source(name: &str) -> Source {
+    Source::Dir(fixtures::materialize(name).unwrap_or_else(|e| panic!("fixture {name}: {e}")))
+}
+
 const PREFILL_SEQ: usize = 32;
 const REDECODE_SEQ: usize = 24;
 /// Halves compile time (the weights are widened per call instead of once at load): the Gemma
@@ -124,7 +130,7 @@ fn export_and_compare(source: Source, out: &Path, layout: Layout, compile_flags:
 #[test]
 fn tiny_gemma3_shared_module() {
     let dir = tempfile::tempdir().unwrap();
-    let m = export_and_compare(Source::Fixture("tiny-gemma3:7".into()), dir.path(), Layout::Shared, &[]);
+    let m = export_and_compare(fixture_source("tiny-gemma3:7"), dir.path(), Layout::Shared, &[]);
     assert_eq!(m.spec.n_kv_heads, 1);
     assert_eq!(m.spec.mask_head_count(), m.spec.n_heads, "per-head chunk mask covered");
     assert_eq!(m.provenance["compiler"], "iree-base-compiler 3.13.0");
@@ -136,7 +142,7 @@ fn tiny_gemma3_shared_module() {
 fn tiny_gemma3_gqa_shared_module() {
     let dir = tempfile::tempdir().unwrap();
     let m = export_and_compare(
-        Source::Fixture("tiny-gemma3-gqa:7".into()),
+        fixture_source("tiny-gemma3-gqa:7"),
         dir.path(),
         Layout::Shared,
         NO_HOISTING,
@@ -218,7 +224,7 @@ fn i16_weight_format_on_cpu() {
         graphs: vec![Graph::Prefill, Graph::Chunk, Graph::Step],
         ..ExportOptions::default()
     };
-    let m = export_artifacts(&Source::Fixture("tiny-gemma3-gqa:5".into()), dir.path(), &options).unwrap();
+    let m = export_artifacts(&fixture_source("tiny-gemma3-gqa:5"), dir.path(), &options).unwrap();
     let mlir = std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap();
     assert!(mlir.contains("xi16>") && mlir.contains("optimization_barrier"));
     cpu_calls_agree(dir.path(), &m, "i16", true, 3);
@@ -236,7 +242,7 @@ fn bf16_weight_format_on_cpu() {
         compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
         ..ExportOptions::default()
     };
-    let m = export_artifacts(&Source::Fixture("tiny-gemma3:7".into()), dir.path(), &options).unwrap();
+    let m = export_artifacts(&fixture_source("tiny-gemma3:7"), dir.path(), &options).unwrap();
     let mlir = std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap();
     assert!(
         mlir.contains("xbf16>") && !mlir.contains("shift_left"),
@@ -286,7 +292,7 @@ fn per_graph_flags_split_the_shared_module() {
         Graph::Chunk,
         vec!["--iree-llvmcpu-reassociate-fp-reductions=false".into()],
     );
-    let m = export_artifacts(&Source::Fixture("tiny-gemma3-gqa:5".into()), dir.path(), &options).unwrap();
+    let m = export_artifacts(&fixture_source("tiny-gemma3-gqa:5"), dir.path(), &options).unwrap();
     let files = &m.modules["llvm-cpu"];
     assert_eq!(files["prefill"], files["withPast"], "equal flags share a module");
     assert_ne!(files["prefill"], files["prefillWithPast"], "the chunk has its own");

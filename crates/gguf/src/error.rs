@@ -53,9 +53,6 @@ pub enum GgufError {
     /// The checkpoint is valid GGUF but not something the importer maps.
     #[error("gguf: cannot import: {0}")]
     Import(String),
-    /// Installing or verifying a real model failed.
-    #[error("gguf: model `{name}`: {detail}")]
-    Model { name: String, detail: String },
     #[error(transparent)]
     Kv(#[from] kv_core::Error),
     #[error(transparent)]

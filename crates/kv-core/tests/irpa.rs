@@ -12,16 +12,20 @@ use kv_core::bf16::{
 use kv_core::irpa::{IrpaArchive, IrpaEntryKind, IrpaError, IrpaWriter};
 use proptest::prelude::*;
 
-const GOLDEN: &str = "/work/shared/data/irpa-golden.irpa";
+/// IREE's own archive (4 KiB, written by IREE's Python `ParameterIndex`), kept in the repository
+/// so the test reads the same bytes on every checkout.
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/irpa-golden.irpa");
 
 fn golden_bytes() -> Vec<u8> {
     std::fs::read(GOLDEN).unwrap_or_else(|e| panic!("cannot read the golden archive {GOLDEN}: {e}"))
 }
 
-/// IREE's Python venv (iree-dump-parameters, iree.runtime). `SKAINET_IREE_VENV` overrides.
+/// IREE's Python venv (iree-dump-parameters, iree.runtime): `SKAINET_IREE_VENV`, else
+/// `$SKAINET_KV_TOOLS/venv` (scripts/env.sh sets it), else the checkout's `.tools/venv`.
 fn venv_bin(tool: &str) -> PathBuf {
     let venv = std::env::var_os("SKAINET_IREE_VENV")
         .map(PathBuf::from)
+        .or_else(|| std::env::var_os("SKAINET_KV_TOOLS").map(|t| PathBuf::from(t).join("venv")))
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/venv"));
     let path = venv.join("bin").join(tool);
     assert!(

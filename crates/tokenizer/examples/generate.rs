@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [p] => (false, p),
         _ => return Err("usage: generate <model> <n> [--chat] <prompt>".into()),
     };
-    let path = gguf::models::ensure(name)?;
+    let path = model_store::ensure(name)?;
     let tok = Tokenizer::from_gguf(&gguf::GgufFile::open(&path)?)?;
     let mut ids = if chat {
         tok.encode_chat(&[Message::user(prompt.as_str())])?
@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tok.encode(prompt, tok.add_bos_default())
     };
     println!("prompt ids {ids:?}");
-    let dir = gguf::models::ensure_artifacts(name, gguf::ImportOptions::default())?;
+    let dir = model_store::ensure_artifacts(name, gguf::ImportOptions::default())?;
     let model = ReferenceModel::open(&dir)?;
     let start = ids.len();
     let t0 = std::time::Instant::now();

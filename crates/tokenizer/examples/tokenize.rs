@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = if model.ends_with(".gguf") {
         model.into()
     } else {
-        gguf::models::ensure(&model)?
+        model_store::ensure(&model)?
     };
     let file = gguf::GgufFile::open(&path)?;
     let tok = tokenizer::Tokenizer::from_gguf(&file)?;

@@ -7,7 +7,7 @@ use gguf::GgufFile;
 use tokenizer::{ChatTemplate, Message, Tokenizer};
 
 fn tokenizer(name: &str) -> Tokenizer {
-    let path = gguf::models::ensure(name).unwrap();
+    let path = model_store::ensure(name).unwrap();
     Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap()
 }
 

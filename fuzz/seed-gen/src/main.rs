@@ -1,6 +1,6 @@
 //! Seed corpora for the fuzz targets, from real inputs: `seed-gen OUT` writes `OUT/<target>/*`.
 //!
-//! - `irpa`: IREE's own golden archive (`shared/data/irpa-golden.irpa`), the fixtures' archives
+//! - `irpa`: IREE's own golden archive (`crates/kv-core/tests/data/irpa-golden.irpa`), the fixtures' archives
 //!   (`.cache/fixtures`, written here if missing; one whole, all with their tensors cut to 16
 //!   bytes) and small archives of every entry kind;
 //! - `gguf`: files of every metadata value type and every ggml block type (GgufWriter), a llama and
@@ -25,12 +25,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
 
 fn irpa_seeds(out: &Path) {
     let dir = out.join("irpa");
-    let golden = workspace().join("../shared/data/irpa-golden.irpa");
-    let golden = if golden.is_file() {
-        golden
-    } else {
-        workspace().join("shared/data/irpa-golden.irpa")
-    };
+    let golden = workspace().join("crates/kv-core/tests/data/irpa-golden.irpa");
     match std::fs::read(&golden) {
         Ok(bytes) => write(&dir, "golden.irpa", &bytes),
         Err(e) => eprintln!("seed-gen: no {} ({e}); skipped", golden.display()),
@@ -326,7 +321,7 @@ fn main() {
     let real: Vec<(&str, GgufFile)> = ["gemma3-270m", "smollm2-135m"]
         .into_iter()
         .map(|name| {
-            let path = gguf::models::ensure(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let path = model_store::ensure(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             (name, GgufFile::open(path).unwrap())
         })
         .collect();
