@@ -186,13 +186,14 @@ impl IreeKvBackend {
 
     /// The error for a graph this session does not have (only the prefill graph can be missing).
     fn missing(&self, graph: Graph) -> Error {
-        contract_err(
-            graph.key(),
-            match self.prefill_released {
+        Error::GraphUnavailable {
+            backend: "iree",
+            op: graph.key(),
+            reason: match self.prefill_released {
                 true => "the prefill graph was released (release_prefill); restore a snapshot and continue with chunk and step calls",
                 false => "this session was opened without a prefill module; restore a snapshot and continue with chunk and step calls",
             },
-        )
+        }
     }
 
     fn f32_view(&self, shape: &[usize], data: &[f32]) -> Result<BufferView> {
@@ -407,6 +408,19 @@ impl KvBackend for IreeKvBackend {
 
     fn name(&self) -> String {
         format!("iree-{}", self.options.device)
+    }
+}
+
+impl IreeKvBackend {
+    /// Whether this session's caches are `snapshot`'s device views themselves (what a restore
+    /// leaves behind), not copies of them.
+    pub fn holds_views_of(&self, snapshot: &IreeSnapshot) -> bool {
+        self.layers.len() == snapshot.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&snapshot.layers)
+                .all(|(a, b)| a.k.is_same_view(&b.k) && a.v.is_same_view(&b.v))
     }
 }
 

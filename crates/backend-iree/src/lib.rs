@@ -14,6 +14,9 @@
 //!   is a zero-copy subspan; with more heads rows are not contiguous and a view is a
 //!   device-to-device copy (as upstream does).
 //! - **Snapshots retain views**: O(layers), independent of the prefix length, no copy.
+//! - **Errors keep their cause.** A failed IREE call is `kv_core::Error::Backend` whose source is
+//!   the `iree_runtime::Error` (status code included, see [`iree_status`]); an artifact that
+//!   breaks the contract is `Error::ContractMismatch`, told apart without parsing text.
 //! - **Embeddings are gathered on the host** from the memory-mapped archive (bf16 → f32), because
 //!   IREE's SPIR-V backend cannot lower the in-graph gather.
 
@@ -23,7 +26,9 @@ mod kv;
 mod open;
 mod redecode;
 
+pub use convert::iree_status;
 pub use embedding::Embedding;
+pub use iree_runtime::StatusCode;
 pub use kv::{IreeKvBackend, IreeSnapshot};
 pub use open::{declared_input_dims, IreeOptions, PrefillRoute, DEFAULT_CHUNKED_PREFILL_CALLS, DEVICES};
 pub use redecode::IreeRedecodeBackend;

@@ -9,8 +9,8 @@ use kv_core::{Error, Graph, Manifest, Result, WindowRule};
 
 use crate::convert::iree_err;
 
-/// The device names a session can be opened on.
-pub const DEVICES: &[&str] = &["local-task", "local-sync", "vulkan"];
+/// The device names a session can be opened on: the runtime's list.
+pub use iree_runtime::DEVICE_NAMES as DEVICES;
 
 /// How to open a session.
 #[derive(Clone, Debug)]
@@ -98,15 +98,11 @@ pub(crate) struct Opened {
 
 fn target_for(manifest: &Manifest, options: &IreeOptions) -> Result<String> {
     if !DEVICES.contains(&options.device.as_str()) {
-        return Err(Error::Backend {
-            backend: "iree",
-            op: "open device".into(),
-            message: format!(
-                "unknown device `{}`; valid names: {}",
-                options.device,
-                DEVICES.join(", ")
-            ),
-        });
+        // Before any module is read, with the runtime's own error (what `Device::open` says).
+        return Err(iree_err("open")(iree_runtime::Error::UnknownDevice {
+            name: options.device.clone(),
+            valid: DEVICES,
+        }));
     }
     let family = if options.device == "vulkan" {
         "vulkan"
@@ -228,7 +224,7 @@ pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], opt
         };
         let got = arg_count(&function.calling_convention);
         if got != want {
-            return Err(Error::Backend {
+            return Err(Error::ContractMismatch {
                 backend: "iree",
                 op: format!("open `{name}`"),
                 message: format!(

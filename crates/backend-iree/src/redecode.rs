@@ -133,20 +133,10 @@ impl RedecodeBackend for IreeRedecodeBackend {
         self.vocab
     }
 
+    /// A result that breaks the contract (count, rank, length, type) is
+    /// [`Error::ContractMismatch`], told apart from a failed call ([`Error::Backend`]): the
+    /// seed's `nativeStep` returns `null` for the former.
     fn run(&mut self, tokens: &[i32]) -> Result<Vec<i32>> {
-        self.run_or_mismatch(tokens)?
-    }
-
-    fn name(&self) -> String {
-        format!("iree-{}-redecode", self.device_name)
-    }
-}
-
-impl IreeRedecodeBackend {
-    /// As [`RedecodeBackend::run`], but a result that breaks the contract (count, rank, length,
-    /// type) is the inner `Err`, told apart from a failed call (the outer one): the seed's
-    /// `nativeStep` returns `null` for the former.
-    pub fn run_or_mismatch(&mut self, tokens: &[i32]) -> Result<Result<Vec<i32>>> {
         if self.seq == 0 && !tokens.is_empty() {
             self.seq = tokens.len();
         }
@@ -166,13 +156,13 @@ impl IreeRedecodeBackend {
             .map_err(iree_err(format!("call {}", self.function.name)))?;
         // Checked before any read: a vmfb of another shape must fail, not misread device memory.
         let [out] = &results[..] else {
-            return Ok(Err(contract_err(
+            return Err(contract_err(
                 "redecode",
                 format!("{} returned {} results, expected 1", self.function.name, results.len()),
-            )));
+            ));
         };
         if out.shape() != [self.seq] || out.element_type() != ElementType::I32 {
-            return Ok(Err(contract_err(
+            return Err(contract_err(
                 "redecode",
                 format!(
                     "result is {:?} {:?}, the contract says I32 [{}]",
@@ -180,8 +170,12 @@ impl IreeRedecodeBackend {
                     out.shape(),
                     self.seq
                 ),
-            )));
+            ));
         }
-        out.to_i32_vec().map(Ok).map_err(iree_err("read ids"))
+        out.to_i32_vec().map_err(iree_err("read ids"))
+    }
+
+    fn name(&self) -> String {
+        format!("iree-{}-redecode", self.device_name)
     }
 }

@@ -21,11 +21,15 @@ fn copy_dir(from: &Path) -> tempfile::TempDir {
     to
 }
 
-fn open_err(dir: &Path, device: &str) -> String {
+fn open_error(dir: &Path, device: &str) -> kv_core::Error {
     match IreeKvBackend::open(dir, IreeOptions::new(device)) {
         Ok(_) => panic!("opening {} on {device} succeeded", dir.display()),
-        Err(e) => e.to_string(),
+        Err(e) => e,
     }
+}
+
+fn open_err(dir: &Path, device: &str) -> String {
+    open_error(dir, device).to_string()
 }
 
 #[test]
@@ -80,8 +84,9 @@ fn vmfb_of_another_contract_is_refused_at_open() {
     let mut m = m;
     m.functions.prefill_with_past = other_m.functions.prefill_with_past.clone();
     m.save(dir.path()).unwrap();
-    let err = open_err(dir.path(), "local-task");
-    assert!(err.contains("another contract"), "{err}");
+    let err = open_error(dir.path(), "local-task");
+    assert!(matches!(err, kv_core::Error::ContractMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains("another contract"), "{err}");
 }
 
 #[test]
@@ -110,8 +115,13 @@ fn missing_parameter_archive_and_entry() {
     }
     drop(full);
     writer.write(&file).unwrap();
-    let err = open_err(dir.path(), "local-task");
-    assert!(err.contains("blk.1.ffn_up.weight"), "{err}");
+    let err = open_error(dir.path(), "local-task");
+    assert!(err.to_string().contains("blk.1.ffn_up.weight"), "{err}");
+    // The IREE status survives as the error's source, not only as text.
+    let code = backend_iree::iree_status(&err).unwrap_or_else(|| panic!("no IREE status behind {err:?}"));
+    assert!(err.to_string().contains(&code.to_string()), "{code} in {err}");
+    let source = std::error::Error::source(&err).expect("a source");
+    assert!(source.downcast_ref::<iree_runtime::Error>().is_some(), "{source:?}");
 }
 
 #[test]
@@ -138,7 +148,9 @@ fn released_prefill_is_an_error_and_the_session_keeps_decoding() {
         "the three-archive layout has a separate prefill session"
     );
     assert!(!s.release_prefill(), "released once");
-    let err = s.prefill(&[1, 2]).unwrap_err().to_string();
+    let err = s.prefill(&[1, 2]).unwrap_err();
+    assert!(matches!(err, kv_core::Error::GraphUnavailable { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("released"), "{err}");
     assert_eq!(s.position(), 4);
     assert_eq!(s.chunk(&[5, 6]).unwrap(), control.chunk(&[5, 6]).unwrap());
@@ -217,18 +229,30 @@ fn an_archive_changed_after_open_is_an_error_not_a_sigbus() {
 #[test]
 fn restore_is_independent_of_the_prefix_length() {
     // Snapshots retain views: restoring a long prefix costs what restoring a short one does
-    // (behaviour, not timing: the snapshot holds one view per layer whatever the length).
+    // (behaviour, not timing): after a restore the session holds the snapshot's own device
+    // views, so a restore that copied the cache (O(prefix)) fails here.
     let dir = artifacts("tiny-gemma3:1", Layout::Shared);
     let mut s = IreeKvBackend::open(&dir, IreeOptions::new("local-task")).unwrap();
     s.prefill(&(0..200).collect::<Vec<_>>()).unwrap();
     let long = s.snapshot().unwrap();
     s.prefill(&[1, 2]).unwrap();
+    let short = s.snapshot().unwrap();
+    assert!(!s.holds_views_of(&long), "a prefill makes new caches");
     s.restore(&long).unwrap();
+    assert!(s.holds_views_of(&long), "restore of 200 positions copied the cache");
     assert_eq!(s.position(), 200);
     assert_eq!(
         s.read_layer(3).unwrap().first_position + s.read_layer(3).unwrap().rows,
         200
     );
+    s.restore(&short).unwrap();
+    assert!(s.holds_views_of(&short), "restore of 2 positions copied the cache");
+    assert_eq!(s.position(), 2);
+    // A call replaces the views; the snapshot keeps its own.
+    s.step(5).unwrap();
+    assert!(!s.holds_views_of(&short));
+    s.restore(&short).unwrap();
+    assert!(s.holds_views_of(&short));
 }
 
 #[test]
@@ -242,7 +266,8 @@ fn redecode_checks_the_result_shape() {
     edited.save(copy.path()).unwrap();
     let err = match IreeRedecodeBackend::open(copy.path(), IreeOptions::new("local-task")) {
         Ok(_) => panic!("a two-argument function opened as redecode"),
-        Err(e) => e.to_string(),
+        Err(e) => e,
     };
-    assert!(err.contains("another contract"), "{err}");
+    assert!(matches!(err, kv_core::Error::ContractMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains("another contract"), "{err}");
 }

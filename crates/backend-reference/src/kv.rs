@@ -302,7 +302,7 @@ impl PersistSnapshot for ReferenceKv {
                 .map_err(|e| Error::Backend {
                     backend: "reference",
                     op: "load snapshot".into(),
-                    message: e.to_string(),
+                    source: e.into(),
                 })
         };
         let caches = layers

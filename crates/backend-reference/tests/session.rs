@@ -8,7 +8,7 @@ use std::sync::Arc;
 use backend_reference::{full_forward_logits, ReferenceKv, ReferenceModel};
 use common::*;
 use kv_core::irpa::IrpaArchive;
-use kv_core::tolerance::Tolerance;
+use kv_core::tolerance::{assert_close, Tolerance};
 use kv_core::{Error, KvBackend, LayerKind, LayerKv, Manifest, WindowRule};
 
 /// How a sequence is fed after its prefill: chunk sizes, then single steps.

@@ -53,7 +53,7 @@ pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::pa
     export::cached_export_with(model, &options).map_err(|e| Error::Backend {
         backend: "export",
         op: format!("export {model}"),
-        message: e.to_string(),
+        source: Box::new(e),
     })
 }
 

@@ -7,9 +7,8 @@
 //! - [`naive`]: a plain, loop-by-loop forward with no cache, written independently of
 //!   `backend-reference` (its own RoPE, its own masks); the oracle of the cached path.
 //! - [`divergence`]: known divergences, as data keyed by backend with their reason.
-//! - [`compare`]: tolerance asserts that print the first mismatches.
+//! - Comparisons use `kv_core::tolerance`'s asserts, shared with every crate's tests.
 
-pub mod compare;
 pub mod divergence;
 pub mod factory;
 #[cfg(feature = "iree")]

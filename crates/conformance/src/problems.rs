@@ -1,11 +1,11 @@
 //! The problems, each a function of a backend factory. Each keeps its oracle next to it: a fresh
 //! run on the same path, the independent [`crate::naive`] recompute, or the FP32 reference.
 
+use kv_core::tolerance::assert_layers_close;
 use kv_core::{Error, KvBackend, KvDecoder, LayerKv, RedecodeBackend, RedecodeDecoder, WindowRule};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
 
-use crate::compare::assert_layers_close;
 use crate::divergence;
 use crate::factory::{reference_model, BackendFactory, ReferenceFactory};
 use crate::naive;
@@ -410,11 +410,24 @@ pub fn bad_input_is_refused_and_session_survives<F: BackendFactory>(factory: &F)
         }
         assert_eq!(walker.position(), spec.max_positions);
         assert!(matches!(walker.step(7), Err(Error::ContextOverflow { .. })));
-        // A decoder refuses a request that cannot fit before making any call.
+        // A decoder refuses a request that cannot fit before making any call: the session is
+        // left where it was (not even restored to the prefix, which it has moved past here).
         let mut decoder = KvDecoder::new(factory.kv(model, WindowRule::Exact).unwrap());
         let snap = decoder.prefill_prefix(&prefix).unwrap();
+        decoder.backend_mut().chunk(&[5, 6, 7]).unwrap();
+        let before = layers(decoder.backend());
         let err = decoder.generate(&snap, &[1, 2], None, spec.max_positions).unwrap_err();
         assert!(matches!(err, Error::ContextOverflow { .. }), "{err}");
+        assert_eq!(
+            decoder.backend().position(),
+            prefix.len() + 3,
+            "a refused generate moved the session"
+        );
+        assert_eq!(
+            layers(decoder.backend()),
+            before,
+            "a refused generate changed the cache"
+        );
         assert!(decoder.generate(&snap, &[1, 2], None, 3).is_ok());
     });
 }

@@ -232,6 +232,11 @@ impl BufferView {
         check(status, format!("read buffer view from `{}`", self.device.name()))
     }
 
+    /// Whether `other` is this very view (a clone of it), not a copy of its contents.
+    pub fn is_same_view(&self, other: &BufferView) -> bool {
+        self.raw == other.raw
+    }
+
     /// Rows `r0..r1` of a `[1, H, R, D]` view (axis 2), as a `[1, H, r1 - r0, D]` view.
     ///
     /// With `H == 1` the rows are contiguous and the result is a zero-copy subspan sharing the

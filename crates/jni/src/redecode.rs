@@ -107,13 +107,14 @@ pub fn native_step<'l>(env: EnvUnowned<'l>, h: jlong, token_ids: JIntArray<'l>) 
     call(env, "IreeRedecodeSession.nativeStep", |env| {
         let tokens = ffi::all_ints(env, &token_ids, "tokenIds")?;
         let session = SESSIONS.get(h)?;
-        let outcome = lock(&session.backend, "this IreeRedecodeSession")?.run_or_mismatch(&tokens)?;
+        let outcome = lock(&session.backend, "this IreeRedecodeSession")?.run(&tokens);
         match outcome {
             Ok(ids) => ffi::new_ints(env, &ids),
-            Err(mismatch) => {
+            Err(mismatch @ kv_core::Error::ContractMismatch { .. }) => {
                 crate::log::error(&format!("IreeRedecodeSession.nativeStep: returning null: {mismatch}"));
                 Ok(JIntArray::default())
             }
+            Err(e) => Err(e.into()),
         }
     })
 }

@@ -181,7 +181,7 @@ impl<B: RedecodeBackend> RedecodeDecoder<B> {
         while out.len() < max_new && len < seq {
             let next = self.backend.run(&buffer)?;
             if next.len() != seq {
-                return Err(Error::Backend {
+                return Err(Error::ContractMismatch {
                     backend: "redecode",
                     op: "run".into(),
                     message: format!("graph returned {} ids, expected SEQ {seq}", next.len()),

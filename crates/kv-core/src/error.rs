@@ -56,11 +56,32 @@ pub enum Error {
     },
 
     // --- a backend's own failure (IREE status, driver error, ...) ---
-    #[error("{backend}: {op}: {message}")]
+    /// The backend's runtime failed. `source` is the runtime's own error, kept whole (for IREE
+    /// an `iree_runtime::Error` with its status code: downcast it); its text is part of this
+    /// message because callers (the CLI, the JNI's exceptions) show one line.
+    #[error("{backend}: {op}: {source}")]
     Backend {
         backend: &'static str,
         op: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// An artifact breaks the contract it was opened under: a graph returns other results than
+    /// the contract says, takes other arguments, or declares another shape (a vmfb of another
+    /// contract or model). Not a runtime failure: the call itself succeeded.
+    #[error("{backend}: {op}: {message}")]
+    ContractMismatch {
+        backend: &'static str,
+        op: String,
         message: String,
+    },
+    /// The session holds no graph for this call (released, or opened without it); it is left
+    /// as it was.
+    #[error("{backend}: {op}: {reason}")]
+    GraphUnavailable {
+        backend: &'static str,
+        op: &'static str,
+        reason: &'static str,
     },
 }
 

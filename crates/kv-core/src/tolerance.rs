@@ -5,6 +5,11 @@
 //! A bf16-weights backend against the FP32 reference reading the same bf16 weights differs only in
 //! accumulation order too, so the same bound applies; an FP32 reference against bf16 weights would
 //! not, and is not what we compare.
+//!
+//! The asserts here are the one way tests compare values and caches: they print the first few
+//! mismatches and the largest differences, and point at the caller (`#[track_caller]`).
+
+use crate::LayerKv;
 
 /// `|a - b| <= abs + rel * max(|a|, |b|)` elementwise.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,4 +47,30 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
         let scale = x.abs().max(y.abs()).max(1e-6);
         (abs.max(d), rel.max(d / scale))
     })
+}
+
+/// Asserts two slices agree within `tol`, printing the first few mismatches.
+#[track_caller]
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: Tolerance) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let bad = tol.mismatches(got, want, 5);
+    if !bad.is_empty() {
+        let (abs, rel) = max_diff(got, want);
+        let count = got.iter().zip(want).filter(|(x, y)| !tol.close(**x, **y)).count();
+        panic!(
+            "{what}: {count} elements outside {tol:?} (max abs {abs:e}, max rel {rel:e}); first mismatches (index, got, want): {bad:?}"
+        );
+    }
+}
+
+/// Compares two layers on the positions both hold (a sliding layer may keep a different tail).
+#[track_caller]
+pub fn assert_layers_close(what: &str, got: &LayerKv, want: &LayerKv, tol: Tolerance) {
+    let got_end = got.first_position + got.rows;
+    let want_end = want.first_position + want.rows;
+    assert_eq!(got_end, want_end, "{what}: layers end at different positions");
+    let from = got.first_position.max(want.first_position);
+    let (g, w) = (got.tail_from(from), want.tail_from(from));
+    assert_close(&format!("{what} K"), &g.k, &w.k, tol);
+    assert_close(&format!("{what} V"), &g.v, &w.v, tol);
 }

@@ -1,11 +1,44 @@
-//! Chat templates: Gemma's turns and ChatML (SmolLM2), rendered as their Jinja templates do with
-//! `add_generation_prompt = true`, without the BOS (the tokenizer adds it when the model wants it).
+//! Chat templates: the model's own `tokenizer.chat_template` (Jinja) rendered with `minijinja`,
+//! configured as Hugging Face's `apply_chat_template` configures Jinja2 (`trim_blocks`,
+//! `lstrip_blocks`, `raise_exception`, Python string methods through `minijinja-contrib`'s
+//! pycompat).
+//!
+//! Design:
+//! - **The file's template is the format.** A GGUF without `tokenizer.chat_template` whose
+//!   vocabulary has Gemma's or ChatML's turn tokens gets that format's published template
+//!   (`templates/*.jinja`); any other vocabulary has none, and chat requests are refused.
+//! - **Message text is plain text.** Only control tokens the template itself writes become
+//!   control tokens. Before rendering, every control-token look-alike in a role or content (and
+//!   the escape character itself) is swapped for an opaque placeholder (`U+10FFFD`, digits,
+//!   `U+10FFFD`: no whitespace, no case, so `trim`/`upper` leave it whole); after rendering the
+//!   template's output is cut at control tokens and the placeholders are put back inside the
+//!   text pieces, where they are tokenized without `parse_special`.
+//! - **No BOS in the rendered text.** Templates that open with `{{ bos_token }}` have that BOS
+//!   dropped: the tokenizer adds one when `tokenizer.ggml.add_bos_token` asks for it, as for any
+//!   prompt, so it is never doubled.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use crate::{Error, Result};
+use minijinja::{Environment, ErrorKind, Value};
 
-/// One message of a conversation. Roles: `system`, `user`, `assistant` (Gemma calls it `model`).
+use crate::{Error, Fragment, Result, TokenType, Tokenizer};
+
+/// Gemma 3's template (`google/gemma-3-*` `tokenizer_config.json`).
+pub const GEMMA3_TEMPLATE: &str = include_str!("../templates/gemma3.jinja");
+/// SmolLM2-Instruct's template: ChatML with a default system prompt.
+pub const SMOLLM2_TEMPLATE: &str = include_str!("../templates/smollm2.jinja");
+/// Plain ChatML.
+pub const CHATML_TEMPLATE: &str = include_str!("../templates/chatml.jinja");
+
+/// Turn closers llama.cpp knows (its `special_eot_id` search), in its order.
+const END_OF_TURN_TOKENS: [&str; 4] = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"];
+
+/// Opens and closes a placeholder; never written by a template or meant by a user.
+const ESCAPE: char = '\u{10FFFD}';
+
+/// One message of a conversation. Roles: `system`, `user`, `assistant` (Gemma's template writes
+/// `model` for `assistant`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub role: String,
@@ -33,161 +66,246 @@ impl Message {
     }
 }
 
-/// The chat format of a model.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChatTemplate {
-    /// Gemma 3: `<start_of_turn>user\n{content}<end_of_turn>\n` ... `<start_of_turn>model\n`; a
-    /// system message is prepended to the first user turn followed by a blank line; contents are
-    /// trimmed; `assistant` is written `model`.
-    Gemma,
-    /// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` ... `<|im_start|>assistant\n`;
-    /// `default_system` is inserted first when the conversation has no system message (SmolLM2's
-    /// template does this).
-    ChatMl { default_system: Option<String> },
-    /// No known template.
-    None,
+/// Where a tokenizer's chat template came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TemplateSource {
+    /// The file's `tokenizer.chat_template`.
+    File,
+    /// The file has none; this published template matches its vocabulary's turn tokens.
+    Builtin(&'static str),
 }
 
+/// A compiled chat template.
+#[derive(Clone)]
+pub struct ChatTemplate {
+    env: Arc<Environment<'static>>,
+    source_text: Arc<str>,
+    source: TemplateSource,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+const NAME: &str = "chat_template";
+
 impl ChatTemplate {
-    /// From the file's `tokenizer.chat_template`, else from the vocabulary's turn tokens.
-    pub(crate) fn detect(template: Option<&str>, vocab: &HashMap<String, i32>) -> Self {
-        if let Some(t) = template {
-            if t.contains("<|im_start|>") {
-                return ChatTemplate::ChatMl {
-                    default_system: chatml_default_system(t),
-                };
-            }
-            if t.contains("<start_of_turn>") {
-                return ChatTemplate::Gemma;
-            }
-        }
-        if vocab.contains_key("<start_of_turn>") && vocab.contains_key("<end_of_turn>") {
-            ChatTemplate::Gemma
-        } else if vocab.contains_key("<|im_start|>") && vocab.contains_key("<|im_end|>") {
-            ChatTemplate::ChatMl { default_system: None }
-        } else {
-            ChatTemplate::None
-        }
+    /// Compiles `template`; `bos_token` and `eos_token` are the texts the template may write.
+    pub fn new(template: &str, source: TemplateSource, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .map_err(template_error)?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> std::result::Result<Value, _> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_template_owned(NAME, template.to_string())
+            .map_err(template_error)?;
+        Ok(ChatTemplate {
+            env: Arc::new(env),
+            source_text: template.into(),
+            source,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
     }
 
-    /// The token closing a turn.
-    pub fn end_of_turn(&self) -> Option<&'static str> {
-        match self {
-            ChatTemplate::Gemma => Some("<end_of_turn>"),
-            ChatTemplate::ChatMl { .. } => Some("<|im_end|>"),
-            ChatTemplate::None => None,
-        }
+    /// The file's template, else the published one its vocabulary's turn tokens call for.
+    pub(crate) fn detect(template: Option<&str>, tok: &Tokenizer) -> Result<Option<Self>> {
+        let (text, source) = match template {
+            Some(t) => (t, TemplateSource::File),
+            None if tok.has_tokens(&["<start_of_turn>", "<end_of_turn>"]) => {
+                (GEMMA3_TEMPLATE, TemplateSource::Builtin("gemma3"))
+            }
+            None if tok.has_tokens(&["<|im_start|>", "<|im_end|>"]) => {
+                (CHATML_TEMPLATE, TemplateSource::Builtin("chatml"))
+            }
+            None => return Ok(None),
+        };
+        let text_of = |id: Option<i32>| id.and_then(|id| tok.token_text(id)).unwrap_or("").to_string();
+        Self::new(text, source, &text_of(tok.bos()), &text_of(tok.eos())).map(Some)
     }
 
-    /// Renders `messages` followed by the opener of the model's turn, as one string.
+    pub fn source(&self) -> TemplateSource {
+        self.source
+    }
+
+    /// The Jinja text.
+    pub fn text(&self) -> &str {
+        &self.source_text
+    }
+
+    /// The template's output for `messages`, as Hugging Face's `apply_chat_template(...,
+    /// tokenize=False)` gives it (a leading `{{ bos_token }}` included).
     ///
     /// The string cannot tell the template's markers from look-alikes inside a message:
     /// tokenize conversations with [`crate::Tokenizer::encode_chat`], which can.
-    pub fn apply(&self, messages: &[Message]) -> Result<String> {
-        Ok(self
-            .render(messages)?
-            .iter()
-            .map(|piece| match piece {
-                ChatPiece::Marker(m) => *m,
-                ChatPiece::Text(t) => t.as_str(),
-            })
-            .collect())
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_values(
+            messages.iter().map(|m| (m.role.clone(), m.content.clone())),
+            add_generation_prompt,
+        )
     }
 
-    /// [`ChatTemplate::apply`] as pieces: the template's own turn markers apart from text
-    /// (message contents joined with the template's role names and newlines), so that only the
-    /// markers become control tokens.
-    pub fn render(&self, messages: &[Message]) -> Result<Vec<ChatPiece>> {
-        let mut out = Pieces::default();
-        match self {
-            ChatTemplate::Gemma => {
-                let (prefix, rest) = match messages.first() {
-                    Some(m) if m.role == "system" => (format!("{}\n\n", m.content.trim()), &messages[1..]),
-                    _ => (String::new(), messages),
-                };
-                for (i, m) in rest.iter().enumerate() {
-                    let role = match m.role.as_str() {
-                        "assistant" | "model" => "model",
-                        "user" => "user",
-                        other => return Err(Error::Invalid(format!("Gemma has no `{other}` role here"))),
-                    };
-                    let expect_user = i % 2 == 0;
-                    if (role == "user") != expect_user {
-                        return Err(Error::Invalid("Gemma turns must alternate user/model".into()));
-                    }
-                    out.marker("<start_of_turn>");
-                    out.text(role);
-                    out.text("\n");
-                    if i == 0 {
-                        out.text(&prefix);
-                    }
-                    out.text(m.content.trim());
-                    out.marker("<end_of_turn>");
-                    out.text("\n");
-                }
-                out.marker("<start_of_turn>");
-                out.text("model\n");
-            }
-            ChatTemplate::ChatMl { default_system } => {
-                if let (Some(sys), false) = (default_system, messages.first().is_some_and(|m| m.role == "system")) {
-                    out.marker("<|im_start|>");
-                    out.text(&format!("system\n{sys}"));
-                    out.marker("<|im_end|>");
-                    out.text("\n");
-                }
-                for m in messages {
-                    out.marker("<|im_start|>");
-                    out.text(&format!("{}\n{}", m.role, m.content));
-                    out.marker("<|im_end|>");
-                    out.text("\n");
-                }
-                out.marker("<|im_start|>");
-                out.text("assistant\n");
-            }
-            ChatTemplate::None => return Err(Error::Unsupported("the model has no known chat template".into())),
-        }
-        Ok(out.0)
+    fn render_values(
+        &self,
+        messages: impl Iterator<Item = (String, String)>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let messages: Vec<Value> = messages
+            .map(|(role, content)| {
+                Value::from(BTreeMap::from([
+                    ("role", Value::from(role)),
+                    ("content", Value::from(content)),
+                ]))
+            })
+            .collect();
+        let context = BTreeMap::from([
+            ("messages", Value::from(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("bos_token", Value::from(self.bos_token.as_str())),
+            ("eos_token", Value::from(self.eos_token.as_str())),
+        ]);
+        self.env
+            .get_template(NAME)
+            .and_then(|t| t.render(Value::from(context)))
+            .map_err(template_error)
     }
+
+    /// The end-of-turn token's text: the first of llama.cpp's known turn closers that this
+    /// template writes.
+    pub fn end_of_turn(&self) -> Option<&'static str> {
+        END_OF_TURN_TOKENS.into_iter().find(|t| self.source_text.contains(t))
+    }
+}
+
+fn template_error(e: minijinja::Error) -> Error {
+    Error::Template(e.to_string())
 }
 
 /// A piece of a rendered conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChatPiece {
-    /// A turn marker the template writes (`<start_of_turn>`, `<|im_end|>`, ...): a control token.
-    Marker(&'static str),
+    /// A control token the template writes (`<start_of_turn>`, `<|im_end|>`, ...), by id.
+    Marker(i32),
     /// Everything else, message contents included: plain text, whatever it contains.
     Text(String),
 }
 
-/// Rendered pieces, adjacent text joined (so text tokenizes as one run, as in the whole string).
-#[derive(Default)]
-struct Pieces(Vec<ChatPiece>);
-
-impl Pieces {
-    fn marker(&mut self, marker: &'static str) {
-        self.0.push(ChatPiece::Marker(marker));
+impl Tokenizer {
+    fn has_tokens(&self, texts: &[&str]) -> bool {
+        texts.iter().all(|t| self.token_id(t).is_some())
     }
 
-    fn text(&mut self, text: &str) {
-        if text.is_empty() {
-            return;
+    fn chat(&self) -> Result<&ChatTemplate> {
+        match (&self.chat, &self.chat_error) {
+            (Some(chat), _) => Ok(chat),
+            (None, Some(e)) => Err(Error::Template(format!("the file's template does not compile: {e}"))),
+            (None, None) => Err(Error::Unsupported("the model has no chat template".into())),
         }
-        match self.0.last_mut() {
-            Some(ChatPiece::Text(t)) => t.push_str(text),
-            _ => self.0.push(ChatPiece::Text(text.to_string())),
+    }
+
+    /// The rendered conversation as pieces: the control tokens the template writes apart from
+    /// text, so that only those become control tokens. A leading BOS is dropped (see the module
+    /// notes).
+    pub fn chat_pieces(&self, messages: &[Message], add_generation_prompt: bool) -> Result<Vec<ChatPiece>> {
+        let template = self.chat()?;
+        let mut originals = Vec::new();
+        let escaped = messages.iter().map(|m| {
+            (
+                self.escape(&m.role, &mut originals),
+                self.escape(&m.content, &mut originals),
+            )
+        });
+        let rendered = template.render_values(escaped, add_generation_prompt)?;
+        let mut pieces = Vec::new();
+        for frag in self.partition(&rendered, true) {
+            match frag {
+                Fragment::Token(id) if self.is_control_like(id) => pieces.push(ChatPiece::Marker(id)),
+                Fragment::Token(id) => push_text(&mut pieces, self.token_text(id).unwrap_or_default()),
+                Fragment::Text(t) => push_text(&mut pieces, &unescape(t, &originals)?),
+            }
         }
+        if let (Some(ChatPiece::Marker(first)), Some(bos)) = (pieces.first(), self.bos()) {
+            if *first == bos {
+                pieces.remove(0);
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// Control and unknown tokens: the ones `parse_special` decides about.
+    fn is_control_like(&self, id: i32) -> bool {
+        matches!(self.token_type(id), Some(TokenType::Control | TokenType::Unknown))
+    }
+
+    /// `text` with each control-like token and each [`ESCAPE`] replaced by a placeholder that
+    /// indexes `originals`.
+    fn escape(&self, text: &str, originals: &mut Vec<String>) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut placeholder = |original: &str, out: &mut String| {
+            out.push(ESCAPE);
+            out.push_str(&originals.len().to_string());
+            out.push(ESCAPE);
+            originals.push(original.to_string());
+        };
+        for frag in self.partition(text, true) {
+            match frag {
+                Fragment::Token(id) if self.is_control_like(id) => {
+                    placeholder(self.token_text(id).unwrap_or_default(), &mut out)
+                }
+                Fragment::Token(id) => out.push_str(self.token_text(id).unwrap_or_default()),
+                Fragment::Text(t) => {
+                    for (i, part) in t.split(ESCAPE).enumerate() {
+                        if i > 0 {
+                            placeholder(&ESCAPE.to_string(), &mut out);
+                        }
+                        out.push_str(part);
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
-/// The system prompt a ChatML template inserts when the conversation has none: the literal
-/// `'<|im_start|>system\n...<|im_end|>` inside `{% if loop.first and messages[0]['role'] != 'system' %}`.
-fn chatml_default_system(template: &str) -> Option<String> {
-    let cond = template
-        .find("!= 'system'")
-        .or_else(|| template.find("!= \"system\""))?;
-    let rest = &template[cond..];
-    let open = "<|im_start|>system\n";
-    let start = rest.find(open)? + open.len();
-    let end = rest[start..].find("<|im_end|>")? + start;
-    Some(rest[start..end].to_string())
+/// Adjacent text joined, so that text tokenizes as one run, as in the whole string.
+fn push_text(pieces: &mut Vec<ChatPiece>, text: &str) {
+    if text.is_empty() {
+        return;
+    }
+    match pieces.last_mut() {
+        Some(ChatPiece::Text(t)) => t.push_str(text),
+        _ => pieces.push(ChatPiece::Text(text.to_string())),
+    }
+}
+
+fn unescape(text: &str, originals: &[String]) -> Result<String> {
+    let cut = || Error::Template("the template cut a message's text apart (a placeholder is incomplete)".into());
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split(ESCAPE);
+    out.push_str(parts.next().unwrap_or_default());
+    while let Some(index) = parts.next() {
+        let original = index
+            .parse::<usize>()
+            .ok()
+            .and_then(|i| originals.get(i))
+            .ok_or_else(cut)?;
+        out.push_str(original);
+        out.push_str(parts.next().ok_or_else(cut)?);
+    }
+    Ok(out)
 }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use gguf::GgufFile;
 
-pub use chat::{ChatPiece, ChatTemplate, Message};
+pub use chat::{ChatPiece, ChatTemplate, Message, TemplateSource, CHATML_TEMPLATE, GEMMA3_TEMPLATE, SMOLLM2_TEMPLATE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -30,6 +30,9 @@ pub enum Error {
     Unsupported(String),
     #[error("tokenizer: {0}")]
     Invalid(String),
+    /// The chat template failed to compile or render (`raise_exception` included).
+    #[error("chat template: {0}")]
+    Template(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -93,7 +96,10 @@ pub struct Tokenizer {
     eos: Option<i32>,
     add_bos: bool,
     add_space_prefix: bool,
-    chat: ChatTemplate,
+    chat: Option<ChatTemplate>,
+    /// Why the file's chat template could not be compiled: plain tokenizing still works, chat
+    /// requests report this.
+    chat_error: Option<String>,
 }
 
 impl Tokenizer {
@@ -206,9 +212,7 @@ impl Tokenizer {
             .collect();
         specials.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
 
-        let template = file.get("tokenizer.chat_template").and_then(|v| v.as_str());
-        let chat = ChatTemplate::detect(template, &token_to_id);
-        Ok(Tokenizer {
+        let mut tokenizer = Tokenizer {
             kind,
             tokens,
             scores,
@@ -220,8 +224,15 @@ impl Tokenizer {
             eos,
             add_bos,
             add_space_prefix,
-            chat,
-        })
+            chat: None,
+            chat_error: None,
+        };
+        let template = file.get("tokenizer.chat_template").and_then(|v| v.as_str());
+        match ChatTemplate::detect(template, &tokenizer) {
+            Ok(chat) => tokenizer.chat = chat,
+            Err(e) => tokenizer.chat_error = Some(e.to_string()),
+        }
+        Ok(tokenizer)
     }
 
     pub fn kind(&self) -> Kind {
@@ -247,7 +258,10 @@ impl Tokenizer {
 
     /// The end-of-turn token of the chat template (`<end_of_turn>`, `<|im_end|>`), if any.
     pub fn eot(&self) -> Option<i32> {
-        self.chat.end_of_turn().and_then(|t| self.token_id(t))
+        self.chat
+            .as_ref()
+            .and_then(ChatTemplate::end_of_turn)
+            .and_then(|t| self.token_id(t))
     }
 
     /// Tokens that end generation: EOS and the end-of-turn token.
@@ -269,8 +283,9 @@ impl Tokenizer {
         self.types.get(usize::try_from(id).ok()?).copied()
     }
 
-    pub fn chat_template(&self) -> &ChatTemplate {
-        &self.chat
+    /// The chat template: the file's, else the published one its turn tokens call for.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_ref()
     }
 
     /// Tokenizes `text`, special tokens (`<start_of_turn>`, `<|im_start|>`, ...) parsed as single
@@ -354,39 +369,42 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// The prompt text of a conversation, ending with the model's turn opener.
+    /// The prompt text of a conversation, ending with the model's turn opener, without the BOS.
     pub fn apply_chat(&self, messages: &[Message]) -> Result<String> {
-        self.chat.apply(messages)
+        self.apply_chat_with(messages, true)
+    }
+
+    /// [`Tokenizer::apply_chat`], the model's turn opener only when `add_generation_prompt`.
+    pub fn apply_chat_with(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        Ok(self
+            .chat_pieces(messages, add_generation_prompt)?
+            .iter()
+            .map(|piece| match piece {
+                ChatPiece::Marker(id) => self.token_text(*id).unwrap_or_default(),
+                ChatPiece::Text(t) => t.as_str(),
+            })
+            .collect())
     }
 
     /// A conversation's ids, with a BOS if the model wants one: the ids of
-    /// [`Tokenizer::apply_chat`]'s text, except that only the template's own turn markers become
-    /// control tokens. Message contents are plain text (llama.cpp's `parse_special = false`), so
-    /// a message holding `<end_of_turn>` cannot close its turn and forge the model's.
+    /// [`Tokenizer::apply_chat`]'s text, except that only the control tokens the template writes
+    /// are control tokens. Message contents are plain text (llama.cpp's `parse_special = false`),
+    /// so a message holding `<end_of_turn>` cannot close its turn and forge the model's.
     pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<i32>> {
         let mut out = Vec::new();
         if self.add_bos {
             out.extend(self.bos);
         }
         let mut is_prev_special = true;
-        let mut text = String::new();
-        for piece in self.chat.render(messages)? {
+        for piece in self.chat_pieces(messages, true)? {
             match piece {
-                ChatPiece::Marker(marker) => match self.token_id(marker) {
-                    Some(id) => {
-                        self.encode_into(&text, false, &mut out, &mut is_prev_special);
-                        text.clear();
-                        out.push(id);
-                        is_prev_special = true;
-                    }
-                    // A template named by the metadata over a vocabulary without this marker:
-                    // it is text, as it was in the rendered string.
-                    None => text.push_str(marker),
-                },
-                ChatPiece::Text(t) => text.push_str(&t),
+                ChatPiece::Marker(id) => {
+                    out.push(id);
+                    is_prev_special = true;
+                }
+                ChatPiece::Text(t) => self.encode_into(&t, false, &mut out, &mut is_prev_special),
             }
         }
-        self.encode_into(&text, false, &mut out, &mut is_prev_special);
         Ok(out)
     }
 

@@ -141,3 +141,20 @@ fn chatml_message_and_role_cannot_forge_turns() {
     let rendered = tok.apply_chat(&plain).unwrap();
     assert_eq!(tok.encode_chat(&plain).unwrap(), tok.encode(&rendered, false));
 }
+
+/// Look-alikes are swapped for placeholders while the template runs; text that looks like a
+/// placeholder comes back as it was, and so does the escape character itself.
+#[test]
+fn placeholder_look_alikes_survive_rendering() {
+    let tok = chatml_like();
+    let tricky = "a\u{10FFFD}0\u{10FFFD}b<|im_end|>\u{10FFFD}c\u{10FFFD}\u{10FFFD}";
+    let messages = [Message::user(tricky)];
+    let rendered = tok.apply_chat(&messages).unwrap();
+    assert_eq!(
+        rendered,
+        format!("<|im_start|>user\n{tricky}<|im_end|>\n<|im_start|>assistant\n")
+    );
+    let ids = tok.encode_chat(&messages).unwrap();
+    assert_eq!(count(&ids, tok.token_id("<|im_end|>").unwrap()), 1, "{ids:?}");
+    assert_eq!(tok.decode_with(&ids, true), rendered);
+}

@@ -4,7 +4,7 @@
 //! (parsed and not parsed).
 
 use gguf::GgufFile;
-use tokenizer::{ChatTemplate, Message, Tokenizer};
+use tokenizer::{Message, TemplateSource, Tokenizer};
 
 fn tokenizer(name: &str) -> Tokenizer {
     let path = model_store::ensure(name).unwrap();
@@ -63,7 +63,7 @@ fn gemma3_specials_bos_eos_and_chat() {
         tok.encode("The capital of France is", true),
         vec![2, 818, 5279, 529, 7001, 563]
     );
-    assert_eq!(tok.chat_template(), &ChatTemplate::Gemma);
+    assert_renders_like("gemma3-270m", &tok, tokenizer::GEMMA3_TEMPLATE);
     let prompt = tok.apply_chat(&[Message::user("Hi")]).unwrap();
     assert_eq!(prompt, "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
     let ids = tok
@@ -90,12 +90,7 @@ fn smollm2_specials_bos_eos_and_chat() {
         vec![504, 3575, 282, 4649, 314]
     );
     let sys = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-    assert_eq!(
-        tok.chat_template(),
-        &ChatTemplate::ChatMl {
-            default_system: Some(sys.into())
-        }
-    );
+    assert_renders_like("smollm2-135m", &tok, tokenizer::SMOLLM2_TEMPLATE);
     let prompt = tok.apply_chat(&[Message::user("Hi")]).unwrap();
     assert_eq!(
         prompt,
@@ -112,14 +107,36 @@ fn smollm2_specials_bos_eos_and_chat() {
     assert_eq!(tok.stop_tokens(), vec![2]);
 }
 
+/// The model's own template (or, for a file without one, the published template its turn
+/// tokens call for) renders as the copy in `templates/` that the offline tests check.
+fn assert_renders_like(name: &str, tok: &Tokenizer, published: &str) {
+    let template = tok.chat_template().expect("a chat template");
+    let copy = tokenizer::ChatTemplate::new(published, TemplateSource::Builtin("copy"), "<bos>", "<eos>").unwrap();
+    eprintln!("{name}: template from {:?}", template.source());
+    for messages in [
+        vec![Message::user("Hi")],
+        vec![Message::system("Be brief."), Message::user("Hi")],
+        vec![Message::user("a"), Message::assistant("b"), Message::user("c")],
+    ] {
+        for add_generation_prompt in [true, false] {
+            let strip = |s: String| s.trim_start_matches("<bos>").to_string();
+            assert_eq!(
+                strip(template.render(&messages, add_generation_prompt).unwrap()),
+                strip(copy.render(&messages, add_generation_prompt).unwrap()),
+                "{name}: {messages:?}"
+            );
+        }
+    }
+}
+
 /// A user message cannot close its turn and open the model's (chat-template injection): only
 /// the template's markers are control tokens; the message is tokenized as plain text.
 #[test]
 fn chat_message_content_is_plain_text() {
     for name in ["gemma3-270m", "smollm2-135m"] {
         let tok = tokenizer(name);
-        let (open, close) = match tok.chat_template() {
-            ChatTemplate::Gemma => ("<start_of_turn>", "<end_of_turn>"),
+        let (open, close) = match name {
+            "gemma3-270m" => ("<start_of_turn>", "<end_of_turn>"),
             _ => ("<|im_start|>", "<|im_end|>"),
         };
         let (open_id, close_id) = (tok.token_id(open).unwrap(), tok.token_id(close).unwrap());

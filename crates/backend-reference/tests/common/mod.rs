@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use backend_reference::{ReferenceKv, ReferenceModel};
-use kv_core::tolerance::Tolerance;
-use kv_core::{KvBackend, LayerKv, WindowRule};
+use kv_core::tolerance::{assert_layers_close, Tolerance};
+use kv_core::{KvBackend, WindowRule};
 
 pub const ALL_FIXTURES: [&str; 5] = [
     "tiny-gemma3:7",
@@ -44,33 +44,6 @@ pub fn tokens(n: usize, vocab: usize, salt: u64) -> Vec<i32> {
             (state % vocab as u64) as i32
         })
         .collect()
-}
-
-/// Elementwise comparison that prints the first few mismatches.
-#[track_caller]
-pub fn assert_close(what: &str, a: &[f32], b: &[f32], tol: Tolerance) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
-    let bad = tol.mismatches(a, b, 5);
-    assert!(
-        bad.is_empty(),
-        "{what}: {} elements outside {tol:?}; first (index, a, b): {bad:?}; max diff {:?}",
-        a.iter().zip(b).filter(|(x, y)| !tol.close(**x, **y)).count(),
-        kv_core::tolerance::max_diff(a, b)
-    );
-}
-
-/// Compares two layer caches on the rows both hold (a sliding layer may hold more on one path).
-#[track_caller]
-pub fn assert_layers_close(what: &str, a: &LayerKv, b: &LayerKv, tol: Tolerance) {
-    assert_eq!(
-        a.first_position + a.rows,
-        b.first_position + b.rows,
-        "{what}: caches end at different positions"
-    );
-    let from = a.first_position.max(b.first_position);
-    let (a, b) = (a.tail_from(from), b.tail_from(from));
-    assert_close(&format!("{what} K"), &a.k, &b.k, tol);
-    assert_close(&format!("{what} V"), &a.v, &b.v, tol);
 }
 
 /// Every layer of two sessions, on their common rows.
