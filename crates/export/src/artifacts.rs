@@ -75,7 +75,7 @@ pub enum Layout {
     Three,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ExportOptions {
     pub targets: Vec<Target>,
     /// `C` of the chunk graph; `None` = the source's.
@@ -98,6 +98,33 @@ pub struct ExportOptions {
     /// Extra `iree-compile` flags of single graphs, after [`Self::compile_flags`]; graphs whose
     /// flags differ are compiled as separate modules (see the module docs).
     pub graph_flags: BTreeMap<Graph, Vec<String>>,
+    /// The prefill, chunk and step graphs also return the best `top_k` logits of the last
+    /// position and their ids (`topk.logits`, `topk.ids`), for sampling; 0 = they do not (the
+    /// default: a reduction over the vocabulary per call is slow on some GPUs).
+    pub top_k: usize,
+}
+
+/// As derived, but `top_k` only when set: the export cache keys entries by this text, and an
+/// export without top-k must keep the key it had before the option existed.
+impl std::fmt::Debug for ExportOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("ExportOptions");
+        s.field("targets", &self.targets)
+            .field("chunk", &self.chunk)
+            .field("prefill_seq", &self.prefill_seq)
+            .field("redecode_seq", &self.redecode_seq)
+            .field("layout", &self.layout)
+            .field("prefix", &self.prefix)
+            .field("vulkan_target", &self.vulkan_target)
+            .field("weights", &self.weights)
+            .field("graphs", &self.graphs)
+            .field("compile_flags", &self.compile_flags)
+            .field("graph_flags", &self.graph_flags);
+        if self.top_k != 0 {
+            s.field("top_k", &self.top_k);
+        }
+        s.finish()
+    }
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -137,6 +164,7 @@ impl Default for ExportOptions {
             ],
             compile_flags: Vec::new(),
             graph_flags: BTreeMap::new(),
+            top_k: 0,
         }
     }
 }
@@ -195,6 +223,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if let Some(s) = options.prefill_seq {
         m.spec.seq = s;
     }
+    m.set_top_k((options.top_k > 0).then_some(options.top_k));
     let prefix = options
         .prefix
         .clone()
@@ -466,4 +495,53 @@ fn write_archive(
     }
     w.write(path).map_err(kv_core::Error::from)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ExportOptions` as it was before `top_k`, with the derived `Debug`.
+    mod before {
+        use super::*;
+        #[derive(Debug)]
+        #[allow(dead_code)]
+        pub struct ExportOptions {
+            pub targets: Vec<Target>,
+            pub chunk: Option<usize>,
+            pub prefill_seq: Option<usize>,
+            pub redecode_seq: Option<usize>,
+            pub layout: Layout,
+            pub prefix: Option<String>,
+            pub vulkan_target: Option<String>,
+            pub weights: WeightFormat,
+            pub graphs: Vec<Graph>,
+            pub compile_flags: Vec<String>,
+            pub graph_flags: BTreeMap<Graph, Vec<String>>,
+        }
+    }
+
+    #[test]
+    fn the_cache_key_text_is_unchanged_without_top_k() {
+        let mut o = crate::runtime_options(&Target::cpu());
+        o.graph_flags.insert(Graph::Chunk, vec!["--x".into()]);
+        o.redecode_seq = Some(7);
+        let old = before::ExportOptions {
+            targets: o.targets.clone(),
+            chunk: o.chunk,
+            prefill_seq: o.prefill_seq,
+            redecode_seq: o.redecode_seq,
+            layout: o.layout,
+            prefix: o.prefix.clone(),
+            vulkan_target: o.vulkan_target.clone(),
+            weights: o.weights,
+            graphs: o.graphs.clone(),
+            compile_flags: o.compile_flags.clone(),
+            graph_flags: o.graph_flags.clone(),
+        };
+        assert_eq!(format!("{o:?}"), format!("{old:?}"));
+        assert_eq!(format!("{o:#?}"), format!("{old:#?}"));
+        let with = ExportOptions { top_k: 64, ..o };
+        assert!(format!("{with:?}").ends_with(", top_k: 64 }"), "{with:?}");
+    }
 }
