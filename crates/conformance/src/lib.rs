@@ -37,7 +37,8 @@ macro_rules! conformance_suite {
             snapshots_branch_and_outlive_later_calls,
             redecode_matches_kv_stream,
             redecode_refuses_prompts_without_room,
-            kv_matches_reference_call_by_call
+            kv_matches_reference_call_by_call,
+            seeded_sampling_matches_the_reference
         );
     };
     (@tests $($problem:ident),*) => {
