@@ -5,11 +5,11 @@ use std::path::Path;
 
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
 use kv_core::irpa::FileStamp;
-use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
+use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name, TOPK_IDS, TOPK_LOGITS};
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
-    Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result, SessionId,
+    Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result, SessionId, TopK,
     WindowRule,
 };
 
@@ -27,12 +27,20 @@ struct LayerCache {
     rows: usize,
 }
 
+/// The `topk.logits` and `topk.ids` results of a call, left on the device until asked for.
+#[derive(Clone)]
+struct TopKViews {
+    logits: BufferView,
+    ids: BufferView,
+}
+
 /// The caches at one position. Clones retain the device buffers; nothing is copied.
 #[derive(Clone)]
 pub struct IreeSnapshot {
     session: SessionId,
     position: usize,
     layers: Vec<LayerCache>,
+    top_k: Option<TopKViews>,
 }
 
 impl IreeSnapshot {
@@ -70,6 +78,8 @@ pub struct IreeKvBackend {
     prefill_released: bool,
     layers: Vec<LayerCache>,
     position: usize,
+    /// The top-k results of the last call, when the graphs have them (`Manifest::top_k`).
+    last_top_k: Option<TopKViews>,
 }
 
 impl IreeKvBackend {
@@ -158,6 +168,7 @@ impl IreeKvBackend {
             prefill_released: false,
             layers: Vec::new(),
             position: 0,
+            last_top_k: None,
         })
     }
 
@@ -243,7 +254,12 @@ impl IreeKvBackend {
         }
         let mut out = HashMap::with_capacity(names.len());
         for (name, view) in names.iter().zip(results) {
-            let (shape, element) = expect(name);
+            let k = self.manifest.top_k.unwrap_or(0);
+            let (shape, element) = match name.as_str() {
+                TOPK_LOGITS => (vec![k], ElementType::F32),
+                TOPK_IDS => (vec![k], ElementType::I32),
+                _ => expect(name),
+            };
             if view.shape() != shape || view.element_type() != element {
                 return Err(contract_err(
                     graph.key(),
@@ -265,6 +281,14 @@ impl IreeKvBackend {
     fn read_token(results: &HashMap<String, BufferView>) -> Result<i32> {
         let token = results["token"].to_i32_vec().map_err(iree_err("read token"))?;
         Ok(token[0])
+    }
+
+    /// A call's top-k results (views; nothing is read from the device here).
+    fn top_k_views(results: &HashMap<String, BufferView>) -> Option<TopKViews> {
+        Some(TopKViews {
+            logits: results.get(TOPK_LOGITS)?.clone(),
+            ids: results.get(TOPK_IDS)?.clone(),
+        })
     }
 
     /// The last `past` rows of a layer's cache.
@@ -333,6 +357,7 @@ impl KvBackend for IreeKvBackend {
             .map(|l| Self::kept(&results, l, 0, spec.seq, plan.n))
             .collect::<Result<_>>()?;
         self.position = plan.n;
+        self.last_top_k = Self::top_k_views(&results);
         Ok(token)
     }
 
@@ -360,6 +385,7 @@ impl KvBackend for IreeKvBackend {
             session: self.id,
             position: self.position,
             layers: self.layers.clone(),
+            top_k: self.last_top_k.clone(),
         })
     }
 
@@ -367,6 +393,7 @@ impl KvBackend for IreeKvBackend {
         self.id.check_owner(snapshot.session)?;
         self.layers = snapshot.layers.clone();
         self.position = snapshot.position;
+        self.last_top_k = snapshot.top_k.clone();
         Ok(())
     }
 
@@ -404,6 +431,25 @@ impl KvBackend for IreeKvBackend {
             k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
             v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
         })
+    }
+
+    fn top_k_capacity(&self) -> Option<usize> {
+        self.manifest.top_k
+    }
+
+    /// Reads the last call's `k`-entry results from the device (two small transfers).
+    fn last_top_k(&self, k: usize) -> Result<Option<TopK>> {
+        let Some(views) = &self.last_top_k else {
+            return Ok(None);
+        };
+        if self.manifest.top_k.is_none_or(|have| have < k) {
+            return Ok(None);
+        }
+        let logits = views.logits.to_f32_vec().map_err(iree_err("read topk.logits"))?;
+        let ids = views.ids.to_i32_vec().map_err(iree_err("read topk.ids"))?;
+        let top = TopK::from_pairs(&ids, &logits)
+            .unwrap_or_else(|| kv_core::error::invariant("top-k results of checked equal shapes"));
+        Ok(Some(top.truncated(k)))
     }
 
     fn name(&self) -> String {
@@ -457,13 +503,13 @@ impl IreeKvBackend {
     /// caches are put back if any call fails, so an error leaves it as it was.
     fn prefill_by_chunks(&mut self, tokens: &[i32]) -> Result<i32> {
         let plans = plan_chunked_prefill(&self.manifest.spec, tokens)?;
-        let before = (std::mem::take(&mut self.layers), self.position);
+        let before = (std::mem::take(&mut self.layers), self.position, self.last_top_k.clone());
         self.position = 0;
         let result = self
             .first_chunk(&plans[0])
             .and_then(|first| plans[1..].iter().try_fold(first, |_, plan| self.run_chunk(plan)));
         if result.is_err() {
-            (self.layers, self.position) = before;
+            (self.layers, self.position, self.last_top_k) = before;
         }
         result
     }
@@ -512,6 +558,7 @@ impl IreeKvBackend {
             })
             .collect::<Result<_>>()?;
         self.position = plan.n;
+        self.last_top_k = Self::top_k_views(&results);
         Ok(token)
     }
 
@@ -548,6 +595,7 @@ impl IreeKvBackend {
             .map(|l| Self::kept(&results, l, position - pasts[l], pasts[l] + rows, pasts[l] + real))
             .collect::<Result<_>>()?;
         self.position += real;
+        self.last_top_k = Self::top_k_views(&results);
         Ok(token)
     }
 
@@ -643,6 +691,7 @@ impl PersistSnapshot for IreeKvBackend {
             session: self.id,
             position,
             layers,
+            top_k: None,
         })
     }
 }

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
-use kv_core::{Error, KvBackend, KvSpec, LayerKv, ModelFingerprint, PersistSnapshot, Result, SessionId, WindowRule};
+use kv_core::{
+    Error, KvBackend, KvSpec, LayerKv, ModelFingerprint, PersistSnapshot, Result, SessionId, TopK, WindowRule,
+};
 use ndarray::{concatenate, s, Array3, ArrayView3, Axis};
 
 use crate::forward::{argmax_lowest, KeyMask, LayerInputs};
@@ -256,6 +258,19 @@ impl KvBackend for ReferenceKv {
 
     fn last_logits(&self) -> Option<&[f32]> {
         self.last_logits.as_deref()
+    }
+
+    /// Every logit is at hand, so any `k` up to the vocabulary.
+    fn top_k_capacity(&self) -> Option<usize> {
+        Some(self.model.spec().vocab_size)
+    }
+
+    fn last_top_k(&self, k: usize) -> Result<Option<TopK>> {
+        Ok(self
+            .last_logits
+            .as_deref()
+            .filter(|logits| k <= logits.len())
+            .map(|logits| TopK::of_logits(logits, k)))
     }
 
     fn name(&self) -> String {

@@ -403,3 +403,33 @@ fn greedy_stream_is_self_consistent() {
         }
     }
 }
+
+#[test]
+fn top_k_is_the_best_logits_led_by_the_returned_token_and_follows_restore() {
+    let model = model("tiny-gemma3:7");
+    let vocab = model.spec().vocab_size;
+    let mut s = ReferenceKv::new(model, WindowRule::Exact);
+    assert_eq!(s.last_top_k(8).unwrap(), None, "a top-k before any call");
+    assert_eq!(s.top_k_capacity(), Some(vocab));
+    let token = s.prefill(&[1, 2, 3]).unwrap();
+    let top = s.last_top_k(8).unwrap().unwrap();
+    assert_eq!(top.len(), 8);
+    assert_eq!(top.ids()[0], token, "the argmax leads the top-k");
+    let logits = s.last_logits().unwrap().to_vec();
+    for (&id, &logit) in top.ids().iter().zip(top.logits()) {
+        assert_eq!(logits[id as usize], logit);
+    }
+    let eighth = top.logits()[7];
+    assert_eq!(logits.iter().filter(|&&l| l > eighth).count(), 7, "not the best 8");
+    assert!(s.last_top_k(vocab + 1).unwrap().is_none());
+
+    let snapshot = s.snapshot().unwrap();
+    s.step(token).unwrap();
+    assert_ne!(s.last_top_k(8).unwrap().unwrap(), top);
+    s.restore(&snapshot).unwrap();
+    assert_eq!(
+        s.last_top_k(8).unwrap().unwrap(),
+        top,
+        "restore brings back the snapshot's top-k"
+    );
+}

@@ -168,6 +168,8 @@ pub struct ModelSource {
     pub target: TargetArgs,
     /// `SEQ` of the redecode graphs of an export made on demand (`None`: the prefill's).
     pub redecode_seq: Option<usize>,
+    /// Top-k results an export made on demand must have (sampling); 0 = none needed.
+    pub top_k: usize,
 }
 
 impl ModelSource {
@@ -177,6 +179,7 @@ impl ModelSource {
             artifacts,
             target: TargetArgs::default(),
             redecode_seq: None,
+            top_k: 0,
         }
     }
 
@@ -212,7 +215,8 @@ impl ModelSource {
             }
         };
         if self.redecode_seq.is_none()
-            && kv_core::Manifest::load(&dir).is_ok_and(|m| m.modules.contains_key(&target.key()))
+            && kv_core::Manifest::load(&dir)
+                .is_ok_and(|m| m.modules.contains_key(&target.key()) && m.top_k.unwrap_or(0) >= self.top_k)
         {
             return Ok(dir);
         }
@@ -232,6 +236,7 @@ impl ModelSource {
         let options = export::ExportOptions {
             targets: vec![target.clone()],
             redecode_seq,
+            top_k: self.top_k,
             ..export::runtime_options(&target)
         };
         if !export::is_cached(&model, &options)? {

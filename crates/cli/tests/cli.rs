@@ -68,6 +68,55 @@ fn generate_prints_ids_as_json_and_matches_the_library() {
 }
 
 #[test]
+fn seeded_generate_is_reproducible_and_matches_the_library() {
+    let args = [
+        "generate",
+        "--model",
+        "tiny-llama:3",
+        "--ids",
+        "4,5,6",
+        "--max-new",
+        "8",
+        "--temperature",
+        "1.0",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--json",
+    ];
+    let run = || {
+        let (ok, stdout, stderr) = skainet(&args);
+        assert!(ok, "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["seed"], 7, "{stdout}");
+        serde_json::from_value::<Vec<i32>>(v["ids"].clone()).unwrap()
+    };
+    let ids = run();
+    assert_eq!(ids, run());
+
+    let model = backend_reference::ReferenceModel::open(&fixtures::materialize("tiny-llama:3").unwrap()).unwrap();
+    let mut decoder = kv_core::KvDecoder::new(backend_reference::ReferenceKv::new(model, kv_core::WindowRule::Exact));
+    let options = kv_core::DecodeOptions {
+        max_new: 8,
+        stop: Default::default(),
+        sampling: Some(kv_core::SamplingConfig {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: 7,
+            ..Default::default()
+        }),
+    };
+    let want = decoder.complete(&[4, 5, 6], &options, |_| {}).unwrap().ids;
+    assert_eq!(ids, want);
+    let greedy = decoder
+        .complete(&[4, 5, 6], &kv_core::DecodeOptions::greedy(8, []), |_| {})
+        .unwrap()
+        .ids;
+    assert_ne!(ids, greedy, "--temperature 1 decoded greedily");
+}
+
+#[test]
 fn redecode_prints_ids() {
     let (ok, stdout, stderr) = skainet(&[
         "redecode",

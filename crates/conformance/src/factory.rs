@@ -16,6 +16,10 @@ pub trait BackendFactory {
 
     fn kv(&self, model: &str, rule: WindowRule) -> Result<Self::Kv>;
 
+    /// A session that hands over at least `k` of the best logits per call
+    /// ([`KvBackend::last_top_k`]): for compiled backends, graphs exported with a top-k.
+    fn kv_with_top_k(&self, model: &str, k: usize) -> Result<Self::Kv>;
+
     /// A redecode session of the model's `seq`.
     fn redecode(&self, model: &str) -> Result<Self::Redecode>;
 
@@ -52,6 +56,11 @@ impl BackendFactory for ReferenceFactory {
 
     fn kv(&self, model: &str, rule: WindowRule) -> Result<ReferenceKv> {
         Ok(ReferenceKv::new(reference_model(model)?, rule))
+    }
+
+    /// The reference holds every logit: any `k` works.
+    fn kv_with_top_k(&self, model: &str, _k: usize) -> Result<ReferenceKv> {
+        self.kv(model, WindowRule::Exact)
     }
 
     fn redecode(&self, model: &str) -> Result<ReferenceRedecode> {

@@ -41,20 +41,49 @@ pub fn cpu_triple() -> Option<String> {
 /// The cached export of `model` (see `export::cached_export`); CPU modules for [`cpu_triple`]
 /// (its own cache entry: the flag is part of the options' key).
 pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::path::PathBuf> {
+    artifacts_with(model, target, layout, 0)
+}
+
+/// [`artifacts`] with `top_k` results (`0`: none; only the KV graphs then, to keep the extra
+/// export short).
+pub fn artifacts_with(model: &str, target: &Target, layout: Layout, top_k: usize) -> Result<std::path::PathBuf> {
+    let defaults = export::ExportOptions::default();
     let options = export::ExportOptions {
+        top_k,
+        graphs: if top_k > 0 {
+            kv_core::Graph::KV.to_vec()
+        } else {
+            defaults.graphs.clone()
+        },
         targets: vec![target.clone()],
         layout,
         compile_flags: match (target, cpu_triple()) {
             (Target::Cpu { .. }, Some(triple)) => vec![format!("--iree-llvmcpu-target-triple={triple}")],
             _ => Vec::new(),
         },
-        ..export::ExportOptions::default()
+        ..defaults
     };
     export::cached_export_with(model, &options).map_err(|e| Error::Backend {
         backend: "export",
         op: format!("export {model}"),
         source: Box::new(e),
     })
+}
+
+impl IreeFactory {
+    fn open_kv(&self, dir: &std::path::Path, rule: WindowRule) -> Result<IreeKvBackend> {
+        IreeKvBackend::open(
+            dir,
+            IreeOptions {
+                rule,
+                prefill: match self.layout {
+                    Layout::Shared => PrefillRoute::Graph,
+                    Layout::Three => PrefillRoute::Chunks,
+                },
+                ..IreeOptions::new(self.device)
+            },
+        )
+    }
 }
 
 impl BackendFactory for IreeFactory {
@@ -66,17 +95,13 @@ impl BackendFactory for IreeFactory {
     }
 
     fn kv(&self, model: &str, rule: WindowRule) -> Result<IreeKvBackend> {
-        let dir = artifacts(model, &self.target(), self.layout)?;
-        IreeKvBackend::open(
-            &dir,
-            IreeOptions {
-                rule,
-                prefill: match self.layout {
-                    Layout::Shared => PrefillRoute::Graph,
-                    Layout::Three => PrefillRoute::Chunks,
-                },
-                ..IreeOptions::new(self.device)
-            },
+        self.open_kv(&artifacts(model, &self.target(), self.layout)?, rule)
+    }
+
+    fn kv_with_top_k(&self, model: &str, k: usize) -> Result<IreeKvBackend> {
+        self.open_kv(
+            &artifacts_with(model, &self.target(), self.layout, k)?,
+            WindowRule::Exact,
         )
     }
 

@@ -37,7 +37,8 @@ macro_rules! conformance_suite {
             redecode_matches_kv_stream,
             redecode_refuses_prompts_without_room,
             kv_matches_reference_call_by_call,
-            snapshot_files_continue_like_the_session
+            snapshot_files_continue_like_the_session,
+            seeded_sampling_matches_the_reference
         );
     };
     (@tests $($problem:ident),*) => {

@@ -104,6 +104,10 @@ pub struct ExportOptions {
     /// Extra `iree-compile` flags of single graphs, after [`Self::compile_flags`]; graphs whose
     /// flags differ are compiled as separate modules (see the module docs).
     pub graph_flags: BTreeMap<Graph, Vec<String>>,
+    /// The prefill, chunk and step graphs also return the best `top_k` logits of the last
+    /// position and their ids (`topk.logits`, `topk.ids`), for sampling; 0 = they do not (the
+    /// default: a reduction over the vocabulary per call is slow on some GPUs).
+    pub top_k: usize,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -143,6 +147,7 @@ impl Default for ExportOptions {
             ],
             compile_flags: Vec::new(),
             graph_flags: BTreeMap::new(),
+            top_k: 0,
         }
     }
 }
@@ -201,6 +206,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if let Some(s) = options.prefill_seq {
         m.spec.seq = s;
     }
+    m.set_top_k((options.top_k > 0).then_some(options.top_k));
     let prefix = options
         .prefix
         .clone()

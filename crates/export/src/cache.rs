@@ -223,6 +223,10 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
         "vulkanTarget": options.vulkan_target,
         "weights": weights_key(options.weights),
     });
+    // Off by default, and then absent: exports without top-k keep the names they had before it.
+    if options.top_k != 0 {
+        settings["topK"] = serde_json::json!(options.top_k);
+    }
     // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
     // with) another machine never runs code built for instructions that one lacks.
     if options
@@ -371,6 +375,10 @@ mod tests {
             },
             ExportOptions {
                 targets: vec![Target::Cpu { cpu: "host".into() }],
+                ..base.clone()
+            },
+            ExportOptions {
+                top_k: 64,
                 ..base.clone()
             },
         ];

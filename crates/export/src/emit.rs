@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
+use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name, TOPK_IDS, TOPK_LOGITS};
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::rope::RopeTable;
 use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
@@ -260,8 +260,17 @@ impl FuncEmitter<'_> {
                     Graph::Step => None,
                     _ => Some(arg("select")?),
                 };
-                let token = self.head_token(&x, select.as_ref());
+                let logits = self.head_logits(&x, select.as_ref());
+                let token = self.b.argmax_rows(&logits);
                 outs.insert("token".into(), token);
+                // Opt-in: a reduction over the vocabulary per call, slow on some GPUs.
+                if let Some(k) = manifest.top_k {
+                    let (values, ids) = self.b.top_k(&logits, k);
+                    let values = self.b.reshape_static(&values, &[k]);
+                    let ids = self.b.reshape_static(&ids, &[k]);
+                    outs.insert(TOPK_LOGITS.into(), values);
+                    outs.insert(TOPK_IDS.into(), ids);
+                }
             }
             Graph::Redecode | Graph::RedecodeAt => {
                 let tokens = arg("tokens")?;
@@ -715,13 +724,18 @@ impl FuncEmitter<'_> {
         self.proj(&y, table, None)
     }
 
-    /// The next token of the row picked by the one-hot `select [1, R]` (or of the only row): `[1] i32`.
-    fn head_token(&mut self, x: &V, select: Option<&V>) -> V {
+    /// The logits `[1, vocab]` of the row picked by the one-hot `select [1, R]` (or of the only row).
+    fn head_logits(&mut self, x: &V, select: Option<&V>) -> V {
         let row = match select {
             Some(s) => self.b.dot(s, x, (&[], &[]), (&[1], &[0])),
             None => x.clone(),
         };
-        let logits = self.logits(&row);
+        self.logits(&row)
+    }
+
+    /// The next token of the row picked by the one-hot `select [1, R]` (or of the only row): `[1] i32`.
+    fn head_token(&mut self, x: &V, select: Option<&V>) -> V {
+        let logits = self.head_logits(x, select);
         self.b.argmax_rows(&logits)
     }
 }

@@ -669,6 +669,38 @@ impl Body {
         self.argmax_reduce(&best, &at, 1).1
     }
 
+    /// The `k` largest values along the last axis of a static `[rows, n]` f32 tensor and their
+    /// indices, `[rows, k]` f32 and i32, sorted descending, equal values lowest index first
+    /// (CHLO's `top_k` is stable, as the argmax's reducer). IREE lowers it to its own `topk` op on
+    /// every target.
+    pub fn top_k(&mut self, x: &V, k: usize) -> (V, V) {
+        assert_eq!(x.ty.rank(), 2);
+        let dims = x.ty.static_dims();
+        assert!(k >= 1 && k <= dims[1], "top_k: k {k} outside 1..={}", dims[1]);
+        let values = Ty::fixed(&[dims[0], k], Elem::F32);
+        let indices = Ty::fixed(&[dims[0], k], Elem::I32);
+        let name = self.fresh();
+        writeln!(
+            self.text,
+            "    {name}:2 = chlo.top_k({}, k = {k}) : {} -> ({}, {})",
+            x.name,
+            x.ty.text(),
+            values.text(),
+            indices.text()
+        )
+        .unwrap();
+        (
+            V {
+                name: format!("{name}#0"),
+                ty: values,
+            },
+            V {
+                name: format!("{name}#1"),
+                ty: indices,
+            },
+        )
+    }
+
     /// The variadic (value, index) reduce of `x` and its indices `idx` (same shape) over `dim`:
     /// the larger value, the lower index among equal values.
     fn argmax_reduce(&mut self, x: &V, idx: &V, dim: usize) -> (V, V) {

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
+use crate::sampling::TopK;
 use crate::spec::KvSpec;
 
 /// Identity of a live session, so that a snapshot cannot be restored into a stranger.
@@ -134,6 +135,22 @@ pub trait KvBackend {
         None
     }
 
+    /// How many of the best logits [`Self::last_top_k`] can hand over: the `k` a graph was
+    /// exported with, the vocabulary for a backend that holds the full logits; `None` = none
+    /// (greedy decoding only).
+    fn top_k_capacity(&self) -> Option<usize> {
+        None
+    }
+
+    /// The best `k` logits of the last position of the last call and their ids, sorted by logit
+    /// descending, ties lowest id first (the argmax's order); `None` when the backend has none or
+    /// fewer than `k` ([`Self::top_k_capacity`]), or before the first call. A backend reads them
+    /// only here, so greedy decoding never pays for the transfer.
+    fn last_top_k(&self, k: usize) -> Result<Option<TopK>> {
+        let _ = k;
+        Ok(None)
+    }
+
     /// A short name for reports (`reference`, `iree-local-task`, ...).
     fn name(&self) -> String;
 }
@@ -184,6 +201,12 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     }
     fn last_logits(&self) -> Option<&[f32]> {
         (**self).last_logits()
+    }
+    fn top_k_capacity(&self) -> Option<usize> {
+        (**self).top_k_capacity()
+    }
+    fn last_top_k(&self, k: usize) -> Result<Option<TopK>> {
+        (**self).last_top_k(k)
     }
     fn name(&self) -> String {
         (**self).name()

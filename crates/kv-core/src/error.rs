@@ -38,6 +38,20 @@ pub enum Error {
     LayerOutOfRange { layer: usize, n_layers: usize },
     #[error("redecode: prompt of {len} tokens leaves no room in a graph of SEQ {seq} (need 1..{seq})")]
     PromptDoesNotFit { len: usize, seq: usize },
+    #[error("sampling: {key}: {reason}")]
+    BadSampling { key: &'static str, reason: String },
+    #[error(
+        "sampling: needs the best {needed} logits of each call, but {backend} {}",
+        match available {
+            Some(k) => format!("has only {k} (its graphs were exported with top-k {k}; export with a larger --top-k)"),
+            None => "has none (its graphs were exported without top-k outputs; export with --top-k)".to_string(),
+        }
+    )]
+    NoTopK {
+        backend: String,
+        needed: usize,
+        available: Option<usize>,
+    },
 
     // --- bad artifacts ---
     #[error("manifest: key `{key}`: {reason}")]

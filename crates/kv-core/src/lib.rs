@@ -27,15 +27,17 @@ pub mod manifest;
 pub mod mask;
 pub mod params;
 pub mod rope;
+pub mod sampling;
 pub mod snapshot_file;
 pub mod spec;
 pub mod tolerance;
 pub mod window;
 
 pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId};
-pub use decoder::{Generation, KvDecoder, RedecodeDecoder, StageTiming};
+pub use decoder::{DecodeOptions, Generation, KvDecoder, RedecodeDecoder, StageTiming};
 pub use error::{Error, Result};
 pub use manifest::{Graph, Manifest};
+pub use sampling::{Sampler, SamplingConfig, TopK};
 pub use snapshot_file::{ModelFingerprint, PersistSnapshot};
 pub use spec::{Activation, Architecture, Family, KvSpec, LayerKind};
 pub use window::WindowRule;

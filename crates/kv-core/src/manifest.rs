@@ -13,6 +13,12 @@ use crate::spec::{Architecture, KvSpec, LayerKind};
 pub const CONTRACT_VERSION: u32 = 1;
 pub const MANIFEST_FILE: &str = "manifest.json";
 
+/// The optional results of the prefill, chunk and step graphs exported with a top-k
+/// (`Manifest::top_k`): the best `k` logits of the last position, `f32 [k]`, sorted descending,
+/// ties lowest id first, and their ids, `i32 [k]`. They follow `token` in the canonical order.
+pub const TOPK_LOGITS: &str = "topk.logits";
+pub const TOPK_IDS: &str = "topk.ids";
+
 /// The graphs of the contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Graph {
@@ -191,6 +197,10 @@ pub struct Manifest {
     /// Archive entry of the `vocab × hidden` bf16 embedding table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding_parameter: Option<String>,
+    /// Ours: the prefill, chunk and step graphs also return [`TOPK_LOGITS`] and [`TOPK_IDS`]
+    /// of this many entries (for sampling); absent = they do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
     /// Ours: what a forward (the reference, the exporter) needs beyond the geometry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<Architecture>,
@@ -229,6 +239,7 @@ impl Manifest {
             parameter_scope: default_scope(),
             parameters: None,
             embedding_parameter: None,
+            top_k: None,
             architecture,
             modules: BTreeMap::new(),
             provenance: BTreeMap::new(),
@@ -279,13 +290,29 @@ impl Manifest {
         if let Some(arch) = &self.architecture {
             arch.validate()?;
         }
+        if let Some(k) = self.top_k {
+            if k == 0 || k > self.spec.vocab_size {
+                return Err(Error::manifest(
+                    "topK",
+                    format!("{k} must be in 1..={} (the vocabulary)", self.spec.vocab_size),
+                ));
+            }
+        }
         for graph in Graph::KV {
             let (args_key, outputs_key) = list_keys(graph);
             if let Some(args) = self.args(graph) {
                 check_same_names(args_key, args, &canonical_args(graph, &self.spec))?;
             }
             if let Some(outputs) = self.outputs(graph) {
-                check_same_names(outputs_key, outputs, &canonical_outputs(graph, &self.spec))?;
+                if self.top_k.is_none() {
+                    if let Some(extra) = outputs.iter().find(|n| *n == TOPK_LOGITS || *n == TOPK_IDS) {
+                        return Err(Error::manifest(
+                            outputs_key,
+                            format!("`{extra}` is listed but `topK` is not set"),
+                        ));
+                    }
+                }
+                check_same_names(outputs_key, outputs, &self.canonical_outputs(graph))?;
             }
         }
         if self.parameter_scope.is_empty() {
@@ -323,7 +350,35 @@ impl Manifest {
     pub fn outputs_or_canonical(&self, graph: Graph) -> Vec<String> {
         self.outputs(graph)
             .map(<[String]>::to_vec)
-            .unwrap_or_else(|| canonical_outputs(graph, &self.spec))
+            .unwrap_or_else(|| self.canonical_outputs(graph))
+    }
+
+    /// [`canonical_outputs`], then the top-k results where [`Self::top_k`] is set.
+    pub fn canonical_outputs(&self, graph: Graph) -> Vec<String> {
+        let mut out = canonical_outputs(graph, &self.spec);
+        if self.top_k.is_some() && Graph::KV.contains(&graph) {
+            out.extend([TOPK_LOGITS, TOPK_IDS].map(String::from));
+        }
+        out
+    }
+
+    /// Sets [`Self::top_k`] and adds (or removes) the top-k results at the end of the prefill,
+    /// chunk and step output lists the manifest has.
+    pub fn set_top_k(&mut self, k: Option<usize>) {
+        self.top_k = k;
+        for list in [
+            &mut self.prefill_outputs,
+            &mut self.prefill_with_past_outputs,
+            &mut self.with_past_outputs,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            list.retain(|n| n != TOPK_LOGITS && n != TOPK_IDS);
+            if k.is_some() {
+                list.extend([TOPK_LOGITS, TOPK_IDS].map(String::from));
+            }
+        }
     }
 
     /// The archive file holding a graph's parameters, if the manifest names one.

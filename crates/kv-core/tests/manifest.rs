@@ -77,3 +77,56 @@ fn malformed_manifests_name_the_key() {
     let err = Manifest::from_json(r#"{"nLayers": "many"}"#).unwrap_err().to_string();
     assert!(err.contains("nLayers"), "{err}");
 }
+
+#[test]
+fn top_k_outputs_are_the_one_optional_extra() {
+    use kv_core::manifest::{TOPK_IDS, TOPK_LOGITS};
+    let plain = Manifest::new(small(), None, "gemma");
+    assert!(!plain.to_json().contains("topK"), "a manifest without top-k changed");
+    let mut m = plain.clone();
+    m.set_top_k(Some(64));
+    let back = Manifest::from_json(&m.to_json()).unwrap();
+    assert_eq!(back, m);
+    for g in Graph::KV {
+        let out = back.outputs_or_canonical(g);
+        assert_eq!(&out[out.len() - 3..], ["token", TOPK_LOGITS, TOPK_IDS]);
+    }
+    assert_eq!(back.outputs_or_canonical(Graph::Redecode), ["ids"]);
+    // Without lists the canonical order carries them too.
+    let mut bare = m.clone();
+    bare.prefill_outputs = None;
+    assert_eq!(
+        bare.outputs_or_canonical(Graph::Prefill),
+        m.outputs_or_canonical(Graph::Prefill)
+    );
+    // Switching it off again gives the plain manifest back.
+    m.set_top_k(None);
+    assert_eq!(m, plain);
+
+    let refused = |edit: &dyn Fn(&mut Manifest), key: &str| {
+        let mut m = plain.clone();
+        m.set_top_k(Some(8));
+        edit(&mut m);
+        match Manifest::from_json(&m.to_json()) {
+            Err(Error::Manifest { key: k, reason }) => assert_eq!(k, key, "{reason}"),
+            other => panic!("expected an error on {key}, got {other:?}"),
+        }
+    };
+    // Listed without `topK`, half of the pair, or `topK` without the lists' entries.
+    refused(&|m| m.top_k = None, "prefillOutputs");
+    refused(
+        &|m| m.with_past_outputs.as_mut().unwrap().retain(|n| n != TOPK_IDS),
+        "withPastOutputs",
+    );
+    refused(
+        &|m| {
+            m.prefill_with_past_outputs
+                .as_mut()
+                .unwrap()
+                .retain(|n| n != TOPK_LOGITS && n != TOPK_IDS)
+        },
+        "prefillWithPastOutputs",
+    );
+    refused(&|m| m.top_k = Some(0), "topK");
+    refused(&|m| m.top_k = Some(m.spec.vocab_size + 1), "topK");
+}

@@ -4,14 +4,14 @@
 //! backend exposes logits (the reference), and per layer the largest K/V difference on the rows
 //! both hold.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use kv_core::decoder::feed_prompt;
 use kv_core::tolerance::{max_diff, Tolerance};
 use kv_core::KvBackend;
 use serde::Serialize;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
-use crate::commands::generate::feed_prompt;
 use crate::text::PromptArgs;
 
 /// Below this top-1/top-2 logit gap of the reference a differing token is a near-tie: the
@@ -143,7 +143,10 @@ pub fn lockstep<A: KvBackend, B: KvBackend>(
     if a.spec().n_layers != b.spec().n_layers || a.spec().vocab_size != b.spec().vocab_size {
         bail!("the two backends run different models");
     }
-    let (mut ta, mut tb) = (feed_prompt(a, prompt)?, feed_prompt(b, prompt)?);
+    let (mut ta, mut tb) = (
+        feed_prompt(a, prompt).context("prefilling the prompt")?,
+        feed_prompt(b, prompt).context("prefilling the prompt")?,
+    );
     let mut steps = Vec::new();
     for step in 0..max_new.max(1) {
         let gap = a.last_logits().or(b.last_logits()).and_then(top_gap);

@@ -60,6 +60,11 @@ pub struct ExportArgs {
     /// needs (packed weights: `--iree-opt-const-expr-hoisting=false`).
     #[arg(long = "compile-flag", allow_hyphen_values = true)]
     compile_flags: Vec<String>,
+    /// Also return the best K logits of the last position and their ids from the prefill, chunk
+    /// and step graphs (`topk.logits`, `topk.ids`), which sampling needs (`generate
+    /// --temperature`); 0 = none. Off by default: a reduction over the vocabulary per call.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -105,6 +110,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             WeightChoice::I16 => WeightFormat::I16,
         },
         compile_flags: args.compile_flags,
+        top_k: args.top_k,
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&Source::parse(&args.model), &args.out, &options)?;

@@ -1,11 +1,15 @@
-//! `skainet-kv generate`: a prompt (text, chat or ids) prefilled, then greedy steps; or, with
-//! `--prefix-ids`, a shared prefix prefilled and snapshotted and the prompt fed as the utterance.
+//! `skainet-kv generate`: a prompt (text, chat or ids) prefilled, then greedy or sampled steps;
+//! or, with `--prefix-ids`, a shared prefix prefilled and snapshotted and the prompt fed as the
+//! utterance. Both go through `kv_core::KvDecoder`, the library's one decode loop; text is
+//! printed as the tokens arrive.
 
+use std::io::Write as _;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kv_core::{KvBackend, KvDecoder};
+use kv_core::sampling::{SamplingConfig, DEFAULT_CANDIDATES};
+use kv_core::{DecodeOptions, KvDecoder};
 use serde::Serialize;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
@@ -18,6 +22,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     model: String,
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
+    /// Sampling needs artifacts exported with `--top-k`.
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
     #[command(flatten)]
@@ -37,9 +42,59 @@ pub struct GenerateArgs {
     eos: Option<i32>,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// One JSON object: `{"ids": [...], "text": "...", ...}`.
     #[arg(long)]
     json: bool,
+}
+
+/// How the next token is picked: greedy (the graphs' argmax) unless `--temperature` > 0 or
+/// `--repeat-penalty` != 1. Sampling looks at the best 64 logits of each call (more with a larger
+/// `--top-k`); IREE backends need graphs exported with that many (`export --top-k`; on-demand
+/// exports get them).
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the best K candidates (0 = all 64 looked at).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Keep the smallest set of candidates whose probability reaches P (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop candidates below P times the best one's probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Penalise ids of the prompt and of the output so far (1 = off; 1.1 is common).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// The sampler's seed: the same seed, settings and prompt give the same ids (default: from
+    /// the clock, reported in `--json`).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The sampler's settings; `None` when greedy.
+    pub fn config(&self) -> Result<Option<SamplingConfig>> {
+        let config = SamplingConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            seed: self.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64)
+            }),
+            candidates: self.top_k.max(DEFAULT_CANDIDATES),
+        };
+        config.validate()?;
+        Ok((!config.is_greedy()).then_some(config))
+    }
 }
 
 #[derive(Serialize)]
@@ -55,107 +110,102 @@ struct GenerateReport {
     chunk_calls: usize,
     decode_ms: f64,
     decode_tokens: usize,
+    /// Reading candidates and sampling (0 when greedy).
+    sample_ms: f64,
+    /// The sampler's seed (absent when greedy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
 }
 
-/// Ids generated greedily from a prompt (prefill, chunks past SEQ, then steps), stopping before
-/// any of `stops`.
-pub struct Greedy {
-    pub ids: Vec<i32>,
-    pub stopped: bool,
-    pub prefill_ms: f64,
-    pub decode_ms: f64,
-    pub steps: usize,
+/// Prints decoded text as ids arrive: each time, the part of the whole decode beyond what was
+/// printed (a token may complete a multi-byte character only with the next one).
+struct TextStream<'a> {
+    tokenizer: &'a tokenizer::Tokenizer,
+    ids: Vec<i32>,
+    printed: usize,
 }
 
-/// Feeds a whole prompt from position 0 and returns the token predicted after it.
-pub fn feed_prompt<B: KvBackend>(backend: &mut B, prompt: &[i32]) -> Result<i32> {
-    let spec = backend.spec().clone();
-    let (head, rest) = prompt.split_at(prompt.len().min(spec.seq));
-    let mut token = backend.prefill(head).context("prefilling the prompt")?;
-    for piece in rest.chunks(spec.chunk) {
-        token = backend.chunk(piece)?;
-    }
-    Ok(token)
-}
-
-pub fn greedy<B: KvBackend>(backend: &mut B, prompt: &[i32], stops: &[i32], max_new: usize) -> Result<Greedy> {
-    let t = Instant::now();
-    let mut token = feed_prompt(backend, prompt)?;
-    let prefill_ms = ms(t.elapsed());
-    let t = Instant::now();
-    let (mut ids, mut stopped, mut steps) = (Vec::new(), false, 0);
-    while ids.len() < max_new {
-        if stops.contains(&token) {
-            stopped = true;
-            break;
+impl TextStream<'_> {
+    fn push(&mut self, id: i32) {
+        self.ids.push(id);
+        let text = self.tokenizer.decode(&self.ids);
+        if text.len() > self.printed && text.is_char_boundary(self.printed) && !text.ends_with('\u{fffd}') {
+            let mut out = std::io::stdout().lock();
+            // A closed stdout is not worth failing the generation for.
+            let _ = out.write_all(&text.as_bytes()[self.printed..]);
+            let _ = out.flush();
+            self.printed = text.len();
         }
-        ids.push(token);
-        if ids.len() == max_new {
-            break;
-        }
-        token = backend.step(token)?;
-        steps += 1;
     }
-    Ok(Greedy {
-        ids,
-        stopped,
-        prefill_ms,
-        decode_ms: ms(t.elapsed()),
-        steps,
-    })
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let prefix: Vec<i32> = args.prefix_ids.concat();
     let prompt = args.prompt.resolve(&args.model)?;
-    let stops = prompt.stops(args.eos);
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    let sampling = args.sampling.config()?;
+    let options = DecodeOptions {
+        max_new: args.max_new,
+        stop: prompt.stops(args.eos).into_iter().collect(),
+        sampling: sampling.clone(),
+    };
+    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
-    let report = crate::with_backend!(backend, b => {
-        let mut b = b;
+    let mut stream = match (&prompt.tokenizer, args.json) {
+        (Some(tokenizer), false) => Some(TextStream {
+            tokenizer,
+            ids: Vec::new(),
+            printed: 0,
+        }),
+        _ => None,
+    };
+    let on_token = |id: i32| {
+        if let Some(s) = stream.as_mut() {
+            s.push(id);
+        }
+    };
+    let explicit = args.artifacts.as_ref().map(|d| d.display().to_string());
+    let context = move || match &explicit {
+        Some(dir) => format!("generating with --artifacts {dir}"),
+        None => "generating".to_string(),
+    };
+    let (g, prefill_ms) = crate::with_backend!(backend, b => {
+        let mut decoder = KvDecoder::new(b);
         if prefix.is_empty() {
-            let g = greedy(&mut b, &prompt.ids, &stops, args.max_new)?;
-            GenerateReport {
-                text: prompt.text(&g.ids),
-                ids: g.ids,
-                prompt_tokens: prompt.ids.len(),
-                stopped_at_eos: g.stopped,
-                prefill_ms: g.prefill_ms,
-                restore_ms: 0.0,
-                chunk_ms: 0.0,
-                chunk_calls: 0,
-                decode_ms: g.decode_ms,
-                decode_tokens: g.steps,
-            }
+            let g = decoder.complete(&prompt.ids, &options, on_token).with_context(context)?;
+            let prefill_ms = ms(g.timing.prefill);
+            (g, prefill_ms)
         } else {
-            let mut decoder = KvDecoder::new(b);
             let t = Instant::now();
             let snapshot = decoder.prefill_prefix(&prefix).context("prefilling --prefix-ids")?;
             let prefill_ms = ms(t.elapsed());
-            let mut g = decoder.generate(&snapshot, &prompt.ids, stops.first().copied(), args.max_new)?;
-            if let Some(cut) = g.ids.iter().position(|id| stops.contains(id)) {
-                g.ids.truncate(cut);
-                g.stopped_at_eos = true;
-            }
-            let t = &g.timing;
-            GenerateReport {
-                text: prompt.text(&g.ids),
-                prompt_tokens: prompt.ids.len(),
-                stopped_at_eos: g.stopped_at_eos,
-                prefill_ms,
-                restore_ms: ms(t.restore),
-                chunk_ms: ms(t.chunk),
-                chunk_calls: t.chunk_calls,
-                decode_ms: ms(t.decode),
-                decode_tokens: t.decode_tokens,
-                ids: g.ids,
-            }
+            let g = decoder
+                .generate_with(&snapshot, &prompt.ids, &options, on_token)
+                .with_context(context)?;
+            (g, prefill_ms)
         }
     });
+    let t = &g.timing;
+    let report = GenerateReport {
+        text: prompt.text(&g.ids),
+        prompt_tokens: prompt.ids.len(),
+        stopped_at_eos: g.stopped_at_eos,
+        prefill_ms,
+        restore_ms: ms(t.restore),
+        chunk_ms: ms(t.chunk),
+        chunk_calls: t.chunk_calls,
+        decode_ms: ms(t.decode),
+        decode_tokens: t.decode_tokens,
+        sample_ms: ms(t.sample),
+        seed: sampling.map(|c| c.seed),
+        ids: g.ids,
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else if let Some(text) = &report.text {
-        println!("{text}");
+        // Streamed already; print what the stream held back (an incomplete character at the end).
+        let printed = stream.map_or(0, |s| s.printed);
+        println!("{}", text.get(printed..).unwrap_or_default());
     } else {
         println!("{}", ids_to_string(&report.ids));
     }

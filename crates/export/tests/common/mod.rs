@@ -189,6 +189,8 @@ pub struct GraphSession {
     embedding: Vec<f32>,
     layers: Vec<Layer>,
     pub position: usize,
+    /// `topk.logits` and `topk.ids` of the last prefill, chunk or step call, when exported.
+    pub last_top_k: Option<(Vec<f32>, Vec<i32>)>,
 }
 
 impl GraphSession {
@@ -208,6 +210,7 @@ impl GraphSession {
             embedding,
             layers: Vec::new(),
             position: 0,
+            last_top_k: None,
         }
     }
 
@@ -254,6 +257,12 @@ impl GraphSession {
         Array::F32(vec![1, nkv, past, d], out)
     }
 
+    fn top_k_of(results: &std::collections::HashMap<String, Array>) -> Option<(Vec<f32>, Vec<i32>)> {
+        let logits = results.get(kv_core::manifest::TOPK_LOGITS)?.f32().to_vec();
+        let ids = results[kv_core::manifest::TOPK_IDS].i32().to_vec();
+        Some((logits, ids))
+    }
+
     fn token(results: &std::collections::HashMap<String, Array>) -> i32 {
         let t = results["token"].i32();
         assert_eq!(t.len(), 1, "token result of {} elements", t.len());
@@ -274,6 +283,7 @@ impl GraphSession {
             other => panic!("prefill argument {other}"),
         };
         let r = self.call(Graph::Prefill, &named);
+        self.last_top_k = Self::top_k_of(&r);
         self.layers = Vec::new();
         let n = plan.n;
         self.keep_rows(&r, |_| (0, n));
@@ -361,6 +371,7 @@ impl GraphSession {
             }
         };
         let r = self.call(Graph::Chunk, &named);
+        self.last_top_k = Self::top_k_of(&r);
         let pos = self.position;
         let pasts: Vec<usize> = (0..spec.n_layers)
             .map(|l| self.kind_inputs(&plan.kinds, l).past)
@@ -393,6 +404,7 @@ impl GraphSession {
             }
         };
         let r = self.call(Graph::Step, &named);
+        self.last_top_k = Self::top_k_of(&r);
         let pos = self.position;
         let pasts: Vec<usize> = (0..spec.n_layers)
             .map(|l| self.kind_inputs(&plan.kinds, l).past)
