@@ -246,3 +246,64 @@ fn demo_ids_are_the_same_on_every_backend() {
         assert_eq!(ids(backend), reference, "{backend} differs from the reference");
     }
 }
+
+/// A prefix saved by one process and loaded by another continues with the tokens of a prefix
+/// prefilled in one process, on every backend; a damaged file is one clear error.
+#[test]
+fn a_saved_prefix_continues_in_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = (1..=20)
+        .map(|i| (i * 7 % 500).to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    for backend in ["reference", "iree-cpu", "iree-vulkan"] {
+        let file = dir.path().join(format!("{backend}.skvsnap"));
+        let file = file.to_str().unwrap();
+        let common = ["--model", "tiny-gemma3:7", "--backend", backend];
+        let (ok, _, stderr) = skainet(
+            &[
+                &["snapshot", "save"][..],
+                &common,
+                &["--prefix-ids", &prefix, "--out", file],
+            ]
+            .concat(),
+        );
+        assert!(ok, "{backend}: {stderr}");
+        let run = |how: &[&str]| {
+            let (ok, stdout, stderr) = skainet(
+                &[
+                    &["generate"][..],
+                    &common,
+                    how,
+                    &["--ids", "4,5,6", "--max-new", "6", "--json"],
+                ]
+                .concat(),
+            );
+            assert!(ok, "{backend}: {stderr}");
+            serde_json::from_str::<serde_json::Value>(&stdout).unwrap()
+        };
+        let loaded = run(&["--prefix-snapshot", file]);
+        let prefilled = run(&["--prefix-ids", &prefix]);
+        assert_eq!(loaded["ids"], prefilled["ids"], "{backend}");
+        assert!(loaded["prefix_load_ms"].as_f64().is_some(), "{loaded}");
+    }
+    // Truncated: refused in one line, naming the file.
+    let file = dir.path().join("reference.skvsnap");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 10]).unwrap();
+    let (ok, _, stderr) = skainet(&[
+        "generate",
+        "--model",
+        "tiny-gemma3:7",
+        "--prefix-snapshot",
+        file.to_str().unwrap(),
+        "--ids",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("truncated") && stderr.contains("reference.skvsnap"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

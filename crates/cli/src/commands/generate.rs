@@ -33,6 +33,10 @@ pub struct GenerateArgs {
     /// utterance, fed in chunk calls after a restore. Without it the prompt is prefilled.
     #[arg(long, value_parser = parse_ids)]
     prefix_ids: Vec<Vec<i32>>,
+    /// A prefix saved by `snapshot save` (same model): loaded instead of prefilled, then the
+    /// prompt is fed as the utterance, as with `--prefix-ids`.
+    #[arg(long, conflicts_with = "prefix_ids")]
+    prefix_snapshot: Option<std::path::PathBuf>,
     #[command(flatten)]
     prompt: PromptArgs,
     #[arg(long, default_value_t = 16)]
@@ -105,6 +109,9 @@ struct GenerateReport {
     prompt_tokens: usize,
     stopped_at_eos: bool,
     prefill_ms: f64,
+    /// `--prefix-snapshot`: the file's load, instead of a prefix prefill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefix_load_ms: Option<f64>,
     restore_ms: f64,
     chunk_ms: f64,
     chunk_calls: usize,
@@ -169,12 +176,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Some(dir) => format!("generating with --artifacts {dir}"),
         None => "generating".to_string(),
     };
-    let (g, prefill_ms) = crate::with_backend!(backend, b => {
+    let (g, prefill_ms, prefix_load_ms) = crate::with_backend!(backend, b => {
         let mut decoder = KvDecoder::new(b);
-        if prefix.is_empty() {
+        if let Some(file) = &args.prefix_snapshot {
+            let (snapshot, load) = crate::commands::snapshot::load(decoder.backend(), file)?;
+            let g = decoder
+                .generate_with(&snapshot, &prompt.ids, &options, on_token)
+                .with_context(context)?;
+            (g, 0.0, Some(ms(load)))
+        } else if prefix.is_empty() {
             let g = decoder.complete(&prompt.ids, &options, on_token).with_context(context)?;
             let prefill_ms = ms(g.timing.prefill);
-            (g, prefill_ms)
+            (g, prefill_ms, None)
         } else {
             let t = Instant::now();
             let snapshot = decoder.prefill_prefix(&prefix).context("prefilling --prefix-ids")?;
@@ -182,7 +195,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             let g = decoder
                 .generate_with(&snapshot, &prompt.ids, &options, on_token)
                 .with_context(context)?;
-            (g, prefill_ms)
+            (g, prefill_ms, None)
         }
     });
     let t = &g.timing;
@@ -191,6 +204,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         prompt_tokens: prompt.ids.len(),
         stopped_at_eos: g.stopped_at_eos,
         prefill_ms,
+        prefix_load_ms,
         restore_ms: ms(t.restore),
         chunk_ms: ms(t.chunk),
         chunk_calls: t.chunk_calls,
