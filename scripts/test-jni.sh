@@ -18,10 +18,12 @@ LIBS="${CARGO_TARGET_DIR:-target}/debug"
 
 cargo build -p skainet-iree-kv -p skainet-iree-redecode
 
-# Exactly the ABI of CONTRACT §5, nothing more, nothing less.
+# Exactly the ABI of CONTRACT §5 plus IreeKvSnapshotFile, nothing more, nothing less.
 prefix=Java_sk_ainet_transformers_iree_android
-expect_kv=$(printf "${prefix}_IreeKvSession_%s\n" nativeCreate nativePrefill nativeChunk nativeStep \
-    nativeSnapshot nativeRestore nativeReleaseSnapshot nativeReleasePrefill nativePosition nativeDestroy | sort)
+expect_kv=$( (printf "${prefix}_IreeKvSession_%s\n" nativeCreate nativePrefill nativeChunk nativeStep \
+    nativeSnapshot nativeRestore nativeReleaseSnapshot nativeReleasePrefill nativePosition nativeDestroy
+    # Beside the seed's ABI: snapshot files (IreeKvSnapshotFile), in the same library.
+    printf "${prefix}_IreeKvSnapshotFile_%s\n" nativeSave nativeLoad nativeSnapshotPosition) | sort)
 expect_redecode=$(printf "${prefix}_IreeRedecodeSession_%s\n" nativeCreate nativeCreateWithTopology \
     nativeStep nativeDestroy | sort)
 check_exports() { # lib expected [nm]

@@ -11,6 +11,7 @@ use jni::strings::JNIString;
 use jni::sys::{jint, jlong};
 use jni::{Env, EnvUnowned};
 use kv_core::manifest::Parameters;
+use kv_core::snapshot_file;
 use kv_core::{Graph, KvBackend, KvSpec, Manifest};
 
 use crate::error::{JniError, JniResult};
@@ -272,5 +273,34 @@ pub fn native_destroy(env: EnvUnowned<'_>, h: jlong) {
         // when it returns. Snapshots hold their device buffers until released.
         SESSIONS.remove(h)?;
         Ok(())
+    })
+}
+
+/// `IreeKvSnapshotFile.nativeSave`: writes `snapshot` of session `h` to `path` (atomically);
+/// returns the bytes written.
+pub fn native_save_snapshot_file<'l>(env: EnvUnowned<'l>, h: jlong, snapshot: jlong, path: JString<'l>) -> jlong {
+    call(env, "IreeKvSnapshotFile.nativeSave", |env| {
+        let path = ffi::string(env, &path, "path")?;
+        let snapshot = SNAPSHOTS.get(snapshot)?;
+        let bytes = with_backend(h, |b| Ok(snapshot_file::save(b, &snapshot.snapshot, Path::new(&path))?))?;
+        jlong::try_from(bytes).map_err(|_| JniError::Argument(format!("{bytes} bytes exceed a Java long")))
+    })
+}
+
+/// `IreeKvSnapshotFile.nativeLoad`: a new snapshot handle of session `h` holding the file's rows
+/// (restore it to continue). The session itself is not touched, whatever the outcome.
+pub fn native_load_snapshot_file<'l>(env: EnvUnowned<'l>, h: jlong, path: JString<'l>) -> jlong {
+    call(env, "IreeKvSnapshotFile.nativeLoad", |env| {
+        let path = ffi::string(env, &path, "path")?;
+        let snapshot = with_backend(h, |b| Ok(snapshot_file::load(&*b, Path::new(&path))?))?;
+        Ok(SNAPSHOTS.insert(KvSnapshot { snapshot }))
+    })
+}
+
+/// `IreeKvSnapshotFile.nativeSnapshotPosition`: the position a snapshot handle holds.
+pub fn native_snapshot_position(env: EnvUnowned<'_>, snapshot: jlong) -> jint {
+    call(env, "IreeKvSnapshotFile.nativeSnapshotPosition", |_| {
+        let position = SNAPSHOTS.get(snapshot)?.snapshot.position();
+        jint::try_from(position).map_err(|_| JniError::Argument(format!("position {position} exceeds a Java int")))
     })
 }

@@ -1,5 +1,6 @@
 //! `libskainet_iree_kv.so`: the native methods of
-//! `sk.ainet.transformers.iree.android.IreeKvSession` (CONTRACT §5). Each export only forwards to
+//! `sk.ainet.transformers.iree.android.IreeKvSession` (CONTRACT §5) and of `IreeKvSnapshotFile`
+//! (snapshot files, beside the seed ABI). Each export only forwards to
 //! `skainet_jni::kv`, where the error policy, handles and conversions live.
 
 use jni::objects::{JIntArray, JObject, JString};
@@ -18,4 +19,12 @@ skainet_jni::java_exports! { 'l, IreeKvSession;
     nativeReleasePrefill(h: jlong) = kv::native_release_prefill;
     nativePosition(h: jlong) -> jint = kv::native_position;
     nativeDestroy(h: jlong) = kv::native_destroy;
+}
+
+// Not part of the seed's ABI: snapshot files, for `IreeKvSnapshotFile` (same library).
+#[rustfmt::skip]
+skainet_jni::java_exports! { 'l, IreeKvSnapshotFile;
+    nativeSave(h: jlong, snapshot: jlong, path: JString<'l>) -> jlong = kv::native_save_snapshot_file;
+    nativeLoad(h: jlong, path: JString<'l>) -> jlong = kv::native_load_snapshot_file;
+    nativeSnapshotPosition(snapshot: jlong) -> jint = kv::native_snapshot_position;
 }

@@ -3,8 +3,8 @@
 //! redecode prompt (`kv_core::KvDecoder` over `IreeKvBackend`, `RedecodeDecoder` over
 //! `IreeRedecodeBackend`), and writes `OUTDIR/fixture.properties` for the JVM tests, plus a vmfb
 //! whose result breaks the redecode contract (`nativeStep` must return null for it), the shared
-//! layout's files, and with-past archives holding two entries of the embedding's size
-//! (`OUTDIR/embeddings/`).
+//! layout's files, the three-archive layout compiled for Vulkan with its ids there, and with-past
+//! archives holding two entries of the embedding's size (`OUTDIR/embeddings/`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -118,6 +118,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         p.insert(format!("utterance.{i}"), ids(utterance));
         p.insert(format!("expected.{i}"), ids(&generation.ids));
     }
+    // The seed's three-archive layout on Vulkan (lavapipe here), and the ids the Rust API gives
+    // there: a JVM session must open it and reproduce them.
+    let vulkan = cached_export(MODEL, &Target::vulkan(), Layout::Three)?;
+    graph_files(&mut p, "vulkan.", &vulkan, &Manifest::load(&vulkan)?)?;
+    let mut on_vulkan = KvDecoder::new(IreeKvBackend::open(&vulkan, IreeOptions::new("vulkan"))?);
+    let vulkan_snapshot = on_vulkan.prefill_prefix(&prefix)?;
+    for (i, utterance) in utterances.iter().enumerate() {
+        let generation = on_vulkan.generate(&vulkan_snapshot, utterance, None, MAX_NEW)?;
+        p.insert(format!("vulkan.expected.{i}"), ids(&generation.ids));
+    }
+    drop(on_vulkan);
+
     // One prefill's first token on its own, for the raw-session test.
     let first = decoder.backend_mut().prefill(&prefix)?;
     p.insert("prefix.firstToken".into(), first.to_string());

@@ -19,12 +19,19 @@ class IreeKvSession private constructor(private var handle: Long, val spec: Iree
                 nativeReleaseSnapshot(h)
             }
         }
+
+        internal fun liveHandle(): Long {
+            check(handle != 0L) { "IreeKvSession.Snapshot is closed" }
+            return handle
+        }
     }
 
     private fun live(): Long {
         check(handle != 0L) { "IreeKvSession is closed" }
         return handle
     }
+
+    internal fun liveHandle(): Long = live()
 
     /** Prefills `tokens[0 until n]` from position 0 (tokens may be padded to SEQ); returns the first generated id. */
     fun prefill(tokens: IntArray, n: Int = tokens.size): Int = nativePrefill(live(), tokens, n)

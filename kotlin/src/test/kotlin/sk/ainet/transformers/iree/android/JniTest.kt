@@ -166,6 +166,8 @@ fun main(args: Array<String>) {
     throwsIse("closed Kotlin session", "closed") { session.step(1) }
 
     sharedModuleReleasePrefill(f)
+    vulkanThreeArchives(f)
+    snapshotFiles(f)
     embeddingTableOfSeedArtifacts(f)
     changedArchives(f)
     redecode(f)
@@ -190,6 +192,78 @@ private fun sharedModuleReleasePrefill(f: Fixture) {
         check("shared module: restore and step after releasePrefill", s.step(7) == next)
         snapshot.close()
     }
+}
+
+/**
+ * The seed's three-archive layout on `vulkan` (lavapipe here): three modules on one device open,
+ * reproduce the Rust API's ids there, and keep serving utterances once the prefill is released.
+ */
+private fun vulkanThreeArchives(f: Fixture) {
+    val seq = f.int("spec.seq")
+    val maxNew = f.int("maxNew")
+    f.open(device = "vulkan", files = "vulkan.").use { s ->
+        val decoder = IreeKvDecoder(s, seq)
+        decoder.prefillPrefix(f.ints("prefix")).use { prefix ->
+            for (round in listOf("", " after releasePrefill")) {
+                for (i in 0 until f.int("utterances")) {
+                    val g = decoder.generate(prefix, f.ints("utterance.$i"), -1, maxNew)
+                    same("vulkan three archives: utterance $i$round", g.ids, f.ints("vulkan.expected.$i"))
+                }
+                s.releasePrefill()
+            }
+        }
+    }
+}
+
+/**
+ * Snapshot files: a prefix saved from one session loads into a fresh one (of another layout too)
+ * and continues with the Rust API's ids; bad files and closed handles throw and change nothing.
+ */
+private fun snapshotFiles(f: Fixture) {
+    val seq = f.int("spec.seq")
+    val maxNew = f.int("maxNew")
+    val prefix = f.ints("prefix")
+    val dir = Files.createTempDirectory("skainet-snapshots")
+    val path = dir.resolve("prefix.skvsnap").toString()
+    f.open().use { s ->
+        IreeKvDecoder(s, seq).prefillPrefix(prefix).use { snapshot ->
+            val bytes = IreeKvSnapshotFile.save(s, snapshot, path)
+            check("snapshot file size", bytes == File(path).length() && bytes > 0) { "$bytes" }
+        }
+    }
+    for (files in listOf("", "shared.")) {
+        f.open(files = files).use { s ->
+            val decoder = IreeKvDecoder(s, seq)
+            val loaded = IreeKvSnapshotFile.load(s, path)
+            check("loaded snapshot position ($files)", loaded.position == prefix.size && s.position == 0) {
+                "${loaded.position} / ${s.position}"
+            }
+            for (i in 0 until f.int("utterances")) {
+                val g = decoder.generate(loaded, f.ints("utterance.$i"), -1, maxNew)
+                same("utterance $i after a loaded file ($files)", g.ids, f.ints("expected.$i"))
+            }
+            loaded.close()
+        }
+    }
+    f.open().use { s ->
+        val decoder = IreeKvDecoder(s, seq)
+        val own = decoder.prefillPrefix(prefix.copyOfRange(0, 5))
+        val truncated = dir.resolve("truncated.skvsnap")
+        Files.write(truncated, Files.readAllBytes(Paths.get(path)).copyOfRange(0, 100))
+        throwsIse("truncated snapshot file", "truncated") { IreeKvSnapshotFile.load(s, truncated.toString()) }
+        throwsIse("missing snapshot file", "no-such") { IreeKvSnapshotFile.load(s, dir.resolve("no-such").toString()) }
+        throwsIse("snapshot file to a missing directory", "missing-dir") {
+            IreeKvSnapshotFile.save(s, own, dir.resolve("missing-dir/x").toString())
+        }
+        check("failed loads leave the session", s.position == 5) { "${s.position}" }
+        val (utterance, expected) = f.ints("utterance.0") to f.ints("expected.0")
+        same("session works after bad files", decoder.generate(IreeKvSnapshotFile.load(s, path), utterance, -1, maxNew).ids, expected)
+        throwsIse("load with a 0 handle", "is 0") { IreeKvSnapshotFile.nativeLoad(0L, path) }
+        throwsIse("save of a 0 snapshot", "is 0") { IreeKvSnapshotFile.nativeSave(sessionHandle(s), 0L, path) }
+        own.close()
+        throwsIse("save of a closed snapshot", "closed") { IreeKvSnapshotFile.save(s, own, path) }
+    }
+    dir.toFile().deleteRecursively()
 }
 
 /**
