@@ -287,7 +287,17 @@ pub fn check_layers(spec: &KvSpec, position: usize, layers: &[LayerHeader]) -> s
 pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, path: &Path) -> Result<u64> {
     let spec = backend.spec().clone();
     let position = backend.snapshot_position(snapshot);
-    let layers = backend.snapshot_layers(snapshot)?;
+    // A sliding layer may hold more rows than any later call reads (a prefill keeps them all):
+    // only the window's are written, a third less for Gemma 3 at 843 tokens.
+    let layers: Vec<LayerKv> = backend
+        .snapshot_layers(snapshot)?
+        .into_iter()
+        .enumerate()
+        .map(|(l, layer)| match spec.window(spec.layer_kind(l)) {
+            Some(w) if layer.rows > position.min(w) => layer.tail_from(position - position.min(w)),
+            _ => layer,
+        })
+        .collect();
     let headers: Vec<LayerHeader> = layers
         .iter()
         .map(|l| LayerHeader {
@@ -403,8 +413,9 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
     }
     let file = File::open(path).map_err(io_err("opening snapshot", path))?;
     // SAFETY: read-only; the length is checked against the header before any data is read, and
-    // the rows are copied to the backend before the mapping is dropped.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("mapping snapshot", path))?;
+    // the rows are copied to the backend before the mapping is dropped. Populated: every page is
+    // read (CRC, upload), so one read-ahead beats a fault per page.
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io_err("mapping snapshot", path))?;
     let (header, data_start) = parse_header(path, &map)?;
 
     if header.contract_version != CONTRACT_VERSION {

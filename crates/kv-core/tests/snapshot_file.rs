@@ -14,6 +14,8 @@ struct Fake {
     spec: KvSpec,
     seed: u32,
     rule: WindowRule,
+    /// Sliding layers keep every row, as the real backends do after a prefill.
+    keep_all: bool,
     id: SessionId,
     position: usize,
     layers: Vec<LayerKv>,
@@ -53,6 +55,7 @@ impl Fake {
             spec,
             seed,
             rule: WindowRule::Exact,
+            keep_all: false,
             id: SessionId::fresh(),
             position: 0,
             layers,
@@ -74,8 +77,8 @@ impl Fake {
         for l in 0..spec.n_layers {
             let old = &self.layers[l];
             let keep = match spec.window(spec.layer_kind(l)) {
-                Some(w) => (old.rows + 1).min(w),
-                None => old.rows + 1,
+                Some(w) if !self.keep_all => (old.rows + 1).min(w),
+                _ => old.rows + 1,
             };
             let drop = old.rows + 1 - keep;
             let mut new = empty(&spec, self.position + 1 - keep);
@@ -378,4 +381,37 @@ fn the_fingerprint_ignores_graph_shapes_but_not_geometry_or_weights() {
         a.model_fingerprint().unwrap(),
         Fake::new(3).model_fingerprint().unwrap()
     );
+}
+
+#[test]
+fn only_the_window_of_a_sliding_layer_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut original = Fake::new(0);
+    original.keep_all = true;
+    original.prefill(&PREFIX).unwrap();
+    let snap = original.snapshot().unwrap();
+    let spec = spec();
+    assert_eq!(
+        snap.layers[0].rows,
+        PREFIX.len(),
+        "layer 0 is sliding and holds every row"
+    );
+    let path = dir.path().join("p.skvsnap");
+    snapshot_file::save(&original, &snap, &path).unwrap();
+    let mut fresh = Fake::new(0);
+    let loaded = snapshot_file::load(&fresh, &path).unwrap();
+    for (l, layer) in loaded.layers.iter().enumerate() {
+        let want = match spec.window(spec.layer_kind(l)) {
+            Some(w) => w,
+            None => PREFIX.len(),
+        };
+        assert_eq!(layer.rows, want, "layer {l}");
+        assert_eq!(*layer, snap.layers[l].tail_from(PREFIX.len() - want), "layer {l}");
+    }
+    fresh.restore(&loaded).unwrap();
+    // Both now keep windows only, so their next rows agree.
+    original.keep_all = false;
+    for t in [7, 8, 9] {
+        assert_eq!(fresh.step(t).unwrap(), original.step(t).unwrap());
+    }
 }
