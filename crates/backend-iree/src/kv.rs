@@ -413,24 +413,7 @@ impl KvBackend for IreeKvBackend {
                 n_layers: spec.n_layers,
             });
         }
-        let Some(cache) = self.layers.get(layer) else {
-            return Ok(LayerKv {
-                first_position: 0,
-                rows: 0,
-                n_kv_heads: spec.n_kv_heads,
-                head_dim: spec.head_dim,
-                k: vec![],
-                v: vec![],
-            });
-        };
-        Ok(LayerKv {
-            first_position: cache.first,
-            rows: cache.rows,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
-            v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
-        })
+        self.host_layer(self.layers.get(layer))
     }
 
     fn top_k_capacity(&self) -> Option<usize> {
@@ -471,6 +454,28 @@ impl IreeKvBackend {
 }
 
 impl IreeKvBackend {
+    /// A layer's rows copied to the host; no cache (a session at position 0) is no rows.
+    fn host_layer(&self, cache: Option<&LayerCache>) -> Result<LayerKv> {
+        let spec = &self.manifest.spec;
+        let (first_position, rows, k, v) = match cache {
+            None => (0, 0, vec![], vec![]),
+            Some(c) => (
+                c.first,
+                c.rows,
+                c.k.to_f32_vec().map_err(iree_err("read K"))?,
+                c.v.to_f32_vec().map_err(iree_err("read V"))?,
+            ),
+        };
+        Ok(LayerKv {
+            first_position,
+            rows,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            k,
+            v,
+        })
+    }
+
     fn run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
         let spec = self.manifest.spec.clone();
         let inputs = self.chunk_inputs(plan)?;
@@ -638,32 +643,8 @@ impl PersistSnapshot for IreeKvBackend {
     /// Copies every layer's rows to the host (one read per buffer).
     fn snapshot_layers(&self, snapshot: &IreeSnapshot) -> Result<Vec<LayerKv>> {
         self.id.check_owner(snapshot.session)?;
-        let spec = &self.manifest.spec;
-        if snapshot.layers.is_empty() {
-            return Ok((0..spec.n_layers)
-                .map(|_| LayerKv {
-                    first_position: 0,
-                    rows: 0,
-                    n_kv_heads: spec.n_kv_heads,
-                    head_dim: spec.head_dim,
-                    k: vec![],
-                    v: vec![],
-                })
-                .collect());
-        }
-        snapshot
-            .layers
-            .iter()
-            .map(|cache| {
-                Ok(LayerKv {
-                    first_position: cache.first,
-                    rows: cache.rows,
-                    n_kv_heads: spec.n_kv_heads,
-                    head_dim: spec.head_dim,
-                    k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
-                    v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
-                })
-            })
+        (0..self.manifest.spec.n_layers)
+            .map(|l| self.host_layer(snapshot.layers.get(l)))
             .collect()
     }
 
