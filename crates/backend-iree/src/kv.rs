@@ -27,6 +27,20 @@ struct LayerCache {
     rows: usize,
 }
 
+impl LayerCache {
+    /// Copies the rows to the host (one read per buffer).
+    fn to_host(&self, spec: &KvSpec) -> Result<LayerKv> {
+        Ok(LayerKv {
+            first_position: self.first,
+            rows: self.rows,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            k: self.k.to_f32_vec().map_err(iree_err("read K"))?,
+            v: self.v.to_f32_vec().map_err(iree_err("read V"))?,
+        })
+    }
+}
+
 /// The `topk.logits` and `topk.ids` results of a call, left on the device until asked for.
 #[derive(Clone)]
 struct TopKViews {
@@ -413,24 +427,10 @@ impl KvBackend for IreeKvBackend {
                 n_layers: spec.n_layers,
             });
         }
-        let Some(cache) = self.layers.get(layer) else {
-            return Ok(LayerKv {
-                first_position: 0,
-                rows: 0,
-                n_kv_heads: spec.n_kv_heads,
-                head_dim: spec.head_dim,
-                k: vec![],
-                v: vec![],
-            });
-        };
-        Ok(LayerKv {
-            first_position: cache.first,
-            rows: cache.rows,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
-            v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
-        })
+        match self.layers.get(layer) {
+            Some(cache) => cache.to_host(spec),
+            None => Ok(LayerKv::empty(spec)),
+        }
     }
 
     fn top_k_capacity(&self) -> Option<usize> {
@@ -640,31 +640,9 @@ impl PersistSnapshot for IreeKvBackend {
         self.id.check_owner(snapshot.session)?;
         let spec = &self.manifest.spec;
         if snapshot.layers.is_empty() {
-            return Ok((0..spec.n_layers)
-                .map(|_| LayerKv {
-                    first_position: 0,
-                    rows: 0,
-                    n_kv_heads: spec.n_kv_heads,
-                    head_dim: spec.head_dim,
-                    k: vec![],
-                    v: vec![],
-                })
-                .collect());
+            return Ok((0..spec.n_layers).map(|_| LayerKv::empty(spec)).collect());
         }
-        snapshot
-            .layers
-            .iter()
-            .map(|cache| {
-                Ok(LayerKv {
-                    first_position: cache.first,
-                    rows: cache.rows,
-                    n_kv_heads: spec.n_kv_heads,
-                    head_dim: spec.head_dim,
-                    k: cache.k.to_f32_vec().map_err(iree_err("read K"))?,
-                    v: cache.v.to_f32_vec().map_err(iree_err("read V"))?,
-                })
-            })
-            .collect()
+        snapshot.layers.iter().map(|cache| cache.to_host(spec)).collect()
     }
 
     /// One upload per K and V buffer, straight from the caller's slices (a mapped file).

@@ -38,6 +38,17 @@ impl LayerCache {
         self.k.dim().1
     }
 
+    fn to_host(&self, spec: &KvSpec) -> LayerKv {
+        LayerKv {
+            first_position: self.first_position,
+            rows: self.rows(),
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            k: self.k.iter().copied().collect(),
+            v: self.v.iter().copied().collect(),
+        }
+    }
+
     /// The last `past` rows, as the graphs are handed them.
     fn tail(&self, past: usize) -> (ArrayView3<'_, f32>, ArrayView3<'_, f32>) {
         let rows = self.rows();
@@ -245,15 +256,7 @@ impl KvBackend for ReferenceKv {
             layer,
             n_layers: self.caches.len(),
         })?;
-        let spec = self.model.spec();
-        Ok(LayerKv {
-            first_position: cache.first_position,
-            rows: cache.rows(),
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            k: cache.k.iter().copied().collect(),
-            v: cache.v.iter().copied().collect(),
-        })
+        Ok(cache.to_host(self.model.spec()))
     }
 
     fn last_logits(&self) -> Option<&[f32]> {
@@ -293,18 +296,7 @@ impl PersistSnapshot for ReferenceKv {
     fn snapshot_layers(&self, snapshot: &ReferenceSnapshot) -> Result<Vec<LayerKv>> {
         self.session.check_owner(snapshot.session)?;
         let spec = self.model.spec();
-        Ok(snapshot
-            .caches
-            .iter()
-            .map(|cache| LayerKv {
-                first_position: cache.first_position,
-                rows: cache.rows(),
-                n_kv_heads: spec.n_kv_heads,
-                head_dim: spec.head_dim,
-                k: cache.k.iter().copied().collect(),
-                v: cache.v.iter().copied().collect(),
-            })
-            .collect())
+        Ok(snapshot.caches.iter().map(|cache| cache.to_host(spec)).collect())
     }
 
     /// The loaded snapshot has no logits of a last call (`last_logits` is `None` after restoring

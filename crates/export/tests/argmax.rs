@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{iree_tool, read_npy, write_npy, Array};
+use common::{run_module, Array};
 use export::mlir::{argmax_tiles, Body, Elem, Ty, V};
 use export::Target;
 
@@ -34,28 +34,10 @@ fn module(rows: usize, n: usize, tiles: Option<usize>) -> String {
 }
 
 fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f32]) -> Vec<i32> {
-    let input = dir.join("in.npy");
-    let output = dir.join("out.npy");
-    write_npy(&input, &Array::F32(vec![rows, n], values.to_vec()));
-    let _ = std::fs::remove_file(&output);
-    let out = std::process::Command::new(iree_tool("iree-run-module"))
-        .env(
-            "XDG_RUNTIME_DIR",
-            std::env::var_os("XDG_RUNTIME_DIR").unwrap_or_else(|| "/tmp".into()),
-        )
-        .arg(format!("--device={device}"))
-        .arg(format!("--module={}", vmfb.display()))
-        .arg("--function=argmax")
-        .arg(format!("--input=@{}", input.display()))
-        .arg(format!("--output=@{}", output.display()))
-        .output()
-        .expect("spawning iree-run-module");
-    assert!(
-        out.status.success(),
-        "iree-run-module on {device} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    read_npy(&output).i32().to_vec()
+    let input = Array::F32(vec![rows, n], values.to_vec());
+    run_module(dir, device, vmfb, None, "argmax", &[input], 1)[0]
+        .i32()
+        .to_vec()
 }
 
 /// Rows that each have several equal maxima (the lowest index must win), placed so that the

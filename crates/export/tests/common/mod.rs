@@ -121,12 +121,13 @@ pub fn iree_tool(name: &str) -> PathBuf {
     p
 }
 
-/// Runs `function` of `vmfb` on `device` with parameters `irpa` (scope `model`); returns the results.
+/// Runs `function` of `vmfb` on `device`, with parameters `irpa` (scope `model`) where the module
+/// has any; returns the results.
 pub fn run_module(
     work: &Path,
     device: &str,
     vmfb: &Path,
-    irpa: &Path,
+    irpa: Option<&Path>,
     function: &str,
     inputs: &[Array],
     n_out: usize,
@@ -138,8 +139,10 @@ pub fn run_module(
     );
     cmd.arg(format!("--device={device}"))
         .arg(format!("--module={}", vmfb.display()))
-        .arg(format!("--parameters=model={}", irpa.display()))
         .arg(format!("--function={function}"));
+    if let Some(irpa) = irpa {
+        cmd.arg(format!("--parameters=model={}", irpa.display()));
+    }
     for (i, a) in inputs.iter().enumerate() {
         let p = work.join(format!("in{i}.npy"));
         write_npy(&p, a);
@@ -240,7 +243,15 @@ impl GraphSession {
             g => self.m.outputs_or_canonical(g),
         };
         let inputs: Vec<Array> = args.iter().map(|a| named(a)).collect();
-        let results = run_module(&self.work, &self.device, &vmfb, &irpa, function, &inputs, outs.len());
+        let results = run_module(
+            &self.work,
+            &self.device,
+            &vmfb,
+            Some(&irpa),
+            function,
+            &inputs,
+            outs.len(),
+        );
         outs.into_iter().zip(results).collect()
     }
 
