@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{run_module, Array};
+use common::{run_module, with_values, Array, Noise};
 use export::mlir::{argmax_tiles, Body, Elem, Ty, V};
 use export::Target;
 
@@ -45,21 +45,9 @@ fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f
 /// values, a row of all `-inf`, a row whose maximum is the last real index (next to the padding),
 /// and seeded random rows.
 fn cases(n: usize, w: usize) -> Vec<(String, Vec<f32>)> {
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut noise = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-    };
-    let base: Vec<f32> = (0..n).map(|_| noise()).collect();
-    let with = |at: &[usize], v: f32| {
-        let mut row = base.clone();
-        for &i in at {
-            row[i] = v;
-        }
-        row
-    };
+    let mut noise = Noise::new(0x2545_f491_4f6c_dd1d);
+    let base = noise.row(n);
+    let with = |at: &[usize], v: f32| with_values(&base, at, v);
     let mut out = vec![
         // Lowest in a higher column of an earlier tile than the other: stage two must break the tie.
         (
@@ -76,7 +64,7 @@ fn cases(n: usize, w: usize) -> Vec<(String, Vec<f32>)> {
         ("random".to_string(), base.clone()),
     ];
     for i in 0..3 {
-        out.push((format!("random {i}"), (0..n).map(|_| noise()).collect()));
+        out.push((format!("random {i}"), noise.row(n)));
     }
     out
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use backend_reference::{ReferenceKv, ReferenceModel};
-use common::{run_module, Array, GraphSession};
+use common::{run_module, with_values, Array, GraphSession, Noise};
 use export::mlir::{Body, Elem, Ty, V};
 use export::{export_artifacts, ExportOptions, Source, Target};
 use kv_core::manifest::{TOPK_IDS, TOPK_LOGITS};
@@ -46,21 +46,9 @@ fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f
 
 /// Rows with equal values straddling the k-th place, equal maxima far apart, all equal, and noise.
 fn cases(n: usize) -> Vec<(&'static str, Vec<f32>)> {
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut noise = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-    };
-    let base: Vec<f32> = (0..n).map(|_| noise()).collect();
-    let with = |at: &[usize], v: f32| {
-        let mut row = base.clone();
-        for &i in at {
-            row[i] = v;
-        }
-        row
-    };
+    let mut noise = Noise::new(0x9e37_79b9_7f4a_7c15);
+    let base = noise.row(n);
+    let with = |at: &[usize], v: f32| with_values(&base, at, v);
     vec![
         (
             "equal maxima, the lowest last in memory order",

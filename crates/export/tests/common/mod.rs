@@ -99,6 +99,37 @@ pub fn read_npy(path: &Path) -> Array {
     }
 }
 
+// ---- test rows --------------------------------------------------------------------------------
+
+/// Deterministic values in [-4, 4) (xorshift64), so a failing row can be reproduced.
+pub struct Noise(u64);
+
+impl Noise {
+    pub fn new(seed: u64) -> Self {
+        Noise(seed)
+    }
+
+    pub fn row(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+            })
+            .collect()
+    }
+}
+
+/// `row` with the elements at `at` set to `v`.
+pub fn with_values(row: &[f32], at: &[usize], v: f32) -> Vec<f32> {
+    let mut row = row.to_vec();
+    for &i in at {
+        row[i] = v;
+    }
+    row
+}
+
 // ---- iree-run-module --------------------------------------------------------------------------
 
 pub fn iree_tool(name: &str) -> PathBuf {
