@@ -27,6 +27,20 @@ struct LayerCache {
     rows: usize,
 }
 
+impl LayerCache {
+    /// Copies the rows to the host (one read per buffer).
+    fn to_host(&self, spec: &KvSpec) -> Result<LayerKv> {
+        Ok(LayerKv {
+            first_position: self.first,
+            rows: self.rows,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            k: self.k.to_f32_vec().map_err(iree_err("read K"))?,
+            v: self.v.to_f32_vec().map_err(iree_err("read V"))?,
+        })
+    }
+}
+
 /// The `topk.logits` and `topk.ids` results of a call, left on the device until asked for.
 #[derive(Clone)]
 struct TopKViews {
@@ -413,7 +427,10 @@ impl KvBackend for IreeKvBackend {
                 n_layers: spec.n_layers,
             });
         }
-        self.host_layer(self.layers.get(layer))
+        match self.layers.get(layer) {
+            Some(cache) => cache.to_host(spec),
+            None => Ok(LayerKv::empty(spec)),
+        }
     }
 
     fn top_k_capacity(&self) -> Option<usize> {
@@ -454,28 +471,6 @@ impl IreeKvBackend {
 }
 
 impl IreeKvBackend {
-    /// A layer's rows copied to the host; no cache (a session at position 0) is no rows.
-    fn host_layer(&self, cache: Option<&LayerCache>) -> Result<LayerKv> {
-        let spec = &self.manifest.spec;
-        let (first_position, rows, k, v) = match cache {
-            None => (0, 0, vec![], vec![]),
-            Some(c) => (
-                c.first,
-                c.rows,
-                c.k.to_f32_vec().map_err(iree_err("read K"))?,
-                c.v.to_f32_vec().map_err(iree_err("read V"))?,
-            ),
-        };
-        Ok(LayerKv {
-            first_position,
-            rows,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-            k,
-            v,
-        })
-    }
-
     fn run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
         let spec = self.manifest.spec.clone();
         let inputs = self.chunk_inputs(plan)?;
@@ -643,9 +638,11 @@ impl PersistSnapshot for IreeKvBackend {
     /// Copies every layer's rows to the host (one read per buffer).
     fn snapshot_layers(&self, snapshot: &IreeSnapshot) -> Result<Vec<LayerKv>> {
         self.id.check_owner(snapshot.session)?;
-        (0..self.manifest.spec.n_layers)
-            .map(|l| self.host_layer(snapshot.layers.get(l)))
-            .collect()
+        let spec = &self.manifest.spec;
+        if snapshot.layers.is_empty() {
+            return Ok((0..spec.n_layers).map(|_| LayerKv::empty(spec)).collect());
+        }
+        snapshot.layers.iter().map(|cache| cache.to_host(spec)).collect()
     }
 
     /// One upload per K and V buffer, straight from the caller's slices (a mapped file).

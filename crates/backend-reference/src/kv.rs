@@ -295,7 +295,8 @@ impl PersistSnapshot for ReferenceKv {
 
     fn snapshot_layers(&self, snapshot: &ReferenceSnapshot) -> Result<Vec<LayerKv>> {
         self.session.check_owner(snapshot.session)?;
-        Ok(snapshot.caches.iter().map(|c| c.to_host(self.model.spec())).collect())
+        let spec = self.model.spec();
+        Ok(snapshot.caches.iter().map(|cache| cache.to_host(spec)).collect())
     }
 
     /// The loaded snapshot has no logits of a last call (`last_logits` is `None` after restoring

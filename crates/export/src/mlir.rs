@@ -689,16 +689,7 @@ impl Body {
             indices.text()
         )
         .unwrap();
-        (
-            V {
-                name: format!("{name}#0"),
-                ty: values,
-            },
-            V {
-                name: format!("{name}#1"),
-                ty: indices,
-            },
-        )
+        results2(&name, values, indices)
     }
 
     /// The variadic (value, index) reduce of `x` and its indices `idx` (same shape) over `dim`:
@@ -743,16 +734,7 @@ impl Body {
              \x20     }\n",
         );
         self.text.push_str(&s);
-        (
-            V {
-                name: format!("{name}#0"),
-                ty: out_f,
-            },
-            V {
-                name: format!("{name}#1"),
-                ty: out_i,
-            },
-        )
+        results2(&name, out_f, out_i)
     }
 
     /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.
@@ -774,4 +756,18 @@ impl Body {
             ),
         )
     }
+}
+
+/// The two results `%name#0` and `%name#1` of an op written `%name:2 = ...`.
+fn results2(name: &str, first: Ty, second: Ty) -> (V, V) {
+    (
+        V {
+            name: format!("{name}#0"),
+            ty: first,
+        },
+        V {
+            name: format!("{name}#1"),
+            ty: second,
+        },
+    )
 }

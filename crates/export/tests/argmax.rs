@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{iree_tool, read_npy, write_npy, Array};
+use common::{run_module, with_values, Array, Noise};
 use export::mlir::{argmax_tiles, Body, Elem, Ty, V};
 use export::Target;
 
@@ -34,28 +34,10 @@ fn module(rows: usize, n: usize, tiles: Option<usize>) -> String {
 }
 
 fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f32]) -> Vec<i32> {
-    let input = dir.join("in.npy");
-    let output = dir.join("out.npy");
-    write_npy(&input, &Array::F32(vec![rows, n], values.to_vec()));
-    let _ = std::fs::remove_file(&output);
-    let out = std::process::Command::new(iree_tool("iree-run-module"))
-        .env(
-            "XDG_RUNTIME_DIR",
-            std::env::var_os("XDG_RUNTIME_DIR").unwrap_or_else(|| "/tmp".into()),
-        )
-        .arg(format!("--device={device}"))
-        .arg(format!("--module={}", vmfb.display()))
-        .arg("--function=argmax")
-        .arg(format!("--input=@{}", input.display()))
-        .arg(format!("--output=@{}", output.display()))
-        .output()
-        .expect("spawning iree-run-module");
-    assert!(
-        out.status.success(),
-        "iree-run-module on {device} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    read_npy(&output).i32().to_vec()
+    let input = Array::F32(vec![rows, n], values.to_vec());
+    run_module(dir, device, vmfb, None, "argmax", &[input], 1)[0]
+        .i32()
+        .to_vec()
 }
 
 /// Rows that each have several equal maxima (the lowest index must win), placed so that the
@@ -63,21 +45,9 @@ fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f
 /// values, a row of all `-inf`, a row whose maximum is the last real index (next to the padding),
 /// and seeded random rows.
 fn cases(n: usize, w: usize) -> Vec<(String, Vec<f32>)> {
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut noise = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-    };
-    let base: Vec<f32> = (0..n).map(|_| noise()).collect();
-    let with = |at: &[usize], v: f32| {
-        let mut row = base.clone();
-        for &i in at {
-            row[i] = v;
-        }
-        row
-    };
+    let mut noise = Noise::new(0x2545_f491_4f6c_dd1d);
+    let base = noise.row(n);
+    let with = |at: &[usize], v: f32| with_values(&base, at, v);
     let mut out = vec![
         // Lowest in a higher column of an earlier tile than the other: stage two must break the tie.
         (
@@ -94,7 +64,7 @@ fn cases(n: usize, w: usize) -> Vec<(String, Vec<f32>)> {
         ("random".to_string(), base.clone()),
     ];
     for i in 0..3 {
-        out.push((format!("random {i}"), (0..n).map(|_| noise()).collect()));
+        out.push((format!("random {i}"), noise.row(n)));
     }
     out
 }

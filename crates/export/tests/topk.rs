@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use backend_reference::{ReferenceKv, ReferenceModel};
-use common::{iree_tool, read_npy, write_npy, Array, GraphSession};
+use common::{run_module, with_values, Array, GraphSession, Noise};
 use export::mlir::{Body, Elem, Ty, V};
 use export::{export_artifacts, ExportOptions, Source, Target};
 use kv_core::manifest::{TOPK_IDS, TOPK_LOGITS};
@@ -37,47 +37,18 @@ fn module(rows: usize, n: usize, k: usize) -> String {
 }
 
 fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f32]) -> (Vec<f32>, Vec<i32>) {
-    let input = dir.join("in.npy");
-    let (out_v, out_i) = (dir.join("values.npy"), dir.join("ids.npy"));
-    write_npy(&input, &Array::F32(vec![rows, n], values.to_vec()));
-    let out = std::process::Command::new(iree_tool("iree-run-module"))
-        .env(
-            "XDG_RUNTIME_DIR",
-            std::env::var_os("XDG_RUNTIME_DIR").unwrap_or_else(|| "/tmp".into()),
-        )
-        .arg(format!("--device={device}"))
-        .arg(format!("--module={}", vmfb.display()))
-        .arg("--function=topk")
-        .arg(format!("--input=@{}", input.display()))
-        .arg(format!("--output=@{}", out_v.display()))
-        .arg(format!("--output=@{}", out_i.display()))
-        .output()
-        .expect("spawning iree-run-module");
-    assert!(
-        out.status.success(),
-        "iree-run-module on {device} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (read_npy(&out_v).f32().to_vec(), read_npy(&out_i).i32().to_vec())
+    let input = Array::F32(vec![rows, n], values.to_vec());
+    let [values, ids] = &run_module(dir, device, vmfb, None, "topk", &[input], 2)[..] else {
+        unreachable!("two outputs asked for")
+    };
+    (values.f32().to_vec(), ids.i32().to_vec())
 }
 
 /// Rows with equal values straddling the k-th place, equal maxima far apart, all equal, and noise.
 fn cases(n: usize) -> Vec<(&'static str, Vec<f32>)> {
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut noise = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-    };
-    let base: Vec<f32> = (0..n).map(|_| noise()).collect();
-    let with = |at: &[usize], v: f32| {
-        let mut row = base.clone();
-        for &i in at {
-            row[i] = v;
-        }
-        row
-    };
+    let mut noise = Noise::new(0x9e37_79b9_7f4a_7c15);
+    let base = noise.row(n);
+    let with = |at: &[usize], v: f32| with_values(&base, at, v);
     vec![
         (
             "equal maxima, the lowest last in memory order",

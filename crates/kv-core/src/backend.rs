@@ -47,6 +47,18 @@ pub struct LayerKv {
 }
 
 impl LayerKv {
+    /// A layer that holds no rows yet (a session before its first call).
+    pub fn empty(spec: &KvSpec) -> Self {
+        LayerKv {
+            first_position: 0,
+            rows: 0,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            k: Vec::new(),
+            v: Vec::new(),
+        }
+    }
+
     /// The `[nKvHeads, head_dim]` K vectors at absolute position `p`, if held.
     pub fn k_at(&self, head: usize, p: usize) -> Option<&[f32]> {
         self.row(&self.k, head, p)

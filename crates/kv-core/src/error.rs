@@ -38,6 +38,9 @@ pub enum Error {
     LayerOutOfRange { layer: usize, n_layers: usize },
     #[error("redecode: prompt of {len} tokens leaves no room in a graph of SEQ {seq} (need 1..{seq})")]
     PromptDoesNotFit { len: usize, seq: usize },
+    /// Two sessions a comparison needs to agree (on the model, on the rows held) do not.
+    #[error("{op}: {reason}")]
+    Incomparable { op: &'static str, reason: String },
     #[error("sampling: {key}: {reason}")]
     BadSampling { key: &'static str, reason: String },
     #[error(

@@ -15,12 +15,17 @@
 //!   and loads them back into a fresh session of the same model ([`PersistSnapshot`]).
 //! - **Threading.** A session is `&mut self` per call and used from one thread at a time;
 //!   wrappers that share one (JNI) serialise calls with a lock.
+//! - **Comparing backends.** [`diverge::lockstep`] runs two backends teacher-forced on one
+//!   context and reports per step the tokens, the reference's top-1/top-2 gap and each layer's
+//!   K/V difference; it lives here, next to [`tolerance`], so any caller (the CLI, tests, an app
+//!   checking a new driver) gets the same judgement.
 //! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by name) and archives;
 //!   [`irpa`] reads archives zero-copy through `memmap2` and writes IREE-identical ones.
 
 pub mod backend;
 pub mod bf16;
 pub mod decoder;
+pub mod diverge;
 pub mod error;
 pub mod irpa;
 pub mod manifest;

@@ -99,6 +99,37 @@ pub fn read_npy(path: &Path) -> Array {
     }
 }
 
+// ---- test rows --------------------------------------------------------------------------------
+
+/// Deterministic values in [-4, 4) (xorshift64), so a failing row can be reproduced.
+pub struct Noise(u64);
+
+impl Noise {
+    pub fn new(seed: u64) -> Self {
+        Noise(seed)
+    }
+
+    pub fn row(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+            })
+            .collect()
+    }
+}
+
+/// `row` with the elements at `at` set to `v`.
+pub fn with_values(row: &[f32], at: &[usize], v: f32) -> Vec<f32> {
+    let mut row = row.to_vec();
+    for &i in at {
+        row[i] = v;
+    }
+    row
+}
+
 // ---- iree-run-module --------------------------------------------------------------------------
 
 pub fn iree_tool(name: &str) -> PathBuf {
@@ -121,12 +152,13 @@ pub fn iree_tool(name: &str) -> PathBuf {
     p
 }
 
-/// Runs `function` of `vmfb` on `device` with parameters `irpa` (scope `model`); returns the results.
+/// Runs `function` of `vmfb` on `device`, with parameters `irpa` (scope `model`) where the module
+/// has any; returns the results.
 pub fn run_module(
     work: &Path,
     device: &str,
     vmfb: &Path,
-    irpa: &Path,
+    irpa: Option<&Path>,
     function: &str,
     inputs: &[Array],
     n_out: usize,
@@ -138,8 +170,10 @@ pub fn run_module(
     );
     cmd.arg(format!("--device={device}"))
         .arg(format!("--module={}", vmfb.display()))
-        .arg(format!("--parameters=model={}", irpa.display()))
         .arg(format!("--function={function}"));
+    if let Some(irpa) = irpa {
+        cmd.arg(format!("--parameters=model={}", irpa.display()));
+    }
     for (i, a) in inputs.iter().enumerate() {
         let p = work.join(format!("in{i}.npy"));
         write_npy(&p, a);
@@ -240,7 +274,15 @@ impl GraphSession {
             g => self.m.outputs_or_canonical(g),
         };
         let inputs: Vec<Array> = args.iter().map(|a| named(a)).collect();
-        let results = run_module(&self.work, &self.device, &vmfb, &irpa, function, &inputs, outs.len());
+        let results = run_module(
+            &self.work,
+            &self.device,
+            &vmfb,
+            Some(&irpa),
+            function,
+            &inputs,
+            outs.len(),
+        );
         outs.into_iter().zip(results).collect()
     }
 

@@ -1,0 +1,228 @@
+//! Two backends in lockstep on one context, to find where they part ways (`skainet-kv diverge`).
+//!
+//! After the prompt both backends are fed the FIRST backend's token at every step (teacher
+//! forcing): a differing token then does not change what the later steps compare, so one report
+//! shows every step at which the second backend would pick another token and how far each
+//! layer's K/V has drifted, not just the first difference and its consequences.
+//!
+//! A differing token is judged by the top-1/top-2 logit gap of whichever backend exposes logits
+//! (the reference): below [`NEAR_TIE_GAP`] it is a near-tie, which reordered f32 arithmetic can
+//! flip without either backend being wrong. K/V are compared on the rows both backends hold
+//! (a sliding layer may keep a different tail) against a [`Tolerance`].
+
+use serde::Serialize;
+
+use crate::backend::KvBackend;
+use crate::decoder::feed_prompt;
+use crate::error::{Error, Result};
+use crate::tolerance::{max_diff, Tolerance};
+
+/// Below this top-1/top-2 logit gap of the reference a differing token is a near-tie: the gap is
+/// within what the compiled kernels' reordered f32 arithmetic moves the logits by
+/// (docs/benchmarks.md, "Divergence").
+pub const NEAR_TIE_GAP: f32 = 2e-2;
+
+/// What a lockstep run compares and for how long.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LockstepOptions {
+    /// Tokens of the first backend that end the run (the step that predicts one is reported).
+    pub stops: Vec<i32>,
+    /// Steps to report, counting the token predicted after the prompt; at least one is.
+    pub max_new: usize,
+    /// A differing token whose gap is below this is a near-tie.
+    pub near_tie: f32,
+    /// The bound each layer's K/V must stay within.
+    pub tolerance: Tolerance,
+}
+
+impl LockstepOptions {
+    /// `max_new` steps, no stop tokens, [`NEAR_TIE_GAP`] and [`Tolerance::CROSS_BACKEND`].
+    pub fn new(max_new: usize) -> Self {
+        LockstepOptions {
+            stops: Vec::new(),
+            max_new,
+            near_tie: NEAR_TIE_GAP,
+            tolerance: Tolerance::CROSS_BACKEND,
+        }
+    }
+}
+
+/// One layer's K/V difference on the rows both backends hold.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct LayerDiff {
+    pub layer: usize,
+    pub rows: usize,
+    pub k_abs: f32,
+    pub k_rel: f32,
+    pub v_abs: f32,
+    pub v_rel: f32,
+    /// Every element within the run's tolerance.
+    pub within: bool,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Step {
+    pub step: usize,
+    /// Tokens in the context when this step's token was predicted.
+    pub position: usize,
+    pub token_a: i32,
+    pub token_b: i32,
+    /// Top-1 minus top-2 logit (of the backend with logits), if any has them.
+    pub gap: Option<f32>,
+    pub layers: Vec<LayerDiff>,
+}
+
+impl Step {
+    pub fn diverges(&self) -> bool {
+        self.token_a != self.token_b
+    }
+
+    /// The layer with the largest K or V difference.
+    pub fn worst_layer(&self) -> Option<&LayerDiff> {
+        self.layers
+            .iter()
+            .max_by(|x, y| x.k_abs.max(x.v_abs).total_cmp(&y.k_abs.max(y.v_abs)))
+    }
+
+    pub fn max_k_abs(&self) -> f32 {
+        self.layers.iter().map(|l| l.k_abs).fold(0.0, f32::max)
+    }
+
+    pub fn max_v_abs(&self) -> f32 {
+        self.layers.iter().map(|l| l.v_abs).fold(0.0, f32::max)
+    }
+}
+
+/// The whole run; the field names are the CLI's `--json` keys.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct DivergeReport {
+    pub backend_a: String,
+    pub backend_b: String,
+    pub prompt_tokens: usize,
+    pub near_tie_threshold: f32,
+    pub tolerance_abs: f32,
+    pub tolerance_rel: f32,
+    pub steps: Vec<Step>,
+    /// The first step whose tokens differ.
+    pub first_divergent_step: Option<usize>,
+    /// `[step, layer]` of the first layer whose K/V leaves the tolerance.
+    pub first_layer_out_of_tolerance: Option<[usize; 2]>,
+    /// Whether the first divergence has a gap below the threshold (None: no divergence or no logits).
+    pub divergence_at_near_tie: Option<bool>,
+    pub max_k_abs: f32,
+    pub max_v_abs: f32,
+}
+
+/// Top-1 minus top-2 of `logits`; `None` for fewer than two.
+pub fn top_gap(logits: &[f32]) -> Option<f32> {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in logits {
+        if x > first {
+            second = first;
+            first = x;
+        } else if x > second {
+            second = x;
+        }
+    }
+    (logits.len() >= 2).then_some(first - second)
+}
+
+/// Every layer's K/V difference between `a` and `b` at their current position.
+pub fn layer_diffs<A: KvBackend, B: KvBackend>(a: &A, b: &B, tol: Tolerance) -> Result<Vec<LayerDiff>> {
+    (0..a.spec().n_layers)
+        .map(|layer| {
+            let (la, lb) = (a.read_layer(layer)?, b.read_layer(layer)?);
+            let (end_a, end_b) = (la.first_position + la.rows, lb.first_position + lb.rows);
+            let from = la.first_position.max(lb.first_position);
+            // Both backends are at the same position, so both hold rows up to it.
+            if end_a != end_b {
+                return Err(incomparable(format!(
+                    "layer {layer}: {} holds positions {}..{end_a}, {} holds {}..{end_b}",
+                    a.name(),
+                    la.first_position,
+                    b.name(),
+                    lb.first_position
+                )));
+            }
+            if (la.n_kv_heads, la.head_dim) != (lb.n_kv_heads, lb.head_dim) {
+                return Err(incomparable(format!("layer {layer}: the backends' K/V shapes differ")));
+            }
+            let (ta, tb) = (la.tail_from(from), lb.tail_from(from));
+            let (k_abs, k_rel) = max_diff(&ta.k, &tb.k);
+            let (v_abs, v_rel) = max_diff(&ta.v, &tb.v);
+            let within = tol.mismatches(&ta.k, &tb.k, 1).is_empty() && tol.mismatches(&ta.v, &tb.v, 1).is_empty();
+            Ok(LayerDiff {
+                layer,
+                rows: end_a - from,
+                k_abs,
+                k_rel,
+                v_abs,
+                v_rel,
+                within,
+            })
+        })
+        .collect()
+}
+
+fn incomparable(reason: String) -> Error {
+    Error::Incomparable { op: "diverge", reason }
+}
+
+/// Runs `a` and `b` in lockstep: the prompt, then up to `max_new - 1` steps, both fed `a`'s
+/// tokens. Two backends of different models are refused before either is called.
+pub fn lockstep<A: KvBackend, B: KvBackend>(
+    a: &mut A,
+    b: &mut B,
+    prompt: &[i32],
+    options: &LockstepOptions,
+) -> Result<DivergeReport> {
+    let (sa, sb) = (a.spec(), b.spec());
+    if (sa.n_layers, sa.vocab_size) != (sb.n_layers, sb.vocab_size) {
+        return Err(incomparable(format!(
+            "{} has {} layers and {} tokens, {} has {} and {}: different models",
+            a.name(),
+            sa.n_layers,
+            sa.vocab_size,
+            b.name(),
+            sb.n_layers,
+            sb.vocab_size
+        )));
+    }
+    let (mut ta, mut tb) = (feed_prompt(a, prompt)?, feed_prompt(b, prompt)?);
+    let mut steps = Vec::new();
+    for step in 0.. {
+        steps.push(Step {
+            step,
+            position: a.position(),
+            token_a: ta,
+            token_b: tb,
+            gap: a.last_logits().or(b.last_logits()).and_then(top_gap),
+            layers: layer_diffs(a, b, options.tolerance)?,
+        });
+        if step + 1 >= options.max_new || options.stops.contains(&ta) {
+            break;
+        }
+        let teacher = ta;
+        ta = a.step(teacher)?;
+        tb = b.step(teacher)?;
+    }
+    let first_divergent_step = steps.iter().position(Step::diverges);
+    let first_layer_out_of_tolerance = steps
+        .iter()
+        .find_map(|s| s.layers.iter().find(|l| !l.within).map(|l| [s.step, l.layer]));
+    let divergence_at_near_tie = first_divergent_step.and_then(|i| steps[i].gap.map(|g| g < options.near_tie));
+    Ok(DivergeReport {
+        backend_a: a.name(),
+        backend_b: b.name(),
+        prompt_tokens: prompt.len(),
+        near_tie_threshold: options.near_tie,
+        tolerance_abs: options.tolerance.abs,
+        tolerance_rel: options.tolerance.rel,
+        max_k_abs: steps.iter().map(Step::max_k_abs).fold(0.0, f32::max),
+        max_v_abs: steps.iter().map(Step::max_v_abs).fold(0.0, f32::max),
+        steps,
+        first_divergent_step,
+        first_layer_out_of_tolerance,
+        divergence_at_near_tie,
+    })
+}
