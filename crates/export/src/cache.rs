@@ -141,8 +141,18 @@ pub fn cached_export_in(root: &Path, model: &str, options: &ExportOptions) -> Re
     if entry.is_fresh() {
         return Ok(entry.dir);
     }
-    let (name, dir, fingerprint) = (entry.name, entry.dir, entry.fingerprint);
     std::fs::create_dir_all(root).map_err(ExportError::io("creating artifact cache", root))?;
+    // Other processes (test binaries, CLI runs side by side) may export the same entry: one does
+    // while the others wait, then reuse it. Without the lock the second would rename its copy
+    // over an entry the first has already opened, which the first's sessions see as archives
+    // replaced under them. The lock is released when the file is closed, crash included.
+    let lock_path = root.join(format!(".{}.lock", entry.name));
+    let lock = std::fs::File::create(&lock_path).map_err(ExportError::io("creating the entry lock", &lock_path))?;
+    fs4::fs_std::FileExt::lock_exclusive(&lock).map_err(ExportError::io("locking the cache entry", &lock_path))?;
+    if entry.is_fresh() {
+        return Ok(entry.dir);
+    }
+    let (name, dir, fingerprint) = (entry.name, entry.dir, entry.fingerprint);
     let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     export_artifacts(&Source::parse(model), &tmp, options)?;
