@@ -15,8 +15,9 @@
 //!   and loads them back into a fresh session of the same model ([`PersistSnapshot`]).
 //! - **Threading.** A session is `&mut self` per call and used from one thread at a time;
 //!   wrappers that share one (JNI) serialise calls with a lock.
-//! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by name) and archives;
-//!   [`irpa`] reads archives zero-copy through `memmap2` and writes IREE-identical ones.
+//! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by [`manifest::Name`],
+//!   parsed once when the manifest is read) and archives; [`irpa`] reads archives zero-copy
+//!   through `memmap2` and writes IREE-identical ones.
 
 pub mod backend;
 pub mod bf16;
