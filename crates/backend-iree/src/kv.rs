@@ -5,7 +5,7 @@ use std::path::Path;
 
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
 use kv_core::irpa::FileStamp;
-use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name, TOPK_IDS, TOPK_LOGITS};
+use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
@@ -84,8 +84,8 @@ pub struct IreeKvBackend {
     /// Each session's parameter archive as it was at open (checked before each call).
     archives: Vec<FileStamp>,
     functions: HashMap<Graph, (usize, Function)>,
-    args: HashMap<Graph, Vec<String>>,
-    outputs: HashMap<Graph, Vec<String>>,
+    args: HashMap<Graph, Vec<Name>>,
+    outputs: HashMap<Graph, Vec<Name>>,
     embedding: Embedding,
     target: String,
     /// Whether `release_prefill` removed the prefill graph (for the error of a later prefill).
@@ -121,7 +121,7 @@ impl IreeKvBackend {
             let index = manifest
                 .args_or_canonical(Graph::Prefill)
                 .iter()
-                .position(|a| a == "tokens")
+                .position(|&a| a == Name::Tokens)
                 .unwrap_or_else(|| kv_core::error::invariant("validated prefill args name `tokens`"));
             let seq = match crate::open::declared_input_dims(function, index).as_deref() {
                 Some(&[Some(seq)]) => seq,
@@ -234,9 +234,9 @@ impl IreeKvBackend {
     fn call(
         &mut self,
         graph: Graph,
-        mut inputs: HashMap<String, BufferView>,
-        expect: &dyn Fn(&str) -> (Vec<usize>, ElementType),
-    ) -> Result<HashMap<String, BufferView>> {
+        mut inputs: HashMap<Name, BufferView>,
+        expect: &dyn Fn(Name) -> (Vec<usize>, ElementType),
+    ) -> Result<HashMap<Name, BufferView>> {
         let (index, function) = self.functions.get(&graph).ok_or_else(|| self.missing(graph))?;
         let ordered: Vec<BufferView> = self.args[&graph]
             .iter()
@@ -269,10 +269,10 @@ impl IreeKvBackend {
         let mut out = HashMap::with_capacity(names.len());
         for (name, view) in names.iter().zip(results) {
             let k = self.manifest.top_k.unwrap_or(0);
-            let (shape, element) = match name.as_str() {
-                TOPK_LOGITS => (vec![k], ElementType::F32),
-                TOPK_IDS => (vec![k], ElementType::I32),
-                _ => expect(name),
+            let (shape, element) = match name {
+                Name::TopKLogits => (vec![k], ElementType::F32),
+                Name::TopKIds => (vec![k], ElementType::I32),
+                _ => expect(*name),
             };
             if view.shape() != shape || view.element_type() != element {
                 return Err(contract_err(
@@ -287,21 +287,21 @@ impl IreeKvBackend {
                     ),
                 ));
             }
-            out.insert(name.clone(), view);
+            out.insert(*name, view);
         }
         Ok(out)
     }
 
-    fn read_token(results: &HashMap<String, BufferView>) -> Result<i32> {
-        let token = results["token"].to_i32_vec().map_err(iree_err("read token"))?;
+    fn read_token(results: &HashMap<Name, BufferView>) -> Result<i32> {
+        let token = results[&Name::Token].to_i32_vec().map_err(iree_err("read token"))?;
         Ok(token[0])
     }
 
     /// A call's top-k results (views; nothing is read from the device here).
-    fn top_k_views(results: &HashMap<String, BufferView>) -> Option<TopKViews> {
+    fn top_k_views(results: &HashMap<Name, BufferView>) -> Option<TopKViews> {
         Some(TopKViews {
-            logits: results.get(TOPK_LOGITS)?.clone(),
-            ids: results.get(TOPK_IDS)?.clone(),
+            logits: results.get(&Name::TopKLogits)?.clone(),
+            ids: results.get(&Name::TopKIds)?.clone(),
         })
     }
 
@@ -321,18 +321,18 @@ impl IreeKvBackend {
 
     fn kind_inputs(
         &self,
-        inputs: &mut HashMap<String, BufferView>,
+        inputs: &mut HashMap<Name, BufferView>,
         kinds: &[KindInputs],
         rows: usize,
         with_mask: bool,
     ) -> Result<()> {
         let spec = &self.manifest.spec;
         for k in kinds {
-            inputs.insert(cos_name(k.kind), self.f32_view(&[rows, spec.head_dim], &k.rope.cos)?);
-            inputs.insert(sin_name(k.kind), self.f32_view(&[rows, spec.head_dim], &k.rope.sin)?);
+            inputs.insert(Name::Cos(k.kind), self.f32_view(&[rows, spec.head_dim], &k.rope.cos)?);
+            inputs.insert(Name::Sin(k.kind), self.f32_view(&[rows, spec.head_dim], &k.rope.sin)?);
             if with_mask {
                 let shape = [1, spec.mask_head_count(), rows, k.past + rows];
-                inputs.insert(mask_name(k.kind), self.f32_view(&shape, &k.mask)?);
+                inputs.insert(Name::Mask(k.kind), self.f32_view(&shape, &k.mask)?);
             }
         }
         Ok(())
@@ -363,7 +363,7 @@ impl KvBackend for IreeKvBackend {
         let plan = plan_prefill(&spec, tokens)?;
         let inputs = self.token_inputs(&plan.tokens, &plan.select)?;
         let results = self.call(Graph::Prefill, inputs, &|name| match name {
-            "token" => (vec![1], ElementType::I32),
+            Name::Token => (vec![1], ElementType::I32),
             _ => Self::kv_shape(&spec, spec.seq),
         })?;
         let token = Self::read_token(&results)?;
@@ -384,9 +384,9 @@ impl KvBackend for IreeKvBackend {
         let spec = self.manifest.spec.clone();
         let plan = plan_step(&spec, self.position, token, self.options.rule)?;
         let mut inputs = HashMap::new();
-        inputs.insert("token".into(), self.i32_view(&[1], &[token])?);
+        inputs.insert(Name::Token, self.i32_view(&[1], &[token])?);
         inputs.insert(
-            "emb".into(),
+            Name::Emb,
             self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
         );
         self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
@@ -479,7 +479,7 @@ impl IreeKvBackend {
     }
 
     /// A chunk call's inputs but the caches.
-    fn chunk_inputs(&self, plan: &ChunkPlan) -> Result<HashMap<String, BufferView>> {
+    fn chunk_inputs(&self, plan: &ChunkPlan) -> Result<HashMap<Name, BufferView>> {
         let mut inputs = self.token_inputs(&plan.tokens, &plan.select)?;
         self.kind_inputs(&mut inputs, &plan.kinds, self.manifest.spec.chunk, true)?;
         Ok(inputs)
@@ -487,15 +487,15 @@ impl IreeKvBackend {
 
     /// `tokens`, their gathered `emb` rows and the one-hot `select` of a many-row call (prefill
     /// or chunk: as many rows as `tokens`, padding included).
-    fn token_inputs(&self, tokens: &[i32], select: &[f32]) -> Result<HashMap<String, BufferView>> {
+    fn token_inputs(&self, tokens: &[i32], select: &[f32]) -> Result<HashMap<Name, BufferView>> {
         let rows = tokens.len();
         let mut inputs = HashMap::new();
-        inputs.insert("tokens".into(), self.i32_view(&[rows], tokens)?);
+        inputs.insert(Name::Tokens, self.i32_view(&[rows], tokens)?);
         inputs.insert(
-            "emb".into(),
+            Name::Emb,
             self.f32_view(&[rows, self.manifest.spec.hidden_size], &self.embedding.gather(tokens)?)?,
         );
-        inputs.insert("select".into(), self.f32_view(&[1, rows], select)?);
+        inputs.insert(Name::Select, self.f32_view(&[1, rows], select)?);
         Ok(inputs)
     }
 
@@ -538,17 +538,17 @@ impl IreeKvBackend {
         )?;
         let mut inputs = self.chunk_inputs(&widened)?;
         for l in 0..spec.n_layers {
-            inputs.insert(k_name(l), zero.clone());
-            inputs.insert(v_name(l), zero.clone());
+            inputs.insert(Name::K(l), zero.clone());
+            inputs.insert(Name::V(l), zero.clone());
         }
         let results = self.call(Graph::Chunk, inputs, &|name| match name {
-            "token" => (vec![1], ElementType::I32),
+            Name::Token => (vec![1], ElementType::I32),
             _ => Self::kv_shape(&spec, 1 + spec.chunk),
         })?;
         let token = Self::read_token(&results)?;
         self.layers = (0..spec.n_layers)
             .map(|l| {
-                let (k, v) = (&results[&k_name(l)], &results[&v_name(l)]);
+                let (k, v) = (&results[&Name::K(l)], &results[&Name::V(l)]);
                 Ok(LayerCache {
                     k: k.rows(1, 1 + plan.n).map_err(iree_err("drop the placeholder row"))?,
                     v: v.rows(1, 1 + plan.n).map_err(iree_err("drop the placeholder row"))?,
@@ -568,7 +568,7 @@ impl IreeKvBackend {
     fn advance(
         &mut self,
         graph: Graph,
-        mut inputs: HashMap<String, BufferView>,
+        mut inputs: HashMap<Name, BufferView>,
         pasts: &[usize],
         rows: usize,
         real: usize,
@@ -576,17 +576,12 @@ impl IreeKvBackend {
         let spec = self.manifest.spec.clone();
         for (l, cache) in self.layers.iter().enumerate() {
             let (k, v) = Self::tail(cache, pasts[l])?;
-            inputs.insert(k_name(l), k);
-            inputs.insert(v_name(l), v);
+            inputs.insert(Name::K(l), k);
+            inputs.insert(Name::V(l), v);
         }
-        let layer_of = |name: &str| {
-            name.strip_prefix('l')
-                .and_then(|r| r.split('.').next())
-                .and_then(|n| n.parse::<usize>().ok())
-        };
-        let results = self.call(graph, inputs, &|name| match (name, layer_of(name)) {
-            ("token", _) => (vec![1], ElementType::I32),
-            (_, Some(l)) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + rows),
+        let results = self.call(graph, inputs, &|name| match name {
+            Name::Token => (vec![1], ElementType::I32),
+            Name::K(l) | Name::V(l) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + rows),
             _ => (vec![], ElementType::F32),
         })?;
         let token = Self::read_token(&results)?;
@@ -602,13 +597,13 @@ impl IreeKvBackend {
     /// Layer `l`'s new cache from a call's results: the first `keep` of `total` rows (padding
     /// rows of a fixed-size call are dropped by a view).
     fn kept(
-        results: &HashMap<String, BufferView>,
+        results: &HashMap<Name, BufferView>,
         l: usize,
         first: usize,
         total: usize,
         keep: usize,
     ) -> Result<LayerCache> {
-        let (k, v) = (&results[&k_name(l)], &results[&v_name(l)]);
+        let (k, v) = (&results[&Name::K(l)], &results[&Name::V(l)]);
         let (k, v) = if keep == total {
             (k.clone(), v.clone())
         } else {

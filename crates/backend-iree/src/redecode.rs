@@ -27,12 +27,7 @@ impl IreeRedecodeBackend {
     /// `provenance.redecodeSeq` when present, else `seq`.
     pub fn open(dir: &Path, options: IreeOptions) -> Result<Self> {
         let manifest = Manifest::load(dir)?;
-        let seq = match manifest.provenance.get("redecodeSeq") {
-            Some(s) => s
-                .parse()
-                .map_err(|_| Error::manifest("provenance.redecodeSeq", format!("`{s}` is not a length")))?,
-            None => manifest.spec.seq,
-        };
+        let seq = manifest.provenance.redecode_seq.unwrap_or(manifest.spec.seq);
         let Opened {
             device,
             mut sessions,

@@ -352,37 +352,25 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     }
     compile_all(&jobs)?;
 
+    let source_name = src.provenance.source.clone().unwrap_or_else(|| source.describe());
     let p = &mut m.provenance;
-    p.insert("compiler".into(), COMPILER_VERSION.into());
-    p.insert(
-        "targets".into(),
-        targets.iter().map(Target::key).collect::<Vec<_>>().join(","),
-    );
-    p.insert(
-        "source".into(),
-        src.provenance
-            .get("source")
-            .cloned()
-            .unwrap_or_else(|| source.describe()),
-    );
-    p.insert("weightFormat".into(), format!("{:?}", options.weights));
-    p.insert("layout".into(), format!("{:?}", options.layout));
-    p.insert(
-        "redecodeSeq".into(),
-        options.redecode_seq.unwrap_or(m.spec.seq).to_string(),
-    );
-    p.insert(
-        "devices".into(),
+    p.compiler = Some(COMPILER_VERSION.into());
+    p.targets = Some(targets.iter().map(Target::key).collect::<Vec<_>>().join(","));
+    p.source = Some(source_name);
+    p.weight_format = Some(format!("{:?}", options.weights));
+    p.layout = Some(format!("{:?}", options.layout));
+    p.redecode_seq = Some(options.redecode_seq.unwrap_or(m.spec.seq));
+    p.devices = Some(
         targets
             .iter()
             .map(|t| format!("{}={}", t.key(), t.device()))
             .collect::<Vec<_>>()
             .join(","),
     );
-    let per_graph: BTreeMap<&str, String> = options
+    let per_graph: BTreeMap<String, String> = options
         .graphs
         .iter()
-        .map(|&g| (g.key(), options.flags_of(g).join(" ")))
+        .map(|&g| (g.key().to_string(), options.flags_of(g).join(" ")))
         .collect();
     let distinct: Vec<&String> = per_graph
         .values()
@@ -391,21 +379,11 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .collect();
     match distinct.as_slice() {
         [one] if one.is_empty() => {}
-        [one] => {
-            p.insert("compileFlags".into(), one.to_string());
-        }
-        _ => {
-            p.insert(
-                "graphCompileFlags".into(),
-                serde_json::to_string(&per_graph).unwrap_or_default(),
-            );
-        }
+        [one] => p.compile_flags = Some(one.to_string()),
+        _ => p.graph_compile_flags = Some(per_graph),
     }
     if !key_maps.is_empty() {
-        p.insert(
-            "parameterKeys".into(),
-            serde_json::to_string(&key_maps).unwrap_or_default(),
-        );
+        p.parameter_keys = Some(key_maps);
     }
     m.validate()?;
     m.save(out_dir)?;

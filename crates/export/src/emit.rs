@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name, TOPK_IDS, TOPK_LOGITS};
+use kv_core::manifest::Name;
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::rope::RopeTable;
 use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
@@ -133,22 +133,20 @@ fn dyn_dim() -> Dim {
 }
 
 /// The type of a named argument of `graph` (CONTRACT §2, §3).
-fn arg_type(spec: &KvSpec, graph: Graph, name: &str, rows: usize) -> Result<Ty, ExportError> {
+fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize) -> Result<Ty, ExportError> {
     let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
     let ty = match name {
-        "tokens" if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
-        "tokens" | "token" => Ty::fixed(&[rows], Elem::I32),
-        "emb" => Ty::fixed(&[rows, h], Elem::F32),
-        "select" => Ty::fixed(&[1, rows], Elem::F32),
-        n if n.starts_with("cos") || n.starts_with("sin") => Ty::fixed(&[rows, d], Elem::F32),
-        n if n.starts_with("mask") => Ty::new(
+        Name::Tokens if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
+        Name::Tokens | Name::Token => Ty::fixed(&[rows], Elem::I32),
+        Name::Emb => Ty::fixed(&[rows, h], Elem::F32),
+        Name::Select => Ty::fixed(&[1, rows], Elem::F32),
+        Name::Cos(_) | Name::Sin(_) => Ty::fixed(&[rows, d], Elem::F32),
+        Name::Mask(_) => Ty::new(
             vec![Dim::S(1), Dim::S(spec.mask_head_count()), Dim::S(rows), dyn_dim()],
             Elem::F32,
         ),
-        n if n.starts_with('l') && (n.ends_with(".k") || n.ends_with(".v")) => {
-            Ty::new(vec![Dim::S(1), Dim::S(nkv), dyn_dim(), Dim::S(d)], Elem::F32)
-        }
-        other => {
+        Name::K(_) | Name::V(_) => Ty::new(vec![Dim::S(1), Dim::S(nkv), dyn_dim(), Dim::S(d)], Elem::F32),
+        other @ (Name::Ids | Name::TopKLogits | Name::TopKIds) => {
             return Err(ExportError::Unsupported(format!(
                 "unknown argument `{other}` of graph {}",
                 graph.key()
@@ -202,28 +200,28 @@ impl FuncEmitter<'_> {
         let rows = rows_of(spec, graph, self.options);
         let arg_names = manifest.args_or_canonical(graph);
         let out_names = manifest.outputs_or_canonical(graph);
-        let mut args: HashMap<String, V> = HashMap::new();
+        let mut args: HashMap<Name, V> = HashMap::new();
         let mut sig = Vec::new();
         for (i, name) in arg_names.iter().enumerate() {
-            let ty = arg_type(spec, graph, name, rows)?;
+            let ty = arg_type(spec, graph, *name, rows)?;
             sig.push(format!("%arg{i}: {}", ty.text()));
             let v = V {
                 name: format!("%arg{i}"),
                 ty,
             };
             let v = self.b.refresh_dims(v);
-            args.insert(name.clone(), v);
+            args.insert(*name, v);
         }
-        let arg = |name: &str| -> Result<V, ExportError> {
-            args.get(name)
+        let arg = |name: Name| -> Result<V, ExportError> {
+            args.get(&name)
                 .cloned()
                 .ok_or_else(|| ExportError::Unsupported(format!("graph {} lacks argument `{name}`", graph.key())))
         };
 
-        let mut outs: HashMap<String, V> = HashMap::new();
+        let mut outs: HashMap<Name, V> = HashMap::new();
         match graph {
             Graph::Prefill | Graph::Chunk | Graph::Step => {
-                let emb = arg("emb")?;
+                let emb = arg(Name::Emb)?;
                 let mut x = self.embed_scale(&emb);
                 let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
                 let mut masks: HashMap<LayerKind, V> = HashMap::new();
@@ -231,11 +229,11 @@ impl FuncEmitter<'_> {
                     let t = if graph == Graph::Prefill {
                         self.const_rope(kind, rows)
                     } else {
-                        (arg(&cos_name(kind))?, arg(&sin_name(kind))?)
+                        (arg(Name::Cos(kind))?, arg(Name::Sin(kind))?)
                     };
                     tables.insert(kind, t);
                     if graph == Graph::Chunk {
-                        masks.insert(kind, arg(&mask_name(kind))?);
+                        masks.insert(kind, arg(Name::Mask(kind))?);
                     }
                 }
                 for l in 0..spec.n_layers {
@@ -243,7 +241,7 @@ impl FuncEmitter<'_> {
                     let past = if graph == Graph::Prefill {
                         None
                     } else {
-                        Some((arg(&k_name(l))?, arg(&v_name(l))?))
+                        Some((arg(Name::K(l))?, arg(Name::V(l))?))
                     };
                     let mask = match graph {
                         Graph::Prefill => MaskIn::InGraph(spec.window(kind)),
@@ -253,27 +251,27 @@ impl FuncEmitter<'_> {
                     let (cos, sin) = tables[&kind].clone();
                     let (nx, k, v) = self.layer(l, &x, &cos, &sin, past, mask);
                     x = nx;
-                    outs.insert(k_name(l), k);
-                    outs.insert(v_name(l), v);
+                    outs.insert(Name::K(l), k);
+                    outs.insert(Name::V(l), v);
                 }
                 let select = match graph {
                     Graph::Step => None,
-                    _ => Some(arg("select")?),
+                    _ => Some(arg(Name::Select)?),
                 };
                 let logits = self.head_logits(&x, select.as_ref());
                 let token = self.b.argmax_rows(&logits);
-                outs.insert("token".into(), token);
+                outs.insert(Name::Token, token);
                 // Opt-in: a reduction over the vocabulary per call, slow on some GPUs.
                 if let Some(k) = manifest.top_k {
                     let (values, ids) = self.b.top_k(&logits, k);
                     let values = self.b.reshape_static(&values, &[k]);
                     let ids = self.b.reshape_static(&ids, &[k]);
-                    outs.insert(TOPK_LOGITS.into(), values);
-                    outs.insert(TOPK_IDS.into(), ids);
+                    outs.insert(Name::TopKLogits, values);
+                    outs.insert(Name::TopKIds, ids);
                 }
             }
             Graph::Redecode | Graph::RedecodeAt => {
-                let tokens = arg("tokens")?;
+                let tokens = arg(Name::Tokens)?;
                 let flat = self.b.reshape_static(&tokens, &[rows]);
                 let raw = self.load_raw(TOKEN_EMBD);
                 let rows_raw = self.b.gather_rows(&raw, &flat);
@@ -291,13 +289,13 @@ impl FuncEmitter<'_> {
                     x = nx;
                 }
                 if graph == Graph::RedecodeAt {
-                    let select = arg("select")?;
+                    let select = arg(Name::Select)?;
                     let token = self.head_token(&x, Some(&select));
-                    outs.insert("token".into(), token);
+                    outs.insert(Name::Token, token);
                 } else {
                     let logits = self.logits(&x);
                     let ids = self.b.argmax_rows(&logits);
-                    outs.insert("ids".into(), ids);
+                    outs.insert(Name::Ids, ids);
                 }
             }
         }

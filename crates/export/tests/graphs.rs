@@ -133,7 +133,7 @@ fn tiny_gemma3_shared_module() {
     let m = export_and_compare(fixture_source("tiny-gemma3:7"), dir.path(), Layout::Shared, &[]);
     assert_eq!(m.spec.n_kv_heads, 1);
     assert_eq!(m.spec.mask_head_count(), m.spec.n_heads, "per-head chunk mask covered");
-    assert_eq!(m.provenance["compiler"], "iree-base-compiler 3.13.0");
+    assert_eq!(m.provenance.compiler.as_deref(), Some("iree-base-compiler 3.13.0"));
     let files: std::collections::BTreeSet<_> = m.modules["vulkan"].values().collect();
     assert_eq!(files.len(), 1, "one module for every function");
 }
@@ -179,8 +179,8 @@ fn tiny_llama_three_archives_reordered_manifest() {
     let got = export_and_compare(Source::Dir(src), &out, Layout::Three, NO_HOISTING);
 
     assert_eq!(
-        got.with_past_args.as_ref().unwrap().first().unwrap(),
-        "l3.v",
+        got.with_past_args.as_ref().unwrap().first(),
+        Some(&kv_core::manifest::Name::V(3)),
         "reversed list kept"
     );
     let step_mlir = std::fs::read_to_string(out.join("llama-withPast.mlir")).unwrap();
@@ -207,7 +207,7 @@ fn tiny_llama_three_archives_reordered_manifest() {
         step_archive.data(emb).unwrap().len(),
         got.spec.vocab_size * got.spec.hidden_size * 2
     );
-    assert!(got.provenance.contains_key("parameterKeys"));
+    assert!(got.provenance.parameter_keys.is_some());
 }
 
 /// `WeightFormat::I16` (the bf16 bits as i16, widened elementwise: fused into the step's matmuls,
@@ -301,8 +301,7 @@ fn per_graph_flags_split_the_shared_module() {
         m.parameter_file(Graph::Step),
         "one archive"
     );
-    let per: std::collections::BTreeMap<String, String> =
-        serde_json::from_str(&m.provenance["graphCompileFlags"]).unwrap();
+    let per = m.provenance.graph_compile_flags.clone().unwrap();
     assert_eq!(per.len(), 3, "{per:?}");
     assert!(per["prefillWithPast"].ends_with("--iree-llvmcpu-reassociate-fp-reductions=false"));
     assert_eq!(per["prefill"], per["withPast"]);
@@ -312,6 +311,6 @@ fn per_graph_flags_split_the_shared_module() {
             "{flag} everywhere: {per:?}"
         );
     }
-    assert!(!m.provenance.contains_key("compileFlags"), "one key or the other");
+    assert!(m.provenance.compile_flags.is_none(), "one key or the other");
     cpu_calls_agree(dir.path(), &m, "per-graph flags", true, 2);
 }

@@ -12,7 +12,7 @@ use backend_reference::{ReferenceKv, ReferenceModel};
 use common::{run_module, with_values, Array, GraphSession, Noise};
 use export::mlir::{Body, Elem, Ty, V};
 use export::{export_artifacts, ExportOptions, Source, Target};
-use kv_core::manifest::{TOPK_IDS, TOPK_LOGITS};
+use kv_core::manifest::Name;
 use kv_core::{Graph, KvBackend, TopK, WindowRule};
 
 /// `[rows, n]` → the values `[rows, k]` and indices `[rows, k]` of `Body::top_k`.
@@ -103,7 +103,11 @@ fn exported_graphs_return_the_reference_top_k() {
     assert_eq!(m.top_k, Some(k));
     for g in Graph::KV {
         let outputs = m.outputs_or_canonical(g);
-        assert_eq!(&outputs[outputs.len() - 2..], [TOPK_LOGITS, TOPK_IDS], "{g:?}");
+        assert_eq!(
+            &outputs[outputs.len() - 2..],
+            [Name::TopKLogits, Name::TopKIds],
+            "{g:?}"
+        );
     }
     let model = ReferenceModel::open(&out).unwrap();
     let vocab = m.spec.vocab_size as i32;

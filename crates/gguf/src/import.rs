@@ -260,14 +260,14 @@ pub fn import_file_with(
         manifest.embedding_parameter = Some(TOKEN_EMBD.into());
     }
     let p = &mut manifest.provenance;
-    p.insert("importer".into(), "gguf".into());
+    p.importer = Some("gguf".into());
     if let Some(path) = file.path().and_then(|p| p.file_name()) {
-        p.insert("sourceFile".into(), path.to_string_lossy().into_owned());
+        p.source_file = Some(path.to_string_lossy().into_owned());
     }
     if let Ok(name) = file.get_str("general.name") {
-        p.insert("sourceName".into(), name.into());
+        p.source_name = Some(name.into());
     }
-    p.insert("weights".into(), format!("{:?}", opts.weights).to_lowercase());
+    p.weights = Some(format!("{:?}", opts.weights).to_lowercase());
     manifest.save(out_dir)?;
     Ok(Manifest::load(out_dir)?)
 }

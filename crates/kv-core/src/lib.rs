@@ -19,8 +19,9 @@
 //!   context and reports per step the tokens, the reference's top-1/top-2 gap and each layer's
 //!   K/V difference; it lives here, next to [`tolerance`], so any caller (the CLI, tests, an app
 //!   checking a new driver) gets the same judgement.
-//! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by name) and archives;
-//!   [`irpa`] reads archives zero-copy through `memmap2` and writes IREE-identical ones.
+//! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by [`manifest::Name`],
+//!   parsed once when the manifest is read) and archives; [`irpa`] reads archives zero-copy
+//!   through `memmap2` and writes IREE-identical ones.
 
 pub mod backend;
 pub mod bf16;

@@ -13,12 +13,6 @@ use crate::spec::{Architecture, KvSpec, LayerKind};
 pub const CONTRACT_VERSION: u32 = 1;
 pub const MANIFEST_FILE: &str = "manifest.json";
 
-/// The optional results of the prefill, chunk and step graphs exported with a top-k
-/// (`Manifest::top_k`): the best `k` logits of the last position, `f32 [k]`, sorted descending,
-/// ties lowest id first, and their ids, `i32 [k]`. They follow `token` in the canonical order.
-pub const TOPK_LOGITS: &str = "topk.logits";
-pub const TOPK_IDS: &str = "topk.ids";
-
 /// The graphs of the contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Graph {
@@ -60,61 +54,165 @@ impl Graph {
     }
 }
 
-pub fn k_name(layer: usize) -> String {
-    format!("l{layer}.k")
+/// A name in a graph's argument or result list (CONTRACT §2). The manifest stores the spelling
+/// ([`Name`]'s `Display`); everything past parsing binds by this type, so no caller builds or
+/// re-parses a string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Name {
+    /// `tokens`: the ids of a many-row call.
+    Tokens,
+    /// `token`: the id of a step call's input; the next id among the results.
+    Token,
+    /// `emb`: the gathered embedding rows.
+    Emb,
+    /// `select`: the one-hot row whose logits are read.
+    Select,
+    /// `cosSliding`, `cosGlobal`: RoPE tables of the first layer of a kind.
+    Cos(LayerKind),
+    Sin(LayerKind),
+    /// `maskSliding`, `maskGlobal`: the chunk graph's additive masks.
+    Mask(LayerKind),
+    /// `l{n}.k`, `l{n}.v`: a layer's cache, in and out.
+    K(usize),
+    V(usize),
+    /// `ids`: the redecode graph's next ids.
+    Ids,
+    /// `topk.logits`, `topk.ids`: the optional results of the prefill, chunk and step graphs
+    /// exported with a top-k (`Manifest::top_k`): the best `k` logits of the last position,
+    /// `f32 [k]`, sorted descending, ties lowest id first, and their ids, `i32 [k]`. They follow
+    /// `token` in the canonical order.
+    TopKLogits,
+    TopKIds,
 }
-pub fn v_name(layer: usize) -> String {
-    format!("l{layer}.v")
+
+impl Name {
+    /// The layer of a cache name.
+    pub fn layer(self) -> Option<usize> {
+        match self {
+            Name::K(l) | Name::V(l) => Some(l),
+            _ => None,
+        }
+    }
 }
-pub fn cos_name(kind: LayerKind) -> String {
-    format!("cos{}", kind.name())
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Name::Tokens => f.write_str("tokens"),
+            Name::Token => f.write_str("token"),
+            Name::Emb => f.write_str("emb"),
+            Name::Select => f.write_str("select"),
+            Name::Cos(kind) => write!(f, "cos{}", kind.name()),
+            Name::Sin(kind) => write!(f, "sin{}", kind.name()),
+            Name::Mask(kind) => write!(f, "mask{}", kind.name()),
+            Name::K(layer) => write!(f, "l{layer}.k"),
+            Name::V(layer) => write!(f, "l{layer}.v"),
+            Name::Ids => f.write_str("ids"),
+            Name::TopKLogits => f.write_str("topk.logits"),
+            Name::TopKIds => f.write_str("topk.ids"),
+        }
+    }
 }
-pub fn sin_name(kind: LayerKind) -> String {
-    format!("sin{}", kind.name())
+
+/// A string that is no [`Name`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a graph argument or result name")]
+pub struct UnknownName(pub String);
+
+impl std::str::FromStr for Name {
+    type Err = UnknownName;
+
+    /// The inverse of `Display`; only the one spelling is accepted (`l01.k` and `l+1.k` are
+    /// refused), so a manifest read and written again keeps its bytes.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let kind = |suffix: &str| LayerKind::ALL.into_iter().find(|k| k.name() == suffix);
+        let layer = |digits: &str| digits.parse::<usize>().ok().filter(|n| n.to_string() == digits);
+        let name = match s {
+            "tokens" => Some(Name::Tokens),
+            "token" => Some(Name::Token),
+            "emb" => Some(Name::Emb),
+            "select" => Some(Name::Select),
+            "ids" => Some(Name::Ids),
+            "topk.logits" => Some(Name::TopKLogits),
+            "topk.ids" => Some(Name::TopKIds),
+            _ => {
+                if let Some(rest) = s.strip_prefix("cos") {
+                    kind(rest).map(Name::Cos)
+                } else if let Some(rest) = s.strip_prefix("sin") {
+                    kind(rest).map(Name::Sin)
+                } else if let Some(rest) = s.strip_prefix("mask") {
+                    kind(rest).map(Name::Mask)
+                } else if let Some(rest) = s.strip_prefix('l') {
+                    match rest.rsplit_once('.') {
+                        Some((digits, "k")) => layer(digits).map(Name::K),
+                        Some((digits, "v")) => layer(digits).map(Name::V),
+                        _ => None,
+                    }
+                } else {
+                    None
+                }
+            }
+        };
+        name.ok_or_else(|| UnknownName(s.to_string()))
+    }
 }
-pub fn mask_name(kind: LayerKind) -> String {
-    format!("mask{}", kind.name())
+
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// The argument names of a graph in the contract's canonical order (CONTRACT §2).
-pub fn canonical_args(graph: Graph, spec: &KvSpec) -> Vec<String> {
-    let mut args: Vec<String> = Vec::new();
+pub fn canonical_args(graph: Graph, spec: &KvSpec) -> Vec<Name> {
+    let mut args: Vec<Name> = Vec::new();
     match graph {
-        Graph::Prefill => args.extend(["tokens", "emb", "select"].map(String::from)),
+        Graph::Prefill => args.extend([Name::Tokens, Name::Emb, Name::Select]),
         Graph::Chunk | Graph::Step => {
-            args.push(if graph == Graph::Chunk { "tokens" } else { "token" }.into());
-            args.push("emb".into());
+            args.push(if graph == Graph::Chunk {
+                Name::Tokens
+            } else {
+                Name::Token
+            });
+            args.push(Name::Emb);
             for layer in 0..spec.n_layers {
                 let kind = spec.layer_kind(layer);
                 let first = spec.first_layer_of(kind) == Some(layer);
                 if first {
-                    args.push(cos_name(kind));
-                    args.push(sin_name(kind));
+                    args.push(Name::Cos(kind));
+                    args.push(Name::Sin(kind));
                 }
-                args.push(k_name(layer));
-                args.push(v_name(layer));
+                args.push(Name::K(layer));
+                args.push(Name::V(layer));
                 if first && graph == Graph::Chunk {
-                    args.push(mask_name(kind));
+                    args.push(Name::Mask(kind));
                 }
             }
             if graph == Graph::Chunk {
-                args.push("select".into());
+                args.push(Name::Select);
             }
         }
-        Graph::Redecode => args.push("tokens".into()),
-        Graph::RedecodeAt => args.extend(["tokens", "select"].map(String::from)),
+        Graph::Redecode => args.push(Name::Tokens),
+        Graph::RedecodeAt => args.extend([Name::Tokens, Name::Select]),
     }
     args
 }
 
 /// The result names of a graph: every layer's K then V in layer order, the token last.
-pub fn canonical_outputs(graph: Graph, spec: &KvSpec) -> Vec<String> {
+pub fn canonical_outputs(graph: Graph, spec: &KvSpec) -> Vec<Name> {
     match graph {
-        Graph::Redecode => vec!["ids".into()],
-        Graph::RedecodeAt => vec!["token".into()],
+        Graph::Redecode => vec![Name::Ids],
+        Graph::RedecodeAt => vec![Name::Token],
         Graph::Prefill | Graph::Chunk | Graph::Step => {
-            let mut out: Vec<String> = (0..spec.n_layers).flat_map(|l| [k_name(l), v_name(l)]).collect();
-            out.push("token".into());
+            let mut out: Vec<Name> = (0..spec.n_layers).flat_map(|l| [Name::K(l), Name::V(l)]).collect();
+            out.push(Name::Token);
             out
         }
     }
@@ -179,17 +277,17 @@ pub struct Manifest {
     #[serde(default)]
     pub functions: Functions,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefill_args: Option<Vec<String>>,
+    pub prefill_args: Option<Vec<Name>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefill_outputs: Option<Vec<String>>,
+    pub prefill_outputs: Option<Vec<Name>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefill_with_past_args: Option<Vec<String>>,
+    pub prefill_with_past_args: Option<Vec<Name>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefill_with_past_outputs: Option<Vec<String>>,
+    pub prefill_with_past_outputs: Option<Vec<Name>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub with_past_args: Option<Vec<String>>,
+    pub with_past_args: Option<Vec<Name>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub with_past_outputs: Option<Vec<String>>,
+    pub with_past_outputs: Option<Vec<Name>>,
     #[serde(default = "default_scope")]
     pub parameter_scope: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -197,7 +295,7 @@ pub struct Manifest {
     /// Archive entry of the `vocab × hidden` bf16 embedding table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding_parameter: Option<String>,
-    /// Ours: the prefill, chunk and step graphs also return [`TOPK_LOGITS`] and [`TOPK_IDS`]
+    /// Ours: the prefill, chunk and step graphs also return [`Name::TopKLogits`] and [`Name::TopKIds`]
     /// of this many entries (for sampling); absent = they do not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
@@ -207,9 +305,124 @@ pub struct Manifest {
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
-    /// Ours: free-form provenance (compiler version, source checkpoint, ...).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub provenance: BTreeMap<String, String>,
+    /// Ours: where the artifacts come from (compiler version, source checkpoint, ...).
+    #[serde(default, skip_serializing_if = "Provenance::is_empty")]
+    pub provenance: Provenance,
+}
+
+/// The manifest's `provenance`: facts about how the artifacts were made, for people and caches;
+/// only [`Self::redecode_seq`] changes how they are run.
+///
+/// The spellings are those of the string map this replaces, so manifests written before and after
+/// are the same bytes: every value is a JSON string (`redecodeSeq` is `"7"`, and the two maps are
+/// JSON text inside a string), and the fields are declared in the alphabetical order of their keys
+/// (the order the map wrote). Reading also takes a number or an object where this writes text.
+/// Keys this runtime does not know are kept in [`Self::other`] and written back after the others.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Provenance {
+    /// The `iree-compile` flags of every graph, when all graphs have the same (space-separated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_flags: Option<String>,
+    /// The compiler the modules were made with, e.g. `iree-base-compiler 3.13.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiler: Option<String>,
+    /// `target=device` pairs, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<String>,
+    /// The generator revision of a fixture model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixture_revision: Option<String>,
+    /// Graph key → its `iree-compile` flags, when some graph has flags of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "json_text")]
+    pub graph_compile_flags: Option<BTreeMap<String, String>>,
+    /// Who wrote the weights archive from a checkpoint (`gguf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub importer: Option<String>,
+    /// The export layout (`Shared`, `Three`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    /// The three layout's archive keys: graph key → archive key → canonical parameter name.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "json_text")]
+    pub parameter_keys: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// The fixed `SEQ` of the redecode graphs, when they were exported (else `seq`).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "decimal_text")]
+    pub redecode_seq: Option<usize>,
+    /// The model the artifacts were made from (a fixture name or a path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The checkpoint file an import read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_file: Option<String>,
+    /// The checkpoint's own name (`general.name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_name: Option<String>,
+    /// The compile targets, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<String>,
+    /// The exporter's weight format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_format: Option<String>,
+    /// The importer's weight format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+    /// Keys of other writers, kept as they were.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+impl Provenance {
+    pub fn is_empty(&self) -> bool {
+        *self == Provenance::default()
+    }
+}
+
+/// A value written as JSON text inside a string; read from that or from the value itself.
+mod json_text {
+    use serde::de::{DeserializeOwned, Error as _};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(value: &Option<T>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => {
+                let text = serde_json::to_string(value).map_err(serde::ser::Error::custom)?;
+                serializer.serialize_str(&text)
+            }
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+        match Option::<serde_json::Value>::deserialize(deserializer)? {
+            None => Ok(None),
+            Some(serde_json::Value::String(text)) => serde_json::from_str(&text).map(Some).map_err(D::Error::custom),
+            Some(value) => serde_json::from_value(value).map(Some).map_err(D::Error::custom),
+        }
+    }
+}
+
+/// A length written as a decimal string (`"7"`); read from that or from a number.
+mod decimal_text {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<usize>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(n) => serializer.collect_str(n),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
+        match Option::<serde_json::Value>::deserialize(deserializer)? {
+            None => Ok(None),
+            Some(serde_json::Value::String(text)) => text
+                .parse()
+                .map(Some)
+                .map_err(|_| D::Error::custom(format!("`{text}` is not a length"))),
+            Some(value) => serde_json::from_value(value).map(Some).map_err(D::Error::custom),
+        }
+    }
 }
 
 fn default_contract_version() -> u32 {
@@ -242,7 +455,7 @@ impl Manifest {
             top_k: None,
             architecture,
             modules: BTreeMap::new(),
-            provenance: BTreeMap::new(),
+            provenance: Provenance::default(),
         }
     }
 
@@ -305,7 +518,7 @@ impl Manifest {
             }
             if let Some(outputs) = self.outputs(graph) {
                 if self.top_k.is_none() {
-                    if let Some(extra) = outputs.iter().find(|n| *n == TOPK_LOGITS || *n == TOPK_IDS) {
+                    if let Some(extra) = outputs.iter().find(|n| matches!(n, Name::TopKLogits | Name::TopKIds)) {
                         return Err(Error::manifest(
                             outputs_key,
                             format!("`{extra}` is listed but `topK` is not set"),
@@ -322,7 +535,7 @@ impl Manifest {
     }
 
     /// The argument names of a graph, in the order the compiled function takes them.
-    pub fn args(&self, graph: Graph) -> Option<&[String]> {
+    pub fn args(&self, graph: Graph) -> Option<&[Name]> {
         match graph {
             Graph::Prefill => self.prefill_args.as_deref(),
             Graph::Chunk => self.prefill_with_past_args.as_deref(),
@@ -332,13 +545,13 @@ impl Manifest {
     }
 
     /// The argument names, falling back to the canonical order when the manifest has no list.
-    pub fn args_or_canonical(&self, graph: Graph) -> Vec<String> {
+    pub fn args_or_canonical(&self, graph: Graph) -> Vec<Name> {
         self.args(graph)
-            .map(<[String]>::to_vec)
+            .map(<[Name]>::to_vec)
             .unwrap_or_else(|| canonical_args(graph, &self.spec))
     }
 
-    pub fn outputs(&self, graph: Graph) -> Option<&[String]> {
+    pub fn outputs(&self, graph: Graph) -> Option<&[Name]> {
         match graph {
             Graph::Prefill => self.prefill_outputs.as_deref(),
             Graph::Chunk => self.prefill_with_past_outputs.as_deref(),
@@ -347,17 +560,17 @@ impl Manifest {
         }
     }
 
-    pub fn outputs_or_canonical(&self, graph: Graph) -> Vec<String> {
+    pub fn outputs_or_canonical(&self, graph: Graph) -> Vec<Name> {
         self.outputs(graph)
-            .map(<[String]>::to_vec)
+            .map(<[Name]>::to_vec)
             .unwrap_or_else(|| self.canonical_outputs(graph))
     }
 
     /// [`canonical_outputs`], then the top-k results where [`Self::top_k`] is set.
-    pub fn canonical_outputs(&self, graph: Graph) -> Vec<String> {
+    pub fn canonical_outputs(&self, graph: Graph) -> Vec<Name> {
         let mut out = canonical_outputs(graph, &self.spec);
         if self.top_k.is_some() && Graph::KV.contains(&graph) {
-            out.extend([TOPK_LOGITS, TOPK_IDS].map(String::from));
+            out.extend([Name::TopKLogits, Name::TopKIds]);
         }
         out
     }
@@ -374,9 +587,9 @@ impl Manifest {
         .into_iter()
         .flatten()
         {
-            list.retain(|n| n != TOPK_LOGITS && n != TOPK_IDS);
+            list.retain(|n| !matches!(n, Name::TopKLogits | Name::TopKIds));
             if k.is_some() {
-                list.extend([TOPK_LOGITS, TOPK_IDS].map(String::from));
+                list.extend([Name::TopKLogits, Name::TopKIds]);
             }
         }
     }
@@ -436,10 +649,10 @@ fn list_keys(graph: Graph) -> (&'static str, &'static str) {
 }
 
 /// The manifest may order names as it likes, but must hold exactly the contract's names once.
-fn check_same_names(key: &str, got: &[String], want: &[String]) -> Result<()> {
+fn check_same_names(key: &str, got: &[Name], want: &[Name]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for name in got {
-        if !seen.insert(name.as_str()) {
+        if !seen.insert(*name) {
             return Err(Error::manifest(key, format!("`{name}` is listed twice")));
         }
         if !want.contains(name) {
@@ -449,7 +662,7 @@ fn check_same_names(key: &str, got: &[String], want: &[String]) -> Result<()> {
             ));
         }
     }
-    if let Some(missing) = want.iter().find(|n| !seen.contains(n.as_str())) {
+    if let Some(missing) = want.iter().find(|n| !seen.contains(*n)) {
         return Err(Error::manifest(key, format!("`{missing}` is missing")));
     }
     Ok(())

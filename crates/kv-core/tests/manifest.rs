@@ -1,5 +1,7 @@
-use kv_core::manifest::{canonical_args, Graph, Manifest};
+use kv_core::manifest::{canonical_args, Graph, Manifest, Name, Provenance};
+use kv_core::LayerKind;
 use kv_core::{Error, KvSpec};
+use proptest::prelude::*;
 
 fn small() -> KvSpec {
     KvSpec {
@@ -33,10 +35,13 @@ fn canonical_chunk_args_follow_the_contract() {
         "l3.v",
         "select",
     ];
-    assert_eq!(args, want);
+    assert_eq!(spelled(&args), want);
     let step = canonical_args(Graph::Step, &small());
-    assert_eq!(&step[..6], ["token", "emb", "cosSliding", "sinSliding", "l0.k", "l0.v"]);
-    assert!(!step.iter().any(|a| a.starts_with("mask")));
+    assert_eq!(
+        spelled(&step[..6]),
+        ["token", "emb", "cosSliding", "sinSliding", "l0.k", "l0.v"]
+    );
+    assert!(!step.iter().any(|a| matches!(a, Name::Mask(_))));
 }
 
 #[test]
@@ -80,7 +85,6 @@ fn malformed_manifests_name_the_key() {
 
 #[test]
 fn top_k_outputs_are_the_one_optional_extra() {
-    use kv_core::manifest::{TOPK_IDS, TOPK_LOGITS};
     let plain = Manifest::new(small(), None, "gemma");
     assert!(!plain.to_json().contains("topK"), "a manifest without top-k changed");
     let mut m = plain.clone();
@@ -89,9 +93,9 @@ fn top_k_outputs_are_the_one_optional_extra() {
     assert_eq!(back, m);
     for g in Graph::KV {
         let out = back.outputs_or_canonical(g);
-        assert_eq!(&out[out.len() - 3..], ["token", TOPK_LOGITS, TOPK_IDS]);
+        assert_eq!(spelled(&out[out.len() - 3..]), ["token", "topk.logits", "topk.ids"]);
     }
-    assert_eq!(back.outputs_or_canonical(Graph::Redecode), ["ids"]);
+    assert_eq!(back.outputs_or_canonical(Graph::Redecode), [Name::Ids]);
     // Without lists the canonical order carries them too.
     let mut bare = m.clone();
     bare.prefill_outputs = None;
@@ -115,7 +119,7 @@ fn top_k_outputs_are_the_one_optional_extra() {
     // Listed without `topK`, half of the pair, or `topK` without the lists' entries.
     refused(&|m| m.top_k = None, "prefillOutputs");
     refused(
-        &|m| m.with_past_outputs.as_mut().unwrap().retain(|n| n != TOPK_IDS),
+        &|m| m.with_past_outputs.as_mut().unwrap().retain(|n| *n != Name::TopKIds),
         "withPastOutputs",
     );
     refused(
@@ -123,10 +127,118 @@ fn top_k_outputs_are_the_one_optional_extra() {
             m.prefill_with_past_outputs
                 .as_mut()
                 .unwrap()
-                .retain(|n| n != TOPK_LOGITS && n != TOPK_IDS)
+                .retain(|n| !matches!(n, Name::TopKLogits | Name::TopKIds))
         },
         "prefillWithPastOutputs",
     );
     refused(&|m| m.top_k = Some(0), "topK");
     refused(&|m| m.top_k = Some(m.spec.vocab_size + 1), "topK");
+}
+
+fn spelled(names: &[Name]) -> Vec<String> {
+    names.iter().map(ToString::to_string).collect()
+}
+
+fn any_name() -> impl Strategy<Value = Name> {
+    let kind = prop_oneof![Just(LayerKind::Sliding), Just(LayerKind::Global)];
+    prop_oneof![
+        Just(Name::Tokens),
+        Just(Name::Token),
+        Just(Name::Emb),
+        Just(Name::Select),
+        Just(Name::Ids),
+        Just(Name::TopKLogits),
+        Just(Name::TopKIds),
+        kind.clone().prop_map(Name::Cos),
+        kind.clone().prop_map(Name::Sin),
+        kind.prop_map(Name::Mask),
+        any::<usize>().prop_map(Name::K),
+        any::<usize>().prop_map(Name::V),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn names_round_trip(name in any_name()) {
+        let text = name.to_string();
+        prop_assert_eq!(text.parse::<Name>(), Ok(name));
+        let json = serde_json::to_string(&name).unwrap();
+        prop_assert_eq!(json, format!("\"{text}\""));
+    }
+
+    /// Whatever parses prints back as the same text: a manifest read and written keeps its bytes.
+    #[test]
+    fn only_the_one_spelling_parses(text in "(l|cos|sin|mask|topk\\.)?[A-Za-z0-9+.]{0,8}") {
+        if let Ok(name) = text.parse::<Name>() {
+            prop_assert_eq!(name.to_string(), text);
+        }
+    }
+}
+
+#[test]
+fn other_spellings_are_refused() {
+    for text in [
+        "",
+        "l1",
+        "l.k",
+        "l01.k",
+        "l+1.k",
+        "l1.q",
+        "L1.k",
+        "cos",
+        "cosLocal",
+        "masksliding",
+        "Token",
+        "topk",
+    ] {
+        assert!(text.parse::<Name>().is_err(), "{text:?} parsed");
+    }
+}
+
+#[test]
+fn unknown_names_are_refused_with_the_key_named() {
+    let mut m = Manifest::new(small(), None, "gemma");
+    let json = m.to_json().replacen("\"l2.v\"", "\"l2.value\"", 1);
+    match Manifest::from_json(&json) {
+        Err(Error::Manifest { key, reason }) => {
+            assert!(key.starts_with("prefillOutputs"), "{key}: {reason}");
+            assert!(reason.contains("l2.value"), "{key}: {reason}");
+        }
+        other => panic!("expected a manifest error, got {other:?}"),
+    }
+    // A well-formed name of no such layer is refused by validation.
+    m.with_past_args.as_mut().unwrap().push(Name::K(9));
+    match Manifest::from_json(&m.to_json()) {
+        Err(Error::Manifest { key, reason }) => {
+            assert_eq!(key, "withPastArgs", "{reason}");
+            assert!(reason.contains("l9.k"), "{reason}");
+        }
+        other => panic!("expected a manifest error, got {other:?}"),
+    }
+}
+
+#[test]
+fn provenance_keeps_its_spellings() {
+    let old = r#"{"provenance": {
+        "compiler": "iree-base-compiler 3.13.0",
+        "parameterKeys": "{\"prefill\":{\"p0\":\"token_embd.weight\"}}",
+        "redecodeSeq": "12",
+        "someoneElse": "kept"
+    }}"#;
+    let m = Manifest::from_json(old).unwrap();
+    let p = &m.provenance;
+    assert_eq!(p.redecode_seq, Some(12));
+    assert_eq!(p.parameter_keys.as_ref().unwrap()["prefill"]["p0"], "token_embd.weight");
+    assert_eq!(p.other["someoneElse"], "kept");
+    let written: serde_json::Value = serde_json::from_str(&m.to_json()).unwrap();
+    let original: serde_json::Value = serde_json::from_str(old).unwrap();
+    assert_eq!(written["provenance"], original["provenance"], "written as it was read");
+    // The object and number forms are read too.
+    let m = Manifest::from_json(r#"{"provenance": {"parameterKeys": {"prefill": {"p0": "x"}}, "redecodeSeq": 7}}"#)
+        .unwrap();
+    assert_eq!(m.provenance.redecode_seq, Some(7));
+    assert_eq!(m.provenance.parameter_keys.unwrap()["prefill"]["p0"], "x");
+    assert!(Manifest::from_json(r#"{"provenance": {"redecodeSeq": "seven"}}"#).is_err());
+    assert!(Manifest::new(small(), None, "gemma").provenance == Provenance::default());
+    assert!(!Manifest::new(small(), None, "gemma").to_json().contains("provenance"));
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kv_core::irpa::IrpaArchive;
-use kv_core::manifest::{cos_name, k_name, mask_name, sin_name, v_name};
+use kv_core::manifest::Name;
 use kv_core::tolerance::Tolerance;
 use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
 use kv_core::{Graph, KvBackend, LayerKv, Manifest, WindowRule};
@@ -257,23 +257,23 @@ impl GraphSession {
         Array::F32(vec![tokens.len(), h], rows)
     }
 
-    pub fn call(&self, graph: Graph, named: &dyn Fn(&str) -> Array) -> std::collections::HashMap<String, Array> {
+    pub fn call(&self, graph: Graph, named: &dyn Fn(Name) -> Array) -> std::collections::HashMap<Name, Array> {
         let vmfb = self.dir.join(&self.m.modules[&self.target][graph.key()]);
         let irpa = self.dir.join(self.m.parameter_file(graph).unwrap());
         // iree-run-module looks functions up inside its one module: no `module.` qualifier.
         let qualified = self.m.functions.get(graph).unwrap();
         let function = qualified.rsplit_once('.').map_or(qualified, |(_, f)| f);
         let args = match graph {
-            Graph::Redecode => vec!["tokens".to_string()],
-            Graph::RedecodeAt => vec!["tokens".to_string(), "select".to_string()],
+            Graph::Redecode => vec![Name::Tokens],
+            Graph::RedecodeAt => vec![Name::Tokens, Name::Select],
             g => self.m.args_or_canonical(g),
         };
         let outs = match graph {
-            Graph::Redecode => vec!["ids".to_string()],
-            Graph::RedecodeAt => vec!["token".to_string()],
+            Graph::Redecode => vec![Name::Ids],
+            Graph::RedecodeAt => vec![Name::Token],
             g => self.m.outputs_or_canonical(g),
         };
-        let inputs: Vec<Array> = args.iter().map(|a| named(a)).collect();
+        let inputs: Vec<Array> = args.iter().map(|&a| named(a)).collect();
         let results = run_module(
             &self.work,
             &self.device,
@@ -299,14 +299,14 @@ impl GraphSession {
         Array::F32(vec![1, nkv, past, d], out)
     }
 
-    fn top_k_of(results: &std::collections::HashMap<String, Array>) -> Option<(Vec<f32>, Vec<i32>)> {
-        let logits = results.get(kv_core::manifest::TOPK_LOGITS)?.f32().to_vec();
-        let ids = results[kv_core::manifest::TOPK_IDS].i32().to_vec();
+    fn top_k_of(results: &std::collections::HashMap<Name, Array>) -> Option<(Vec<f32>, Vec<i32>)> {
+        let logits = results.get(&Name::TopKLogits)?.f32().to_vec();
+        let ids = results[&Name::TopKIds].i32().to_vec();
         Some((logits, ids))
     }
 
-    fn token(results: &std::collections::HashMap<String, Array>) -> i32 {
-        let t = results["token"].i32();
+    fn token(results: &std::collections::HashMap<Name, Array>) -> i32 {
+        let t = results[&Name::Token].i32();
         assert_eq!(t.len(), 1, "token result of {} elements", t.len());
         t[0]
     }
@@ -315,13 +315,13 @@ impl GraphSession {
         let plan = plan_prefill(&self.m.spec, tokens).unwrap();
         let emb = self.emb(&plan.tokens);
         let seq = self.m.spec.seq;
-        let named = |name: &str| match name {
-            "tokens" => Array::I32(vec![seq], plan.tokens.clone()),
-            "emb" => match &emb {
+        let named = |name: Name| match name {
+            Name::Tokens => Array::I32(vec![seq], plan.tokens.clone()),
+            Name::Emb => match &emb {
                 Array::F32(s, v) => Array::F32(s.clone(), v.clone()),
                 _ => unreachable!(),
             },
-            "select" => Array::F32(vec![1, seq], plan.select.clone()),
+            Name::Select => Array::F32(vec![1, seq], plan.select.clone()),
             other => panic!("prefill argument {other}"),
         };
         let r = self.call(Graph::Prefill, &named);
@@ -334,11 +334,7 @@ impl GraphSession {
     }
 
     /// Keeps, per layer, `(first_position, rows)` of each result.
-    fn keep_rows(
-        &mut self,
-        results: &std::collections::HashMap<String, Array>,
-        which: impl Fn(usize) -> (usize, usize),
-    ) {
+    fn keep_rows(&mut self, results: &std::collections::HashMap<Name, Array>, which: impl Fn(usize) -> (usize, usize)) {
         let (nkv, d) = (self.m.spec.n_kv_heads, self.m.spec.head_dim);
         let mut layers = Vec::new();
         for l in 0..self.m.spec.n_layers {
@@ -359,8 +355,8 @@ impl GraphSession {
             layers.push(Layer {
                 first_position: first,
                 rows: keep,
-                k: take(&results[&k_name(l)]),
-                v: take(&results[&v_name(l)]),
+                k: take(&results[&Name::K(l)]),
+                v: take(&results[&Name::V(l)]),
             });
         }
         self.layers = layers;
@@ -371,14 +367,14 @@ impl GraphSession {
         kinds.iter().find(|k| k.kind == kind).unwrap()
     }
 
-    fn past_args(&self, kinds: &[KindInputs], name: &str) -> Option<Array> {
+    fn past_args(&self, kinds: &[KindInputs], name: Name) -> Option<Array> {
         let spec = &self.m.spec;
         for l in 0..spec.n_layers {
             let past = self.kind_inputs(kinds, l).past;
-            if name == k_name(l) {
+            if name == Name::K(l) {
                 return Some(self.tail_of(l, past, true));
             }
-            if name == v_name(l) {
+            if name == Name::V(l) {
                 return Some(self.tail_of(l, past, false));
             }
         }
@@ -390,25 +386,25 @@ impl GraphSession {
         let plan = plan_chunk(&spec, self.position, tokens).unwrap();
         let c = spec.chunk;
         let (d, mh) = (spec.head_dim, spec.mask_head_count());
-        let named = |name: &str| -> Array {
+        let named = |name: Name| -> Array {
             if let Some(a) = self.past_args(&plan.kinds, name) {
                 return a;
             }
             for k in &plan.kinds {
-                if name == cos_name(k.kind) {
+                if name == Name::Cos(k.kind) {
                     return Array::F32(vec![c, d], k.rope.cos.clone());
                 }
-                if name == sin_name(k.kind) {
+                if name == Name::Sin(k.kind) {
                     return Array::F32(vec![c, d], k.rope.sin.clone());
                 }
-                if name == mask_name(k.kind) {
+                if name == Name::Mask(k.kind) {
                     return Array::F32(vec![1, mh, c, k.past + c], k.mask.clone());
                 }
             }
             match name {
-                "tokens" => Array::I32(vec![c], plan.tokens.clone()),
-                "emb" => self.emb(&plan.tokens),
-                "select" => Array::F32(vec![1, c], plan.select.clone()),
+                Name::Tokens => Array::I32(vec![c], plan.tokens.clone()),
+                Name::Emb => self.emb(&plan.tokens),
+                Name::Select => Array::F32(vec![1, c], plan.select.clone()),
                 other => panic!("chunk argument {other}"),
             }
         };
@@ -427,21 +423,21 @@ impl GraphSession {
         let spec = self.m.spec.clone();
         let plan = plan_step(&spec, self.position, token, WindowRule::Exact).unwrap();
         let d = spec.head_dim;
-        let named = |name: &str| -> Array {
+        let named = |name: Name| -> Array {
             if let Some(a) = self.past_args(&plan.kinds, name) {
                 return a;
             }
             for k in &plan.kinds {
-                if name == cos_name(k.kind) {
+                if name == Name::Cos(k.kind) {
                     return Array::F32(vec![1, d], k.rope.cos.clone());
                 }
-                if name == sin_name(k.kind) {
+                if name == Name::Sin(k.kind) {
                     return Array::F32(vec![1, d], k.rope.sin.clone());
                 }
             }
             match name {
-                "token" => Array::I32(vec![1], vec![token]),
-                "emb" => self.emb(&[token]),
+                Name::Token => Array::I32(vec![1], vec![token]),
+                Name::Emb => self.emb(&[token]),
                 other => panic!("step argument {other}"),
             }
         };
@@ -473,8 +469,8 @@ impl GraphSession {
         let mut padded = tokens.to_vec();
         padded.resize(seq, 0);
         let r = self.call(Graph::Redecode, &|_| Array::I32(vec![1, seq], padded.clone()));
-        assert_eq!(r["ids"].shape(), &[seq]);
-        r["ids"].i32().to_vec()
+        assert_eq!(r[&Name::Ids].shape(), &[seq]);
+        r[&Name::Ids].i32().to_vec()
     }
 
     pub fn redecode_at(&self, tokens: &[i32], seq: usize) -> i32 {
@@ -483,7 +479,7 @@ impl GraphSession {
         let mut select = vec![0.0; seq];
         select[tokens.len() - 1] = 1.0;
         let r = self.call(Graph::RedecodeAt, &|name| match name {
-            "tokens" => Array::I32(vec![1, seq], padded.clone()),
+            Name::Tokens => Array::I32(vec![1, seq], padded.clone()),
             _ => Array::F32(vec![1, seq], select.clone()),
         });
         Self::token(&r)
