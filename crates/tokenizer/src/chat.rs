@@ -13,9 +13,9 @@
 //!   `U+10FFFD`: no whitespace, no case, so `trim`/`upper` leave it whole); after rendering the
 //!   template's output is cut at control tokens and the placeholders are put back inside the
 //!   text pieces, where they are tokenized without `parse_special`.
-//! - **No BOS in the rendered text.** Templates that open with `{{ bos_token }}` have that BOS
-//!   dropped: the tokenizer adds one when `tokenizer.ggml.add_bos_token` asks for it, as for any
-//!   prompt, so it is never doubled.
+//! - **No BOS in the rendered text** when the tokenizer adds one (`tokenizer.ggml.add_bos_token`):
+//!   a rendering that opens with the BOS token has it dropped, so it is never doubled. Without
+//!   `add_bos_token` it stays (SmolLM2's BOS is `<|im_start|>`, which opens its first turn).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -239,8 +239,10 @@ impl Tokenizer {
                 Fragment::Text(t) => push_text(&mut pieces, &unescape(t, &originals)?),
             }
         }
+        // Only a BOS the tokenizer adds again is dropped: SmolLM2's BOS *is* `<|im_start|>`, which
+        // its template writes to open the first turn, and it adds no BOS of its own.
         if let (Some(ChatPiece::Marker(first)), Some(bos)) = (pieces.first(), self.bos()) {
-            if *first == bos {
+            if *first == bos && self.add_bos_default() {
                 pieces.remove(0);
             }
         }
