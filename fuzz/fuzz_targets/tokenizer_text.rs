@@ -1,5 +1,5 @@
 //! The two real vocabularies (Gemma 3's SentencePiece, SmolLM2's byte-level BPE; installed once
-//! into `.cache/models` by `gguf::models::ensure`) on arbitrary text: encoding never panics, ids
+//! into `.cache/models` by `model_store::ensure`) on arbitrary text: encoding never panics, ids
 //! are in range, and decoding gives the text back (control tokens rendered), as llama.cpp does,
 //! whenever the vocabulary can spell every byte of it (SmolLM2's byte-level alphabet lacks a few
 //! control bytes, e.g. 0x13, which llama.cpp drops too).
@@ -25,7 +25,7 @@ fn vocabularies() -> &'static [Vocab; 2] {
     static VOCABS: OnceLock<[Vocab; 2]> = OnceLock::new();
     VOCABS.get_or_init(|| {
         ["gemma3-270m", "smollm2-135m"].map(|name| {
-            let path = gguf::models::ensure(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let path = model_store::ensure(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             let tok = Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap();
             let chars = tokenizer::unicode::byte_to_char();
             let spelled = std::array::from_fn(|b| tok.token_id(&chars[b].to_string()).is_some());
