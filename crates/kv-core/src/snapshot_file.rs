@@ -369,7 +369,8 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
 }
 
-/// Reads and checks a snapshot file's header against `backend` without loading any rows.
+/// Reads a snapshot file's header (magic, version, JSON) without loading any rows or checking
+/// them against a session: what `snapshot info` prints.
 pub fn read_header(path: &Path) -> Result<SnapshotHeader> {
     let file = File::open(path).map_err(io_err("opening snapshot", path))?;
     // SAFETY: the mapping is read-only and dropped before returning; see the module note on
