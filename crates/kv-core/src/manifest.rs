@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 use crate::spec::{Architecture, KvSpec, LayerKind};
 
 pub const CONTRACT_VERSION: u32 = 1;
+/// Contract v2 (`docs/contract-v2.md`): static-shape chunk and step graphs over fixed-capacity
+/// caches that the runtime owns; the graphs take the position and return only the new rows.
+pub const CONTRACT_V2: u32 = 2;
 pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// The graphs of the contract.
@@ -77,6 +80,8 @@ pub enum Name {
     V(usize),
     /// `ids`: the redecode graph's next ids.
     Ids,
+    /// `pos`: contract v2's `i32 [1]` absolute position of a call's first row.
+    Pos,
     /// `topk.logits`, `topk.ids`: the optional results of the prefill, chunk and step graphs
     /// exported with a top-k (`Manifest::top_k`): the best `k` logits of the last position,
     /// `f32 [k]`, sorted descending, ties lowest id first, and their ids, `i32 [k]`. They follow
@@ -108,6 +113,7 @@ impl std::fmt::Display for Name {
             Name::K(layer) => write!(f, "l{layer}.k"),
             Name::V(layer) => write!(f, "l{layer}.v"),
             Name::Ids => f.write_str("ids"),
+            Name::Pos => f.write_str("pos"),
             Name::TopKLogits => f.write_str("topk.logits"),
             Name::TopKIds => f.write_str("topk.ids"),
         }
@@ -133,6 +139,7 @@ impl std::str::FromStr for Name {
             "emb" => Some(Name::Emb),
             "select" => Some(Name::Select),
             "ids" => Some(Name::Ids),
+            "pos" => Some(Name::Pos),
             "topk.logits" => Some(Name::TopKLogits),
             "topk.ids" => Some(Name::TopKIds),
             _ => {
@@ -203,6 +210,41 @@ pub fn canonical_args(graph: Graph, spec: &KvSpec) -> Vec<Name> {
         Graph::RedecodeAt => args.extend([Name::Tokens, Name::Select]),
     }
     args
+}
+
+/// The argument names of a contract v2 graph in canonical order (`docs/contract-v2.md`): the chunk
+/// and step graphs take `pos` after the embedding rows, each layer's whole cache (no masks: they
+/// are built in the graph from `pos`), and the chunk graph its `select` last. v2 has no prefill
+/// graph (a prefill is chunk calls from position 0) and the redecode graphs are v1's.
+pub fn canonical_args_v2(graph: Graph, spec: &KvSpec) -> Vec<Name> {
+    match graph {
+        Graph::Prefill => Vec::new(),
+        Graph::Chunk | Graph::Step => {
+            let mut args = vec![
+                if graph == Graph::Chunk {
+                    Name::Tokens
+                } else {
+                    Name::Token
+                },
+                Name::Emb,
+                Name::Pos,
+            ];
+            for layer in 0..spec.n_layers {
+                let kind = spec.layer_kind(layer);
+                if spec.first_layer_of(kind) == Some(layer) {
+                    args.push(Name::Cos(kind));
+                    args.push(Name::Sin(kind));
+                }
+                args.push(Name::K(layer));
+                args.push(Name::V(layer));
+            }
+            if graph == Graph::Chunk {
+                args.push(Name::Select);
+            }
+            args
+        }
+        Graph::Redecode | Graph::RedecodeAt => canonical_args(graph, spec),
+    }
 }
 
 /// The result names of a graph: every layer's K then V in layer order, the token last.
@@ -490,13 +532,21 @@ impl Manifest {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if self.contract_version != CONTRACT_VERSION {
+        if self.contract_version != CONTRACT_VERSION && self.contract_version != CONTRACT_V2 {
             return Err(Error::manifest(
                 "contractVersion",
                 format!(
-                    "{} is not supported (this runtime speaks {CONTRACT_VERSION})",
+                    "{} is not supported (this runtime speaks {CONTRACT_VERSION} and {CONTRACT_V2})",
                     self.contract_version
                 ),
+            ));
+        }
+        if self.is_v2()
+            && (self.functions.prefill.is_some() || self.prefill_args.is_some() || self.prefill_outputs.is_some())
+        {
+            return Err(Error::manifest(
+                "functions.prefill",
+                "contract v2 has no prefill graph (a prefill is chunk calls from position 0)",
             ));
         }
         self.spec.validate()?;
@@ -511,10 +561,10 @@ impl Manifest {
                 ));
             }
         }
-        for graph in Graph::KV {
+        for &graph in self.kv_graphs() {
             let (args_key, outputs_key) = list_keys(graph);
             if let Some(args) = self.args(graph) {
-                check_same_names(args_key, args, &canonical_args(graph, &self.spec))?;
+                check_same_names(args_key, args, &self.canonical_args(graph))?;
             }
             if let Some(outputs) = self.outputs(graph) {
                 if self.top_k.is_none() {
@@ -534,6 +584,41 @@ impl Manifest {
         Ok(())
     }
 
+    /// Whether the graphs follow contract v2 (`docs/contract-v2.md`).
+    pub fn is_v2(&self) -> bool {
+        self.contract_version == CONTRACT_V2
+    }
+
+    /// The KV graphs of this manifest's contract: v1 has a prefill graph, v2 does not.
+    pub fn kv_graphs(&self) -> &'static [Graph] {
+        if self.is_v2() {
+            &[Graph::Chunk, Graph::Step]
+        } else {
+            &Graph::KV
+        }
+    }
+
+    /// The canonical argument names of a graph under this manifest's contract.
+    pub fn canonical_args(&self, graph: Graph) -> Vec<Name> {
+        if self.is_v2() {
+            canonical_args_v2(graph, &self.spec)
+        } else {
+            canonical_args(graph, &self.spec)
+        }
+    }
+
+    /// This manifest turned into contract v2: no prefill function or lists, the v2 argument lists
+    /// (outputs keep their names: v2 returns the new rows under the cache names).
+    pub fn into_v2(mut self) -> Self {
+        self.contract_version = CONTRACT_V2;
+        self.functions.prefill = None;
+        self.prefill_args = None;
+        self.prefill_outputs = None;
+        self.prefill_with_past_args = Some(canonical_args_v2(Graph::Chunk, &self.spec));
+        self.with_past_args = Some(canonical_args_v2(Graph::Step, &self.spec));
+        self
+    }
+
     /// The argument names of a graph, in the order the compiled function takes them.
     pub fn args(&self, graph: Graph) -> Option<&[Name]> {
         match graph {
@@ -548,7 +633,7 @@ impl Manifest {
     pub fn args_or_canonical(&self, graph: Graph) -> Vec<Name> {
         self.args(graph)
             .map(<[Name]>::to_vec)
-            .unwrap_or_else(|| canonical_args(graph, &self.spec))
+            .unwrap_or_else(|| self.canonical_args(graph))
     }
 
     pub fn outputs(&self, graph: Graph) -> Option<&[Name]> {

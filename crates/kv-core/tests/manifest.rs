@@ -45,6 +45,52 @@ fn canonical_chunk_args_follow_the_contract() {
 }
 
 #[test]
+fn v2_lists_take_pos_and_no_masks_and_have_no_prefill() {
+    let m = Manifest::new(small(), None, "gemma").into_v2();
+    assert!(m.is_v2());
+    assert_eq!(m.kv_graphs(), [Graph::Chunk, Graph::Step]);
+    assert!(m.functions.prefill.is_none() && m.args(Graph::Prefill).is_none());
+    let chunk = m.args_or_canonical(Graph::Chunk);
+    assert_eq!(
+        spelled(&chunk),
+        [
+            "tokens",
+            "emb",
+            "pos",
+            "cosSliding",
+            "sinSliding",
+            "l0.k",
+            "l0.v",
+            "cosGlobal",
+            "sinGlobal",
+            "l1.k",
+            "l1.v",
+            "l2.k",
+            "l2.v",
+            "l3.k",
+            "l3.v",
+            "select",
+        ]
+    );
+    assert_eq!(spelled(&m.args_or_canonical(Graph::Step)[..3]), ["token", "emb", "pos"]);
+    // The outputs keep v1's names (the new rows come back under the cache names).
+    assert_eq!(
+        m.outputs_or_canonical(Graph::Step),
+        Manifest::new(small(), None, "gemma").outputs_or_canonical(Graph::Step)
+    );
+    let back = Manifest::from_json(&m.to_json()).unwrap();
+    assert_eq!(back, m);
+    // A v1 list in a v2 manifest (a mask, no pos) is refused by name.
+    let mut mixed = m.clone();
+    mixed.with_past_args = Some(canonical_args(Graph::Step, &small()));
+    let err = Manifest::from_json(&mixed.to_json()).unwrap_err();
+    assert!(
+        matches!(&err, Error::Manifest { key, .. } if key == "withPastArgs"),
+        "{err}"
+    );
+}
+
+#[test]
 fn round_trip_and_defaults() {
     let m = Manifest::new(small(), None, "gemma");
     let back = Manifest::from_json(&m.to_json()).unwrap();
@@ -68,7 +114,11 @@ fn malformed_manifests_name_the_key() {
         (r#"{"nHeads": 4, "nKvHeads": 3}"#, "nKvHeads"),
         (r#"{"chunk": 0}"#, "chunk"),
         (r#"{"maskHeads": 2}"#, "maskHeads"),
-        (r#"{"contractVersion": 2}"#, "contractVersion"),
+        (r#"{"contractVersion": 3}"#, "contractVersion"),
+        (
+            r#"{"contractVersion": 2, "functions": {"prefill": "module.gemma_prefill_at"}}"#,
+            "functions.prefill",
+        ),
         (r#"{"headDim": 255}"#, "headDim"),
         (r#"{"seq": 4096}"#, "seq"),
         (r#"{"withPastArgs": ["token"]}"#, "withPastArgs"),
