@@ -146,7 +146,7 @@ fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize) -> Result<Ty, 
             Elem::F32,
         ),
         Name::K(_) | Name::V(_) => Ty::new(vec![Dim::S(1), Dim::S(nkv), dyn_dim(), Dim::S(d)], Elem::F32),
-        other @ (Name::Ids | Name::TopKLogits | Name::TopKIds) => {
+        other @ (Name::Ids | Name::Pos | Name::TopKLogits | Name::TopKIds) => {
             return Err(ExportError::Unsupported(format!(
                 "unknown argument `{other}` of graph {}",
                 graph.key()

@@ -155,6 +155,49 @@ impl BufferView {
         Ok(unsafe { BufferView::from_owned(raw, device.clone()) })
     }
 
+    /// A device-local `f32` tensor of `shape` with undefined contents (no host data moves):
+    /// fill it with [`Device::transfer`](crate::Transfer) before reading.
+    pub fn allocate_f32(device: &Device, shape: &[usize]) -> Result<BufferView> {
+        const OP: &str = "allocate buffer view";
+        let bytes = shape
+            .iter()
+            .try_fold(4usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| Error::InvalidArgument {
+                op: OP,
+                reason: format!("shape {shape:?} of f32 exceeds the address space ({}-bit)", usize::BITS),
+            })?;
+        let mut buffer = std::ptr::null_mut();
+        // SAFETY: allocator live; `buffer` receives one reference, released by the guard.
+        let status = unsafe {
+            sys::iree_hal_allocator_allocate_buffer(
+                device.allocator(),
+                device_local_params(),
+                bytes as sys::iree_device_size_t,
+                &mut buffer,
+            )
+        };
+        check(status, format!("{OP} {shape:?} on `{}`", device.name()))?;
+        let buffer = OwnedBuffer(buffer);
+        let dims: Vec<sys::iree_hal_dim_t> = shape.iter().map(|&d| d as _).collect();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: buffer live; the view retains it; `raw` receives one reference.
+        let status = unsafe {
+            sys::iree_hal_buffer_view_create(
+                buffer.0,
+                dims.len(),
+                dims.as_ptr(),
+                ElementType::F32.to_raw(),
+                sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
+                device.host_allocator(),
+                &mut raw,
+            )
+        };
+        check(status, OP)?;
+        let raw = NonNull::new(raw).expect("iree_hal_buffer_view_create: OK and null");
+        // SAFETY: fresh view, our reference, buffer allocated by `device`.
+        Ok(unsafe { BufferView::from_owned(raw, device.clone()) })
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -199,6 +242,20 @@ impl BufferView {
     pub fn to_i32_vec(&self) -> Result<Vec<i32>> {
         self.expect_type(ElementType::I32, "read buffer view as i32")?;
         let mut out = vec![0i32; self.byte_length() / 4];
+        self.read_into(bytes_of_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Copies the first `count` elements to the host (one device → host transfer; waits).
+    pub fn to_f32_vec_prefix(&self, count: usize) -> Result<Vec<f32>> {
+        self.expect_type(ElementType::F32, "read buffer view prefix as f32")?;
+        if count > self.byte_length() / 4 {
+            return Err(Error::InvalidArgument {
+                op: "read buffer view prefix as f32",
+                reason: format!("{count} elements asked of a view holding {}", self.byte_length() / 4),
+            });
+        }
+        let mut out = vec![0f32; count];
         self.read_into(bytes_of_mut(&mut out))?;
         Ok(out)
     }

@@ -27,6 +27,7 @@ mod error;
 mod instance;
 mod parameters;
 mod session;
+mod transfer;
 
 use std::path::Path;
 
@@ -36,6 +37,7 @@ pub use error::{Error, Result, StatusCode};
 pub use instance::Instance;
 pub use parameters::{FileHandle, ParameterProvider};
 pub use session::{Function, Session};
+pub use transfer::Transfer;
 
 /// Re-export of the raw bindings, for what this crate does not wrap.
 pub use iree_runtime_sys as sys;

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{assert_close, fixture, instance, open_session, W};
-use iree_runtime::{BufferView, Device, ElementType, Error, Session};
+use iree_runtime::{BufferView, Device, ElementType, Error, Session, Transfer};
 
 /// Expands each test function of a device name into one `#[test]` per device.
 macro_rules! device_tests {
@@ -31,6 +31,7 @@ device_tests!(
     sessions_share_one_device,
     function_of_another_session_is_refused,
     function_outlives_its_session,
+    transfers_copy_and_zero_in_one_submission,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -304,4 +305,63 @@ fn views_outlive_session_and_device_handles() {
     assert_close(&out.to_f32_vec().unwrap(), &[2.0, 4.0, 6.0]);
     let moved = std::thread::spawn(move || out.to_f32_vec().unwrap()).join().unwrap();
     assert_close(&moved, &[2.0, 4.0, 6.0]);
+}
+
+/// What a contract v2 session does per call: copy a call's new rows into rows of a
+/// runtime-owned buffer, and fork a buffer by copying it whole, all in one submission.
+fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
+    let mut session = open_session(device_name);
+    let device = session.device().clone();
+    let (result, data) = kv_result(&mut session, 2);
+    let cache = BufferView::allocate_f32(&device, &[8, 3]).unwrap();
+    let fork = BufferView::allocate_f32(&device, &[8, 3]).unwrap();
+    let row = 3 * 4;
+    device
+        .transfer(&[
+            Transfer::Zero { target: &cache },
+            // Rows 1..3 of the call's result into rows 4..6 of the cache.
+            Transfer::Copy {
+                source: &result,
+                source_offset: row,
+                target: &cache,
+                target_offset: 4 * row,
+                length: 2 * row,
+            },
+            Transfer::Copy {
+                source: &cache,
+                source_offset: 0,
+                target: &fork,
+                target_offset: 0,
+                length: 8 * row,
+            },
+        ])
+        .unwrap();
+    let mut want = vec![0.0f32; 24];
+    want[12..18].copy_from_slice(&data[3..9]);
+    assert_close(&cache.to_f32_vec().unwrap(), &want);
+    assert_close(&fork.to_f32_vec().unwrap(), &want);
+    assert_close(&cache.to_f32_vec_prefix(15).unwrap(), &want[..15]);
+
+    // Out of bounds: refused before anything is submitted, the target keeps its contents.
+    let err = device
+        .transfer(&[
+            Transfer::Zero { target: &fork },
+            Transfer::Copy {
+                source: &result,
+                source_offset: 0,
+                target: &cache,
+                target_offset: 7 * row,
+                length: 2 * row,
+            },
+        ])
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    assert_close(&fork.to_f32_vec().unwrap(), &want);
+    assert!(cache.to_f32_vec_prefix(25).is_err());
+
+    // A view of another device is refused.
+    let other = Device::open(&common::instance(), device_name).unwrap();
+    let foreign = BufferView::allocate_f32(&other, &[8, 3]).unwrap();
+    let err = device.transfer(&[Transfer::Zero { target: &foreign }]).unwrap_err();
+    assert!(err.to_string().contains("a view of device"), "{err}");
 }

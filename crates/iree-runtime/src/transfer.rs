@@ -1,0 +1,220 @@
+//! Device-side copies and fills batched into one command buffer.
+//!
+//! `iree_hal_device_transfer_d2d` submits and waits once per copy; a KV session that appends a
+//! row to every layer's K and V would pay that 2 × layers times per token (a queue submission
+//! and a host wait each on Vulkan). [`Device::transfer`] records all of a call's copies in one
+//! one-shot command buffer, submits it once and waits once.
+
+use iree_runtime_sys as sys;
+
+use crate::buffer_view::BufferView;
+use crate::device::Device;
+use crate::error::{check, Error, Result};
+
+/// One operation of [`Device::transfer`]. Offsets and lengths are in bytes.
+#[derive(Clone, Copy, Debug)]
+pub enum Transfer<'a> {
+    /// `length` bytes from `source[source_offset..]` to `target[target_offset..]`.
+    Copy {
+        source: &'a BufferView,
+        source_offset: usize,
+        target: &'a BufferView,
+        target_offset: usize,
+        length: usize,
+    },
+    /// Every byte of `target` set to zero.
+    Zero { target: &'a BufferView },
+}
+
+const OP: &str = "device transfer";
+
+/// `IREE_HAL_QUEUE_AFFINITY_ANY`, a C macro (`(iree_hal_queue_affinity_t)(-1)`) bindgen skips.
+const QUEUE_AFFINITY_ANY: sys::iree_hal_queue_affinity_t = !0;
+
+fn in_bounds(view: &BufferView, offset: usize, length: usize, what: &str) -> Result<()> {
+    match offset.checked_add(length) {
+        Some(end) if end <= view.byte_length() => Ok(()),
+        _ => Err(Error::InvalidArgument {
+            op: OP,
+            reason: format!(
+                "{what} range {offset}..{offset}+{length} is outside its {} bytes",
+                view.byte_length()
+            ),
+        }),
+    }
+}
+
+/// A command buffer reference released on drop.
+struct OwnedCommandBuffer(*mut sys::iree_hal_command_buffer_t);
+
+impl Drop for OwnedCommandBuffer {
+    fn drop(&mut self) {
+        // SAFETY: our reference (or null, which IREE ignores).
+        unsafe { sys::iree_hal_command_buffer_release(self.0) };
+    }
+}
+
+/// A semaphore reference released on drop.
+struct OwnedSemaphore(*mut sys::iree_hal_semaphore_t);
+
+impl Drop for OwnedSemaphore {
+    fn drop(&mut self) {
+        // SAFETY: our reference (or null, which IREE ignores).
+        unsafe { sys::iree_hal_semaphore_release(self.0) };
+    }
+}
+
+fn buffer_ref(view: &BufferView, offset: usize, length: usize) -> sys::iree_hal_buffer_ref_t {
+    sys::iree_hal_buffer_ref_t {
+        // SAFETY: the view is live; the buffer is borrowed for as long as the caller holds it.
+        buffer: unsafe { sys::iree_hal_buffer_view_buffer(view.as_ptr()) },
+        offset: offset as sys::iree_device_size_t,
+        length: length as sys::iree_device_size_t,
+        ..Default::default()
+    }
+}
+
+impl Device {
+    /// Runs `ops` in order on this device, as one command buffer, and waits for them.
+    ///
+    /// Every view must live on this device and every range must lie inside its view; nothing
+    /// is submitted when one does not. Copies between overlapping ranges of one buffer are not
+    /// supported (the HAL does not order them within a command buffer).
+    pub fn transfer(&self, ops: &[Transfer<'_>]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        for op in ops {
+            let views: &[&BufferView] = match op {
+                Transfer::Copy { source, target, .. } => &[*source, *target],
+                Transfer::Zero { target } => &[*target],
+            };
+            if let Some(foreign) = views.iter().find(|v| !v.device().same_as(self)) {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "a view of device `{}` in a transfer on `{}`",
+                        foreign.device().name(),
+                        self.name()
+                    ),
+                });
+            }
+            if let Transfer::Copy {
+                source,
+                source_offset,
+                target,
+                target_offset,
+                length,
+            } = *op
+            {
+                in_bounds(source, source_offset, length, "source")?;
+                in_bounds(target, target_offset, length, "target")?;
+            }
+        }
+
+        let mut command_buffer = OwnedCommandBuffer(std::ptr::null_mut());
+        // SAFETY: the device is live; the command buffer's reference goes to the guard.
+        check(
+            unsafe {
+                sys::iree_hal_command_buffer_create(
+                    self.as_ptr(),
+                    sys::IREE_HAL_COMMAND_BUFFER_MODE_ONE_SHOT as _,
+                    sys::IREE_HAL_COMMAND_CATEGORY_TRANSFER as _,
+                    QUEUE_AFFINITY_ANY,
+                    0,
+                    &mut command_buffer.0,
+                )
+            },
+            format!("{OP}: create command buffer on `{}`", self.name()),
+        )?;
+        let cb = command_buffer.0;
+        // SAFETY: the command buffer is live and recorded by this thread only; the buffers
+        // behind the references are live (the caller holds their views) until the wait below.
+        unsafe {
+            check(sys::iree_hal_command_buffer_begin(cb), format!("{OP}: begin"))?;
+            for op in ops {
+                match *op {
+                    Transfer::Copy {
+                        source,
+                        source_offset,
+                        target,
+                        target_offset,
+                        length,
+                    } => check(
+                        sys::iree_hal_command_buffer_copy_buffer(
+                            cb,
+                            buffer_ref(source, source_offset, length),
+                            buffer_ref(target, target_offset, length),
+                            sys::IREE_HAL_COPY_FLAG_NONE as _,
+                        ),
+                        format!("{OP}: record a copy of {length} bytes"),
+                    )?,
+                    Transfer::Zero { target } => {
+                        let zero = 0u32;
+                        check(
+                            sys::iree_hal_command_buffer_fill_buffer(
+                                cb,
+                                buffer_ref(target, 0, target.byte_length()),
+                                (&zero as *const u32).cast(),
+                                std::mem::size_of::<u32>(),
+                                sys::IREE_HAL_FILL_FLAG_NONE as _,
+                            ),
+                            format!("{OP}: record a fill of {} bytes", target.byte_length()),
+                        )?
+                    }
+                }
+            }
+            check(sys::iree_hal_command_buffer_end(cb), format!("{OP}: end"))?;
+        }
+
+        let mut semaphore = OwnedSemaphore(std::ptr::null_mut());
+        // SAFETY: device live; the semaphore's reference goes to the guard.
+        check(
+            unsafe {
+                sys::iree_hal_semaphore_create(
+                    self.as_ptr(),
+                    QUEUE_AFFINITY_ANY,
+                    0,
+                    sys::IREE_HAL_SEMAPHORE_FLAG_NONE as _,
+                    &mut semaphore.0,
+                )
+            },
+            format!("{OP}: create semaphore"),
+        )?;
+        let mut semaphores = [semaphore.0];
+        let mut values = [1u64];
+        let signal = sys::iree_hal_semaphore_list_t {
+            count: 1,
+            semaphores: semaphores.as_mut_ptr(),
+            payload_values: values.as_mut_ptr(),
+        };
+        let wait = sys::iree_hal_semaphore_list_t {
+            count: 0,
+            semaphores: std::ptr::null_mut(),
+            payload_values: std::ptr::null_mut(),
+        };
+        // SAFETY: everything passed is live until the wait returns; the lists point at locals
+        // that outlive the call (IREE copies what it keeps).
+        unsafe {
+            check(
+                sys::iree_hal_device_queue_execute(
+                    self.as_ptr(),
+                    QUEUE_AFFINITY_ANY,
+                    wait,
+                    signal,
+                    cb,
+                    sys::iree_hal_buffer_binding_table_t {
+                        count: 0,
+                        bindings: std::ptr::null(),
+                    },
+                    sys::IREE_HAL_EXECUTE_FLAG_NONE as _,
+                ),
+                format!("{OP}: submit on `{}`", self.name()),
+            )?;
+            check(
+                sys::iree_hal_semaphore_wait(semaphore.0, 1, sys::iree_infinite_timeout(), 0 as _),
+                format!("{OP}: wait on `{}`", self.name()),
+            )
+        }
+    }
+}
