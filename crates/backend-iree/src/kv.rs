@@ -1,7 +1,10 @@
 //! [`IreeKvBackend`]: the stateful KV session on an IREE device.
 
+mod v2;
+
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use iree_runtime::{BufferView, Device, ElementType, Function, Session};
 use kv_core::irpa::FileStamp;
@@ -54,6 +57,8 @@ pub struct IreeSnapshot {
     session: SessionId,
     position: usize,
     layers: Vec<LayerCache>,
+    /// Contract v2: the cache set and this snapshot's hold on its rows (`layers` is empty).
+    pin: Option<v2::Pin>,
     top_k: Option<TopKViews>,
 }
 
@@ -91,6 +96,8 @@ pub struct IreeKvBackend {
     /// Whether `release_prefill` removed the prefill graph (for the error of a later prefill).
     prefill_released: bool,
     layers: Vec<LayerCache>,
+    /// Contract v2: the runtime-owned caches (`layers` stays empty); `None` before a prefill.
+    v2: Option<Arc<v2::CacheSet>>,
     position: usize,
     /// The top-k results of the last call, when the graphs have them (`Manifest::top_k`).
     last_top_k: Option<TopKViews>,
@@ -107,7 +114,7 @@ impl IreeKvBackend {
     /// A manifest without a prefill module opens without the prefill graph (`prefill` then fails).
     pub fn open_manifest(dir: &Path, manifest: Manifest, options: IreeOptions) -> Result<Self> {
         manifest.validate()?;
-        let opened = open_graphs(dir, &manifest, &Graph::KV, &options)?;
+        let opened = open_graphs(dir, &manifest, manifest.kv_graphs(), &options)?;
         Self::from_opened(dir, manifest, options, opened)
     }
 
@@ -116,7 +123,7 @@ impl IreeKvBackend {
     /// the manifest's `seq` stays.
     pub fn open_manifest_learning_seq(dir: &Path, mut manifest: Manifest, options: IreeOptions) -> Result<Self> {
         manifest.validate()?;
-        let opened = open_graphs(dir, &manifest, &Graph::KV, &options)?;
+        let opened = open_graphs(dir, &manifest, manifest.kv_graphs(), &options)?;
         if let Some((_, function)) = opened.functions.get(&Graph::Prefill) {
             let index = manifest
                 .args_or_canonical(Graph::Prefill)
@@ -162,12 +169,17 @@ impl IreeKvBackend {
             (None, Some(vmfb)) => Embedding::open_beside(&archive, &dir.join(vmfb), &manifest.spec)?,
             (None, None) => Embedding::open(&archive, None, &manifest.spec)?,
         };
-        let args = Graph::KV.iter().map(|&g| (g, manifest.args_or_canonical(g))).collect();
-        let outputs = Graph::KV
+        let args = manifest
+            .kv_graphs()
+            .iter()
+            .map(|&g| (g, manifest.args_or_canonical(g)))
+            .collect();
+        let outputs = manifest
+            .kv_graphs()
             .iter()
             .map(|&g| (g, manifest.outputs_or_canonical(g)))
             .collect();
-        Ok(IreeKvBackend {
+        let backend = IreeKvBackend {
             id: SessionId::fresh(),
             manifest,
             options,
@@ -181,9 +193,14 @@ impl IreeKvBackend {
             target,
             prefill_released: false,
             layers: Vec::new(),
+            v2: None,
             position: 0,
             last_top_k: None,
-        })
+        };
+        if backend.manifest.is_v2() {
+            backend.v2_check_rule()?;
+        }
+        Ok(backend)
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -201,6 +218,11 @@ impl IreeKvBackend {
     /// weights are freed once the prefix snapshot exists); in one shared module nothing can be
     /// freed. Returns whether a session was freed.
     pub fn release_prefill(&mut self) -> bool {
+        if self.manifest.is_v2() {
+            // No prefill graph: prefills are chunk calls, refused from now on all the same.
+            self.prefill_released = true;
+            return false;
+        }
         let Some((index, _)) = self.functions.remove(&Graph::Prefill) else {
             return false;
         };
@@ -351,6 +373,9 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
+        if self.manifest.is_v2() {
+            return self.v2_prefill(tokens);
+        }
         let spec = self.manifest.spec.clone();
         // Whatever the route, a session without the prefill graph (released, or opened without
         // it) refuses prefills, as the seed does: one behaviour for every layout.
@@ -376,11 +401,17 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
+        if self.manifest.is_v2() {
+            return self.v2_chunk(tokens);
+        }
         let plan = plan_chunk(&self.manifest.spec, self.position, tokens)?;
         self.run_chunk(&plan)
     }
 
     fn step(&mut self, token: i32) -> Result<i32> {
+        if self.manifest.is_v2() {
+            return self.v2_step(token);
+        }
         let spec = self.manifest.spec.clone();
         let plan = plan_step(&spec, self.position, token, self.options.rule)?;
         let mut inputs = HashMap::new();
@@ -395,16 +426,24 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn snapshot(&self) -> Result<IreeSnapshot> {
+        if self.manifest.is_v2() {
+            return Ok(self.v2_snapshot());
+        }
         Ok(IreeSnapshot {
             session: self.id,
             position: self.position,
             layers: self.layers.clone(),
+            pin: None,
             top_k: self.last_top_k.clone(),
         })
     }
 
     fn restore(&mut self, snapshot: &IreeSnapshot) -> Result<()> {
         self.id.check_owner(snapshot.session)?;
+        if self.manifest.is_v2() {
+            self.v2_restore(snapshot);
+            return Ok(());
+        }
         self.layers = snapshot.layers.clone();
         self.position = snapshot.position;
         self.last_top_k = snapshot.top_k.clone();
@@ -426,6 +465,9 @@ impl KvBackend for IreeKvBackend {
                 layer,
                 n_layers: spec.n_layers,
             });
+        }
+        if self.manifest.is_v2() {
+            return self.v2_read_layer(self.v2.as_ref(), layer, self.position);
         }
         match self.layers.get(layer) {
             Some(cache) => cache.to_host(spec),
@@ -461,6 +503,13 @@ impl IreeKvBackend {
     /// Whether this session's caches are `snapshot`'s device views themselves (what a restore
     /// leaves behind), not copies of them.
     pub fn holds_views_of(&self, snapshot: &IreeSnapshot) -> bool {
+        if self.manifest.is_v2() {
+            return match (&self.v2, &snapshot.pin) {
+                (Some(set), Some(pin)) => Arc::ptr_eq(set, pin.set()),
+                (None, None) => true,
+                _ => false,
+            };
+        }
         self.layers.len() == snapshot.layers.len()
             && self
                 .layers
@@ -634,6 +683,11 @@ impl PersistSnapshot for IreeKvBackend {
     fn snapshot_layers(&self, snapshot: &IreeSnapshot) -> Result<Vec<LayerKv>> {
         self.id.check_owner(snapshot.session)?;
         let spec = &self.manifest.spec;
+        if self.manifest.is_v2() {
+            return (0..spec.n_layers)
+                .map(|l| self.v2_read_layer(snapshot.pin.as_ref().map(v2::Pin::set), l, snapshot.position))
+                .collect();
+        }
         if snapshot.layers.is_empty() {
             return Ok((0..spec.n_layers).map(|_| LayerKv::empty(spec)).collect());
         }
@@ -642,6 +696,9 @@ impl PersistSnapshot for IreeKvBackend {
 
     /// One upload per K and V buffer, straight from the caller's slices (a mapped file).
     fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<IreeSnapshot> {
+        if self.manifest.is_v2() {
+            return self.v2_from_layers(position, layers);
+        }
         let spec = &self.manifest.spec;
         // A session at position 0 holds no buffers (Vulkan refuses empty ones).
         let layers = if position == 0 {
@@ -664,6 +721,7 @@ impl PersistSnapshot for IreeKvBackend {
             session: self.id,
             position,
             layers,
+            pin: None,
             top_k: None,
         })
     }

@@ -22,8 +22,12 @@ pub enum Transfer<'a> {
         target_offset: usize,
         length: usize,
     },
-    /// Every byte of `target` set to zero.
-    Zero { target: &'a BufferView },
+    /// `length` bytes of `target` from `offset` set to zero (both multiples of 4).
+    Zero {
+        target: &'a BufferView,
+        offset: usize,
+        length: usize,
+    },
 }
 
 const OP: &str = "device transfer";
@@ -75,11 +79,12 @@ fn buffer_ref(view: &BufferView, offset: usize, length: usize) -> sys::iree_hal_
 }
 
 impl Device {
-    /// Runs `ops` in order on this device, as one command buffer, and waits for them.
+    /// Runs `ops` on this device as one command buffer and waits for them.
     ///
     /// Every view must live on this device and every range must lie inside its view; nothing
-    /// is submitted when one does not. Copies between overlapping ranges of one buffer are not
-    /// supported (the HAL does not order them within a command buffer).
+    /// is submitted when one does not. The ops are recorded without barriers, so the HAL may
+    /// run them in any order or at once: no op may touch bytes another op of the same call
+    /// writes (the caller's contract; not checked).
     pub fn transfer(&self, ops: &[Transfer<'_>]) -> Result<()> {
         if ops.is_empty() {
             return Ok(());
@@ -87,7 +92,7 @@ impl Device {
         for op in ops {
             let views: &[&BufferView] = match op {
                 Transfer::Copy { source, target, .. } => &[*source, *target],
-                Transfer::Zero { target } => &[*target],
+                Transfer::Zero { target, .. } => &[*target],
             };
             if let Some(foreign) = views.iter().find(|v| !v.device().same_as(self)) {
                 return Err(Error::InvalidArgument {
@@ -109,6 +114,15 @@ impl Device {
             {
                 in_bounds(source, source_offset, length, "source")?;
                 in_bounds(target, target_offset, length, "target")?;
+            }
+            if let Transfer::Zero { target, offset, length } = *op {
+                in_bounds(target, offset, length, "fill")?;
+                if offset % 4 != 0 || length % 4 != 0 {
+                    return Err(Error::InvalidArgument {
+                        op: OP,
+                        reason: format!("fill range {offset}+{length} is not 4-byte aligned"),
+                    });
+                }
             }
         }
 
@@ -149,17 +163,17 @@ impl Device {
                         ),
                         format!("{OP}: record a copy of {length} bytes"),
                     )?,
-                    Transfer::Zero { target } => {
+                    Transfer::Zero { target, offset, length } => {
                         let zero = 0u32;
                         check(
                             sys::iree_hal_command_buffer_fill_buffer(
                                 cb,
-                                buffer_ref(target, 0, target.byte_length()),
+                                buffer_ref(target, offset, length),
                                 (&zero as *const u32).cast(),
                                 std::mem::size_of::<u32>(),
                                 sys::IREE_HAL_FILL_FLAG_NONE as _,
                             ),
-                            format!("{OP}: record a fill of {} bytes", target.byte_length()),
+                            format!("{OP}: record a fill of {length} bytes"),
                         )?
                     }
                 }

@@ -318,7 +318,11 @@ fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
     let row = 3 * 4;
     device
         .transfer(&[
-            Transfer::Zero { target: &cache },
+            Transfer::Zero {
+                target: &cache,
+                offset: 0,
+                length: 8 * row,
+            },
             // Rows 1..3 of the call's result into rows 4..6 of the cache.
             Transfer::Copy {
                 source: &result,
@@ -345,7 +349,11 @@ fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
     // Out of bounds: refused before anything is submitted, the target keeps its contents.
     let err = device
         .transfer(&[
-            Transfer::Zero { target: &fork },
+            Transfer::Zero {
+                target: &fork,
+                offset: 0,
+                length: 8 * row,
+            },
             Transfer::Copy {
                 source: &result,
                 source_offset: 0,
@@ -362,6 +370,12 @@ fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
     // A view of another device is refused.
     let other = Device::open(&common::instance(), device_name).unwrap();
     let foreign = BufferView::allocate_f32(&other, &[8, 3]).unwrap();
-    let err = device.transfer(&[Transfer::Zero { target: &foreign }]).unwrap_err();
+    let err = device
+        .transfer(&[Transfer::Zero {
+            target: &foreign,
+            offset: row,
+            length: row,
+        }])
+        .unwrap_err();
     assert!(err.to_string().contains("a view of device"), "{err}");
 }
