@@ -23,12 +23,15 @@ export_twin() { # name, then export flags
   rm -rf "$tmp"
 }
 # VARIANTS picks a subset (each export of the twin takes minutes on a small machine).
-VARIANTS=${VARIANTS:-packed i16-ampere cpu}
+# The -v2 variants are contract v2 exports (docs/contract-v2.md) of the same graphs.
+VARIANTS=${VARIANTS:-packed i16-ampere i16-ampere-v2 cpu cpu-v2}
 for v in $VARIANTS; do
   case $v in
     packed) export_twin packed --targets vulkan ;;
     i16-ampere) export_twin i16-ampere --targets vulkan --weights i16 --vulkan-target ampere ;;
+    i16-ampere-v2) export_twin i16-ampere-v2 --targets vulkan --weights i16 --vulkan-target ampere --contract 2 ;;
     cpu) export_twin cpu --targets cpu --cpu x86-64-v3 --weights bf16 ;;
+    cpu-v2) export_twin cpu-v2 --targets cpu --cpu x86-64-v3 --weights bf16 --contract 2 ;;
   esac
 done
 
@@ -42,20 +45,25 @@ cp -r "$SKAINET_KV_CACHE/artifacts/tiny-gemma3-7-vulkan-shared" $D/cache/artifac
 rm -rf $D/tiny-three
 ./target/release/skainet-kv export --model tiny-gemma3:7 --out $D/tiny-three --targets vulkan --layout three
 
-# Arguments of the bare step function for iree-benchmark-module (past = 200 rows).
+# Arguments of each variant's bare step function for iree-benchmark-module: v1 with past = 200
+# rows, v2 at pos = 200 (its caches are static, maxPositions rows).
 python3 - "$D" <<'PY'
-import re, subprocess, sys
+import glob, os, re, subprocess, sys
 d = sys.argv[1]
-import glob
-vmfb = sorted(glob.glob(f"{d}/*/gemma.vulkan*.vmfb"))[0]
-dump = subprocess.run(["iree-dump-module", vmfb], capture_output=True, text=True).stdout
-decl = next(l for l in dump.splitlines() if "sync func @gemma_with_past(" in l)
-inputs = decl.split("(", 1)[1].split(") ->")[0]
-args = []
-for m in re.finditer(r"tensor<([^>]*)>", inputs):
-    t = m.group(1).replace("?", "200")
-    args.append(f"--input={t}=7" if t.endswith("i32") else f"--input={t}=0.01")
-open(f"{d}/step-args.txt", "w").write(" ".join(args))
+for vmfb in sorted(glob.glob(f"{d}/*/gemma.*.vmfb")):
+    dump = subprocess.run(["iree-dump-module", vmfb], capture_output=True, text=True).stdout
+    decl = next((l for l in dump.splitlines() if "sync func @gemma_with_past(" in l), None)
+    if decl is None:
+        continue
+    inputs = decl.split("(", 1)[1].split(") ->")[0]
+    args = []
+    for i, m in enumerate(re.finditer(r"tensor<([^>]*)>", inputs)):
+        t = m.group(1).replace("?", "200")
+        if t.endswith("i32"):
+            args.append(f"--input={t}=200" if i == 2 else f"--input={t}=7")
+        else:
+            args.append(f"--input={t}=0.01")
+    open(os.path.join(os.path.dirname(vmfb), "step-args.txt"), "w").write(" ".join(args))
 PY
 
 # The device has NVIDIA's ICD but no loader: Debian's, unpacked there.

@@ -18,7 +18,7 @@ use kv_core::{
 
 use crate::convert::{contract_err, iree_err};
 use crate::embedding::Embedding;
-use crate::open::{open_graphs, IreeOptions, Opened};
+use crate::open::{check_arg_counts, declared_input_dims, open_graphs, open_sessions, IreeOptions, Opened};
 
 /// One layer's cache: a `[1, nKvHeads, rows, d]` view covering positions `first..first + rows`.
 #[derive(Clone)]
@@ -118,26 +118,65 @@ impl IreeKvBackend {
         Self::from_opened(dir, manifest, options, opened)
     }
 
-    /// As [`Self::open_manifest`], but `seq` is taken from the prefill function's declared
-    /// `tokens` shape (the seed's JNI `nativeCreate` is not told SEQ). Without a prefill module
-    /// the manifest's `seq` stays.
+    /// As [`Self::open_manifest`] for a v1 manifest built without knowing the artifacts (the
+    /// seed's JNI `nativeCreate` is told neither the contract nor SEQ): the contract is read from
+    /// the step function's declared arguments (v2's third argument is `pos [1]`, v1's a RoPE
+    /// table `[1, d]`), and with it
+    /// - v1: `seq` from the prefill function's declared `tokens` shape (without a prefill module
+    ///   the manifest's `seq` stays);
+    /// - v2: `maxPositions` from the declared cache shape `[P, nKV, d]`, and `seq` = `P` (a
+    ///   prefill is chunk calls, as long as the caches hold). v2 has no prefill graph: a prefill
+    ///   module passed with v2 graphs is refused.
     pub fn open_manifest_learning_seq(dir: &Path, mut manifest: Manifest, options: IreeOptions) -> Result<Self> {
         manifest.validate()?;
-        let opened = open_graphs(dir, &manifest, manifest.kv_graphs(), &options)?;
-        if let Some((_, function)) = opened.functions.get(&Graph::Prefill) {
-            let index = manifest
-                .args_or_canonical(Graph::Prefill)
-                .iter()
-                .position(|&a| a == Name::Tokens)
-                .unwrap_or_else(|| kv_core::error::invariant("validated prefill args name `tokens`"));
-            let seq = match crate::open::declared_input_dims(function, index).as_deref() {
+        let mut opened = open_sessions(dir, &manifest, manifest.kv_graphs(), &options)?;
+        let declared = |opened: &Opened, graph: Graph, name: Name, manifest: &Manifest| {
+            let (_, function) = opened.functions.get(&graph)?;
+            let index = manifest.canonical_args(graph).iter().position(|&a| a == name)?;
+            Some((function.name.clone(), declared_input_dims(function, index)))
+        };
+        let step_pos = declared(&opened, Graph::Step, Name::Cos(manifest.spec.layer_kind(0)), &manifest);
+        if let Some((_, Some(dims))) = &step_pos {
+            if dims.as_slice() == [Some(1)] {
+                if let Some((_, prefill)) = opened.functions.get(&Graph::Prefill) {
+                    return Err(contract_err(
+                        "open",
+                        format!(
+                            "the step and chunk graphs are contract v2, which has no prefill graph; pass no prefill module (got {})",
+                            prefill.name
+                        ),
+                    ));
+                }
+                manifest = manifest.into_v2();
+                let capacity = match declared(&opened, Graph::Step, Name::K(0), &manifest) {
+                    Some((_, Some(dims))) => match dims.as_slice() {
+                        &[Some(p), Some(kv), Some(d)]
+                            if kv == manifest.spec.n_kv_heads && d == manifest.spec.head_dim =>
+                        {
+                            p
+                        }
+                        other => {
+                            return Err(contract_err(
+                                "open",
+                                format!("a v2 step's cache is declared {other:?}, expected [P, nKvHeads, headDim]"),
+                            ))
+                        }
+                    },
+                    _ => return Err(contract_err("open", "cannot read the v2 step's declared cache shape")),
+                };
+                manifest.spec.max_positions = capacity;
+                manifest.spec.seq = capacity;
+                manifest.validate()?;
+            }
+        }
+        if let Some((name, dims)) = declared(&opened, Graph::Prefill, Name::Tokens, &manifest) {
+            let seq = match dims.as_deref() {
                 Some(&[Some(seq)]) => seq,
                 other => {
                     return Err(contract_err(
                         "prefill",
                         format!(
-                            "cannot learn SEQ from {}: its `tokens` argument is declared {other:?}, expected one fixed dimension",
-                            function.name
+                            "cannot learn SEQ from {name}: its `tokens` argument is declared {other:?}, expected one fixed dimension"
                         ),
                     ))
                 }
@@ -146,6 +185,8 @@ impl IreeKvBackend {
             manifest.spec.max_positions = manifest.spec.max_positions.max(seq);
             manifest.validate()?;
         }
+        opened.functions.retain(|g, _| manifest.kv_graphs().contains(g));
+        check_arg_counts(&manifest, &opened)?;
         Self::from_opened(dir, manifest, options, opened)
     }
 

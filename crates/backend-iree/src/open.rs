@@ -167,7 +167,44 @@ pub fn declared_input_dims(function: &Function, index: usize) -> Option<Vec<Opti
         .collect()
 }
 
+/// Opens `graphs` and checks each function's argument count against the manifest's contract.
 pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], options: &IreeOptions) -> Result<Opened> {
+    let opened = open_sessions(dir, manifest, graphs, options)?;
+    check_arg_counts(manifest, &opened)?;
+    Ok(opened)
+}
+
+/// Every opened function takes as many arguments as `manifest`'s contract says: a vmfb of another
+/// contract or shape fails here, at open, not in a call.
+pub(crate) fn check_arg_counts(manifest: &Manifest, opened: &Opened) -> Result<()> {
+    for (&graph, (_, function)) in &opened.functions {
+        let want = match graph {
+            Graph::Redecode => 1,
+            Graph::RedecodeAt => 2,
+            _ => manifest.args_or_canonical(graph).len(),
+        };
+        let got = arg_count(&function.calling_convention);
+        if got != want {
+            return Err(Error::ContractMismatch {
+                backend: "iree",
+                op: format!("open `{}`", function.name),
+                message: format!(
+                    "the module's function takes {got} arguments but the `{}` contract for this manifest has {want}: a vmfb of another contract or shape",
+                    graph.key()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Opens the sessions of `graphs` and looks their functions up (no contract check).
+pub(crate) fn open_sessions(
+    dir: &Path,
+    manifest: &Manifest,
+    graphs: &[Graph],
+    options: &IreeOptions,
+) -> Result<Opened> {
     let target = target_for(manifest, options)?;
     let instance = Instance::shared().map_err(iree_err("create instance"))?;
     let device = match (options.device.as_str(), options.workers) {
@@ -217,22 +254,6 @@ pub(crate) fn open_graphs(dir: &Path, manifest: &Manifest, graphs: &[Graph], opt
         let function = session
             .lookup(name)
             .map_err(iree_err(format!("look up `{}` function", graph.key())))?;
-        let want = match graph {
-            Graph::Redecode => 1,
-            Graph::RedecodeAt => 2,
-            _ => manifest.args_or_canonical(graph).len(),
-        };
-        let got = arg_count(&function.calling_convention);
-        if got != want {
-            return Err(Error::ContractMismatch {
-                backend: "iree",
-                op: format!("open `{name}`"),
-                message: format!(
-                    "the module's function takes {got} arguments but the `{}` contract for this manifest has {want}: a vmfb of another contract or shape",
-                    graph.key()
-                ),
-            });
-        }
         functions.insert(graph, (index, function));
     }
     Ok(Opened {
