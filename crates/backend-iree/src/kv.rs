@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use iree_runtime::{BufferView, Device, ElementType, Function, Session};
+use iree_runtime::{BufferView, Device, ElementType, Function};
 use kv_core::irpa::FileStamp;
 use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
@@ -19,6 +19,7 @@ use kv_core::{
 use crate::convert::{contract_err, iree_err};
 use crate::embedding::Embedding;
 use crate::open::{check_arg_counts, declared_input_dims, open_graphs, open_sessions, IreeOptions, Opened};
+use crate::shared::SharedModule;
 
 /// One layer's cache: a `[1, nKvHeads, rows, d]` view covering positions `first..first + rows`.
 #[derive(Clone)]
@@ -85,7 +86,7 @@ pub struct IreeKvBackend {
     manifest: Manifest,
     options: IreeOptions,
     device: Device,
-    sessions: Vec<Option<Session>>,
+    sessions: Vec<Option<Arc<SharedModule>>>,
     /// Each session's parameter archive as it was at open (checked before each call).
     archives: Vec<FileStamp>,
     functions: HashMap<Graph, (usize, Function)>,
@@ -312,9 +313,10 @@ impl IreeKvBackend {
         let refs: Vec<&BufferView> = ordered.iter().collect();
         self.archives[*index].check()?;
         let session = self.sessions[*index]
-            .as_mut()
+            .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));
         let results = session
+            .lock()
             .call_function(function, &refs)
             .map_err(iree_err(format!("call {}", function.name)))?;
         let names = &self.outputs[&graph];

@@ -25,6 +25,7 @@ mod embedding;
 mod kv;
 mod open;
 mod redecode;
+mod shared;
 
 pub use convert::iree_status;
 pub use embedding::Embedding;
@@ -32,3 +33,4 @@ pub use iree_runtime::StatusCode;
 pub use kv::{IreeKvBackend, IreeSnapshot};
 pub use open::{declared_input_dims, IreeOptions, PrefillRoute, DEFAULT_CHUNKED_PREFILL_CALLS, DEVICES};
 pub use redecode::IreeRedecodeBackend;
+pub use shared::open_module_count;

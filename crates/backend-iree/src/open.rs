@@ -3,11 +3,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use iree_runtime::{Device, Function, Instance, Session};
+use std::sync::Arc;
+
+use iree_runtime::{Device, Function};
 use kv_core::irpa::FileStamp;
 use kv_core::{Error, Graph, Manifest, Result, WindowRule};
 
 use crate::convert::iree_err;
+use crate::shared::{self, DeviceKey, SharedModule};
 
 /// The device names a session can be opened on: the runtime's list.
 pub use iree_runtime::DEVICE_NAMES as DEVICES;
@@ -87,7 +90,8 @@ impl PrefillRoute {
 
 pub(crate) struct Opened {
     pub device: Device,
-    pub sessions: Vec<Option<Session>>,
+    /// Contexts shared with every other session of this process on the same files and device.
+    pub sessions: Vec<Option<Arc<SharedModule>>>,
     /// The parameter archive of each session as it was at open: IREE maps it, so a call on a
     /// session whose archive changed could raise SIGBUS; callers check before each call.
     pub archives: Vec<FileStamp>,
@@ -206,14 +210,13 @@ pub(crate) fn open_sessions(
     options: &IreeOptions,
 ) -> Result<Opened> {
     let target = target_for(manifest, options)?;
-    let instance = Instance::shared().map_err(iree_err("create instance"))?;
-    let device = match (options.device.as_str(), options.workers) {
-        ("local-task", Some(workers)) => Device::open_local_task(&instance, workers),
-        (name, _) => Device::open(&instance, name),
-    }
-    .map_err(iree_err(format!("open device `{}`", options.device)))?;
+    let device_key = DeviceKey {
+        name: options.device.clone(),
+        workers: options.workers,
+    };
+    let device = shared::device(&device_key)?;
 
-    let mut sessions: Vec<Option<Session>> = Vec::new();
+    let mut sessions: Vec<Option<Arc<SharedModule>>> = Vec::new();
     let mut archives = Vec::new();
     let mut by_files: HashMap<(PathBuf, PathBuf), usize> = HashMap::new();
     let mut functions = HashMap::new();
@@ -232,13 +235,8 @@ pub(crate) fn open_sessions(
         let index = match by_files.get(&(vmfb.clone(), irpa.clone())) {
             Some(&i) => i,
             None => {
-                let session = Session::open(&device, &vmfb, &[(manifest.parameter_scope.as_str(), irpa.as_path())])
-                    .map_err(iree_err(format!(
-                        "open `{}` with parameters `{}`",
-                        vmfb.display(),
-                        irpa.display()
-                    )))?;
-                sessions.push(Some(session));
+                let module = shared::module(&device, &device_key, &vmfb, &irpa, &manifest.parameter_scope)?;
+                sessions.push(Some(module));
                 archives.push(FileStamp::open(&irpa)?);
                 by_files.insert((vmfb, irpa), sessions.len() - 1);
                 sessions.len() - 1
@@ -252,6 +250,7 @@ pub(crate) fn open_sessions(
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("session just opened"));
         let function = session
+            .lock()
             .lookup(name)
             .map_err(iree_err(format!("look up `{}` function", graph.key())))?;
         functions.insert(graph, (index, function));

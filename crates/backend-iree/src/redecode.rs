@@ -3,17 +3,20 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use iree_runtime::{BufferView, Device, ElementType, Function, Session};
+use std::sync::Arc;
+
+use iree_runtime::{BufferView, Device, ElementType, Function};
 use kv_core::irpa::FileStamp;
 use kv_core::{Error, Graph, Manifest, RedecodeBackend, Result};
 
 use crate::convert::{contract_err, iree_err};
 use crate::open::{open_graphs, IreeOptions, Opened};
+use crate::shared::SharedModule;
 
 /// `f(tokens [1, SEQ] i32) → [SEQ] i32`, the next id at every position, argmax in-graph.
 pub struct IreeRedecodeBackend {
     device: Device,
-    session: Session,
+    session: Arc<SharedModule>,
     /// The session's parameter archive as it was at open (checked before each call).
     archive: FileStamp,
     function: Function,
@@ -147,6 +150,7 @@ impl RedecodeBackend for IreeRedecodeBackend {
         let input = BufferView::from_i32(&self.device, &[1, self.seq], tokens).map_err(iree_err("upload tokens"))?;
         let results = self
             .session
+            .lock()
             .call_function(&self.function, &[&input])
             .map_err(iree_err(format!("call {}", self.function.name)))?;
         // Checked before any read: a vmfb of another shape must fail, not misread device memory.
