@@ -110,7 +110,12 @@ pub(crate) fn module(
         scope: scope.to_string(),
     };
     let mut open = live();
-    if let Some(module) = open.iter().filter_map(Weak::upgrade).find(|m| m.key == key) {
+    // The device too: two threads opening at once may each have made a device for one key.
+    if let Some(module) = open
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|m| m.key == key && m.device.same_as(device))
+    {
         return Ok(module);
     }
     let session = Session::open(device, vmfb, &[(scope, archive)]).map_err(iree_err(format!(

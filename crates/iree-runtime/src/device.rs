@@ -170,7 +170,8 @@ impl Device {
         self.inner.instance.host_allocator()
     }
 
-    pub(crate) fn same_as(&self, other: &Device) -> bool {
+    /// Whether `other` is this very device (a clone of it), not another device of the driver.
+    pub fn same_as(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
