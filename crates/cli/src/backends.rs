@@ -170,6 +170,8 @@ pub struct ModelSource {
     pub redecode_seq: Option<usize>,
     /// Top-k results an export made on demand must have (sampling); 0 = none needed.
     pub top_k: usize,
+    /// The graph contract of an export made on demand (1, or 2: `docs/contract-v2.md`).
+    pub contract: u32,
 }
 
 impl ModelSource {
@@ -180,6 +182,7 @@ impl ModelSource {
             target: TargetArgs::default(),
             redecode_seq: None,
             top_k: 0,
+            contract: kv_core::manifest::CONTRACT_VERSION,
         }
     }
 
@@ -215,8 +218,11 @@ impl ModelSource {
             }
         };
         if self.redecode_seq.is_none()
-            && kv_core::Manifest::load(&dir)
-                .is_ok_and(|m| m.modules.contains_key(&target.key()) && m.top_k.unwrap_or(0) >= self.top_k)
+            && kv_core::Manifest::load(&dir).is_ok_and(|m| {
+                m.modules.contains_key(&target.key())
+                    && m.top_k.unwrap_or(0) >= self.top_k
+                    && m.contract_version == self.contract
+            })
         {
             return Ok(dir);
         }
@@ -225,7 +231,7 @@ impl ModelSource {
         } else {
             dir.display().to_string()
         };
-        // The runtime settings (bf16 CPU weights, packed Vulkan weights); real models get a
+        // The runtime settings of the contract (bf16 CPU weights, packed Vulkan weights); real models get a
         // redecode graph that fits a prompt (SEQ 1024 would time padding); `--redecode-seq`
         // chooses another.
         let redecode_seq = match (self.redecode_seq, crate::model::is_real_model(&self.model)) {
@@ -237,7 +243,7 @@ impl ModelSource {
             targets: vec![target.clone()],
             redecode_seq,
             top_k: self.top_k,
-            ..export::runtime_options(&target)
+            ..export::runtime_options_for(&target, self.contract)
         };
         if !export::is_cached(&model, &options)? {
             eprintln!(

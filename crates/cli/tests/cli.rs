@@ -210,6 +210,18 @@ fn errors_are_one_line_and_fail() {
             ],
             "miscompiles bf16",
         ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--contract",
+                "3",
+            ],
+            "not in 1..=2",
+        ),
     ];
     for (args, needle) in cases {
         let (ok, _, stderr) = skainet(args);

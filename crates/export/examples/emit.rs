@@ -2,7 +2,7 @@
 //! flags by hand with `iree-compile`):
 //!
 //! `cargo run -p export --example emit -- MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16]
-//! [--layers N] [--seq N] [--redecode-seq N]`
+//! [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2]`
 //!
 //! MODEL is a fixture name (only its manifest is read, nothing is materialized) or a directory
 //! holding `manifest.json`; GRAPHS is a comma-separated list of graph keys (`prefill`,
@@ -18,7 +18,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N]"
+            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2]"
         );
         std::process::exit(2);
     }
@@ -98,6 +98,11 @@ fn main() {
                 }
             }
             "--seq" => m.spec.seq = value.parse().expect("--seq N"),
+            "--contract" => {
+                if value.as_str() == "2" {
+                    m = m.into_v2();
+                }
+            }
             "--redecode-seq" => options.redecode_seq = Some(value.parse().expect("--redecode-seq N")),
             other => panic!("unknown flag `{other}`"),
         }

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::manifest::{Functions, Parameters};
+use kv_core::manifest::{Functions, Parameters, CONTRACT_V2, CONTRACT_VERSION};
 use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
 use kv_core::{Graph, Manifest};
 
@@ -108,6 +108,10 @@ pub struct ExportOptions {
     /// position and their ids (`topk.logits`, `topk.ids`), for sampling; 0 = they do not (the
     /// default: a reduction over the vocabulary per call is slow on some GPUs).
     pub top_k: usize,
+    /// The graph contract: 1 (`shared/CONTRACT.md`, the default) or 2 (`docs/contract-v2.md`:
+    /// static-shape chunk and step graphs over caches the runtime owns). Contract 2 has no
+    /// prefill graph: [`Self::graphs`]' prefill is skipped; the redecode graphs are v1's.
+    pub contract: u32,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -148,11 +152,23 @@ impl Default for ExportOptions {
             compile_flags: Vec::new(),
             graph_flags: BTreeMap::new(),
             top_k: 0,
+            contract: kv_core::manifest::CONTRACT_VERSION,
         }
     }
 }
 
 impl ExportOptions {
+    /// The graphs this export writes: [`Self::graphs`] less the prefill under contract 2, which
+    /// has none.
+    pub fn exported_graphs(&self) -> Vec<Graph> {
+        let v2 = self.contract == CONTRACT_V2;
+        self.graphs
+            .iter()
+            .copied()
+            .filter(|&g| !(v2 && g == Graph::Prefill))
+            .collect()
+    }
+
     /// Every `iree-compile` flag of `graph`'s module: the weight format's, then
     /// [`Self::compile_flags`], then `graph`'s own.
     pub fn flags_of(&self, graph: Graph) -> Vec<String> {
@@ -191,6 +207,14 @@ struct ModulePlan {
 
 /// Writes the artifacts of `source` into `out_dir` and returns the manifest written there.
 pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions) -> Result<Manifest> {
+    if options.contract != CONTRACT_VERSION && options.contract != CONTRACT_V2 {
+        return Err(ExportError::Unsupported(format!(
+            "contract {}: the exporter writes contracts {CONTRACT_VERSION} and {CONTRACT_V2}",
+            options.contract
+        )));
+    }
+    let v2 = options.contract == CONTRACT_V2;
+    let graphs = options.exported_graphs();
     let src_dir = source.dir()?;
     let src = Manifest::load(&src_dir)?;
     let arch = src.require_architecture()?.clone();
@@ -206,12 +230,22 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if let Some(s) = options.prefill_seq {
         m.spec.seq = s;
     }
-    m.set_top_k((options.top_k > 0).then_some(options.top_k));
     let prefix = options
         .prefix
         .clone()
         .unwrap_or_else(|| arch.family.default_prefix().to_string());
-    m.functions = Functions::with_prefix(&prefix);
+    if v2 {
+        // v2's argument lists are its own (the source's, if reordered, are v1 lists): canonical
+        // ones, with what the source says beyond the graphs kept.
+        let mut fresh = Manifest::new(m.spec.clone(), Some(arch.clone()), &prefix).into_v2();
+        fresh.parameter_scope = m.parameter_scope.clone();
+        fresh.provenance = m.provenance.clone();
+        m = fresh;
+    }
+    m.set_top_k((options.top_k > 0).then_some(options.top_k));
+    if !v2 {
+        m.functions = Functions::with_prefix(&prefix);
+    }
     m.modules.clear();
     m.validate()?;
 
@@ -232,23 +266,13 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     }
 
     std::fs::create_dir_all(out_dir).map_err(ExportError::io("creating", out_dir))?;
-    let kv: Vec<Graph> = options
-        .graphs
-        .iter()
-        .copied()
-        .filter(|g| Graph::KV.contains(g))
-        .collect();
-    let redecode: Vec<Graph> = options
-        .graphs
-        .iter()
-        .copied()
-        .filter(|g| !Graph::KV.contains(g))
-        .collect();
+    let kv: Vec<Graph> = graphs.iter().copied().filter(|g| Graph::KV.contains(g)).collect();
+    let redecode: Vec<Graph> = graphs.iter().copied().filter(|g| !Graph::KV.contains(g)).collect();
     let mut plans = Vec::new();
     let mut key_maps: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     match options.layout {
         Layout::Shared => {
-            let groups = flag_groups(&options.graphs, options);
+            let groups = flag_groups(&graphs, options);
             let split = groups.len() > 1;
             for (graphs, flags) in groups {
                 plans.push(ModulePlan {
@@ -367,8 +391,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             .collect::<Vec<_>>()
             .join(","),
     );
-    let per_graph: BTreeMap<String, String> = options
-        .graphs
+    let per_graph: BTreeMap<String, String> = graphs
         .iter()
         .map(|&g| (g.key().to_string(), options.flags_of(g).join(" ")))
         .collect();

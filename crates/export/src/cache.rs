@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use kv_core::manifest::MANIFEST_FILE;
+use kv_core::manifest::{CONTRACT_VERSION, MANIFEST_FILE};
 
 use sha2::{Digest, Sha256};
 
@@ -58,7 +58,13 @@ fn hex(bytes: &[u8]) -> String {
 /// (fused into the decode step's matmuls; needs the 16-bit storage such targets have). CPU
 /// modules are compiled with [`CPU_RUNTIME_FLAGS`].
 pub fn runtime_options(target: &Target) -> ExportOptions {
-    ExportOptions {
+    runtime_options_for(target, CONTRACT_VERSION)
+}
+
+/// [`runtime_options`] for graph contract `contract` (1 or 2). Contract 2 exports no prefill
+/// graph, and its CPU modules are compiled with [`CPU_RUNTIME_FLAGS_V2`].
+pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
+    let v1 = ExportOptions {
         weights: match target {
             Target::Cpu { .. } => crate::WeightFormat::Bf16,
             Target::Vulkan { target: None } => crate::WeightFormat::PackedI32,
@@ -69,6 +75,23 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
             Target::Vulkan { .. } => Vec::new(),
         },
         ..ExportOptions::default()
+    };
+    if contract == CONTRACT_VERSION {
+        return v1;
+    }
+    ExportOptions {
+        contract,
+        graphs: v1
+            .graphs
+            .iter()
+            .copied()
+            .filter(|&g| g != kv_core::Graph::Prefill)
+            .collect(),
+        compile_flags: match target {
+            Target::Cpu { .. } => CPU_RUNTIME_FLAGS_V2.iter().map(|f| f.to_string()).collect(),
+            Target::Vulkan { .. } => Vec::new(),
+        },
+        ..v1
     }
 }
 
@@ -101,6 +124,14 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
 pub const CPU_RUNTIME_FLAGS: &[&str] = &[
     "--iree-opt-level=O3",
     "--iree-dispatch-creation-enable-aggressive-fusion=false",
+];
+
+/// The `iree-compile` flags of CPU runtime exports of contract 2 (every shape static).
+/// PROVISIONAL: to be measured.
+pub const CPU_RUNTIME_FLAGS_V2: &[&str] = &[
+    "--iree-opt-level=O3",
+    "--iree-global-opt-data-tiling",
+    "--iree-llvmcpu-enable-ukernels=all",
 ];
 
 /// The default cache root: `artifacts/` in the project's cache ([`kv_paths::Root::Cache`]:
@@ -226,7 +257,7 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
         "chunk": options.chunk,
         "compileFlags": options.compile_flags,
         "graphFlags": graph_flags,
-        "graphs": options.graphs.iter().map(|g| g.key()).collect::<Vec<_>>(),
+        "graphs": options.exported_graphs().iter().map(|g| g.key()).collect::<Vec<_>>(),
         "prefillSeq": options.prefill_seq,
         "prefix": options.prefix,
         "redecodeSeq": options.redecode_seq,
@@ -236,6 +267,10 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     // Off by default, and then absent: exports without top-k keep the names they had before it.
     if options.top_k != 0 {
         settings["topK"] = serde_json::json!(options.top_k);
+    }
+    // Absent for contract 1, for the same reason.
+    if options.contract != CONTRACT_VERSION {
+        settings["contract"] = serde_json::json!(options.contract);
     }
     // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
     // with) another machine never runs code built for instructions that one lacks.
@@ -270,8 +305,9 @@ fn canonical(settings: &serde_json::Value) -> String {
     sorted(settings).to_string()
 }
 
-/// The cache entry's name: `<model>-<targets>-<layout>`, and for settings other than the defaults
-/// the first 8 hex digits of the sha256 of their canonical form.
+/// The cache entry's name: `<model>-<targets>-<layout>`, then `-v<contract>` for a contract other
+/// than 1, and for settings other than that contract's defaults the first 8 hex digits of the
+/// sha256 of their canonical form.
 pub fn entry_name(model: &str, options: &ExportOptions) -> String {
     let targets: Vec<String> = options.targets.iter().map(Target::key).collect();
     let mut name = format!(
@@ -280,9 +316,13 @@ pub fn entry_name(model: &str, options: &ExportOptions) -> String {
         targets.join("+"),
         layout_key(options.layout)
     );
+    if options.contract != CONTRACT_VERSION {
+        name = format!("{name}-v{}", options.contract);
+    }
     let defaults = ExportOptions {
         targets: Vec::new(),
         layout: options.layout,
+        contract: options.contract,
         ..ExportOptions::default()
     };
     let settings = canonical(&settings(options));
@@ -342,6 +382,38 @@ mod tests {
         );
     }
 
+    /// Contract 2 is named (`-v2`) and hashed beside contract 1's entries, whose names do not
+    /// change; its default graph list (the prefill dropped or not) is one entry.
+    #[test]
+    fn contract_2_entries_are_named_apart() {
+        let v1 = ExportOptions {
+            targets: vec![Target::cpu()],
+            ..ExportOptions::default()
+        };
+        let v2 = ExportOptions {
+            contract: 2,
+            ..v1.clone()
+        };
+        assert_eq!(entry_name("tiny-gemma3:7", &v1), "tiny-gemma3-7-llvm-cpu-shared");
+        assert_eq!(entry_name("tiny-gemma3:7", &v2), "tiny-gemma3-7-llvm-cpu-shared-v2");
+        let without_prefill = ExportOptions {
+            graphs: v2.exported_graphs(),
+            ..v2.clone()
+        };
+        assert_eq!(
+            entry_name("tiny-gemma3:7", &without_prefill),
+            entry_name("tiny-gemma3:7", &v2)
+        );
+        assert_ne!(canonical(&settings(&v1)), canonical(&settings(&v2)));
+        let runtime = runtime_options_for(&Target::cpu(), 2);
+        assert_eq!(runtime.contract, 2);
+        assert!(!runtime.graphs.contains(&Graph::Prefill));
+        assert_eq!(
+            entry_name("tiny-gemma3:7", &runtime_options_for(&Target::cpu(), 1)),
+            entry_name("tiny-gemma3:7", &runtime_options(&Target::cpu()))
+        );
+    }
+
     #[test]
     fn every_setting_changes_the_name() {
         let base = ExportOptions::default();
@@ -389,6 +461,10 @@ mod tests {
             },
             ExportOptions {
                 top_k: 64,
+                ..base.clone()
+            },
+            ExportOptions {
+                contract: 2,
                 ..base.clone()
             },
         ];

@@ -132,21 +132,23 @@ fn dyn_dim() -> Dim {
     Dim::D(String::new())
 }
 
-/// The type of a named argument of `graph` (CONTRACT §2, §3).
-fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize) -> Result<Ty, ExportError> {
+/// The type of a named argument of `graph` (CONTRACT §2, §3; `docs/contract-v2.md` when `v2`).
+fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> Result<Ty, ExportError> {
     let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
     let ty = match name {
+        Name::Pos if v2 => Ty::fixed(&[1], Elem::I32),
+        Name::K(_) | Name::V(_) if v2 => Ty::fixed(&[spec.max_positions, nkv, d], Elem::F32),
         Name::Tokens if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
         Name::Tokens | Name::Token => Ty::fixed(&[rows], Elem::I32),
         Name::Emb => Ty::fixed(&[rows, h], Elem::F32),
         Name::Select => Ty::fixed(&[1, rows], Elem::F32),
         Name::Cos(_) | Name::Sin(_) => Ty::fixed(&[rows, d], Elem::F32),
-        Name::Mask(_) => Ty::new(
+        Name::Mask(_) if !v2 => Ty::new(
             vec![Dim::S(1), Dim::S(spec.mask_head_count()), Dim::S(rows), dyn_dim()],
             Elem::F32,
         ),
         Name::K(_) | Name::V(_) => Ty::new(vec![Dim::S(1), Dim::S(nkv), dyn_dim(), Dim::S(d)], Elem::F32),
-        other @ (Name::Ids | Name::Pos | Name::TopKLogits | Name::TopKIds) => {
+        other @ (Name::Ids | Name::Pos | Name::Mask(_) | Name::TopKLogits | Name::TopKIds) => {
             return Err(ExportError::Unsupported(format!(
                 "unknown argument `{other}` of graph {}",
                 graph.key()
@@ -164,6 +166,10 @@ enum MaskIn {
     Arg(V),
     /// The rows handed in are exactly the keys (step).
     None,
+    /// Contract v2: which keys each stacked query row (`[group·R]`, row `g·R + i` is query row
+    /// `i`) sees among the cache rows `[group·R, P]` and among the call's own rows
+    /// `[group·R, R]`, as `i1`; built in the graph from `pos`.
+    V2 { cache: V, new: V },
 }
 
 struct FuncEmitter<'a> {
@@ -192,7 +198,13 @@ fn symbol(name: &str) -> String {
 impl FuncEmitter<'_> {
     fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str) -> Result<String, ExportError> {
         let spec = self.spec;
-        if matches!(graph, Graph::Chunk | Graph::Step) && spec.n_heads < 2 {
+        let v2 = manifest.is_v2();
+        if v2 && graph == Graph::Prefill {
+            return Err(ExportError::Unsupported(
+                "contract v2 has no prefill graph (a prefill is chunk calls from position 0)".into(),
+            ));
+        }
+        if !v2 && matches!(graph, Graph::Chunk | Graph::Step) && spec.n_heads < 2 {
             return Err(ExportError::Unsupported(
                 "nHeads == 1: IREE 3.13 cannot compile the unit-batch attention over a dynamic past".into(),
             ));
@@ -203,7 +215,7 @@ impl FuncEmitter<'_> {
         let mut args: HashMap<Name, V> = HashMap::new();
         let mut sig = Vec::new();
         for (i, name) in arg_names.iter().enumerate() {
-            let ty = arg_type(spec, graph, *name, rows)?;
+            let ty = arg_type(spec, graph, *name, rows, v2)?;
             sig.push(format!("%arg{i}: {}", ty.text()));
             let v = V {
                 name: format!("%arg{i}"),
@@ -225,6 +237,8 @@ impl FuncEmitter<'_> {
                 let mut x = self.embed_scale(&emb);
                 let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
                 let mut masks: HashMap<LayerKind, V> = HashMap::new();
+                let mut masks_v2: HashMap<LayerKind, (V, V)> = HashMap::new();
+                let pos = if v2 { Some(arg(Name::Pos)?) } else { None };
                 for kind in spec.kinds_present() {
                     let t = if graph == Graph::Prefill {
                         self.const_rope(kind, rows)
@@ -232,7 +246,9 @@ impl FuncEmitter<'_> {
                         (arg(Name::Cos(kind))?, arg(Name::Sin(kind))?)
                     };
                     tables.insert(kind, t);
-                    if graph == Graph::Chunk {
+                    if let Some(pos) = &pos {
+                        masks_v2.insert(kind, self.v2_masks(pos, rows, spec.window(kind)));
+                    } else if graph == Graph::Chunk {
                         masks.insert(kind, arg(Name::Mask(kind))?);
                     }
                 }
@@ -244,6 +260,10 @@ impl FuncEmitter<'_> {
                         Some((arg(Name::K(l))?, arg(Name::V(l))?))
                     };
                     let mask = match graph {
+                        _ if v2 => {
+                            let (cache, new) = masks_v2[&kind].clone();
+                            MaskIn::V2 { cache, new }
+                        }
                         Graph::Prefill => MaskIn::InGraph(spec.window(kind)),
                         Graph::Chunk => MaskIn::Arg(masks[&kind].clone()),
                         _ => MaskIn::None,
@@ -597,6 +617,103 @@ impl FuncEmitter<'_> {
         self.b.reshape_static(&o, &[r, nh * d])
     }
 
+    /// Contract v2's masks of one layer kind for a call of `r` rows at position `pos [1]`: query
+    /// row `i` (position `pos + i`) sees cache row `j` iff `j < pos` and, with a window,
+    /// `pos + i - j < window`, and the call's own row `i'` iff `i' <= i` and, with a window,
+    /// `i - i' < window` (only binding when a chunk is longer than the window). Laid out for
+    /// [`Self::attention_v2`]'s stacked query rows: `[group·R, P]` and `[group·R, R]`, `i1`. The
+    /// cache rows at or after `pos` are masked by this alone: their contents are never read.
+    fn v2_masks(&mut self, pos: &V, r: usize, window: Option<usize>) -> (V, V) {
+        let group = self.spec.n_heads / self.spec.n_kv_heads;
+        let p = self.spec.max_positions;
+        let cache_dims = [group, r, p];
+        let at = self.b.reshape_static(pos, &[]);
+        let at = self.b.broadcast(&at, &[], &Ty::fixed(&cache_dims, Elem::I32));
+        let row = self.b.iota(&cache_dims, 1, Elem::I32);
+        let key = self.b.iota(&cache_dims, 2, Elem::I32);
+        let mut cache = self.b.compare("LT", &key, &at);
+        if let Some(w) = window {
+            let query = self.b.add(&row, &at);
+            let wv = self.b.splat_i32(w as i32, &key.ty);
+            let reach = self.b.add(&key, &wv);
+            let inside = self.b.compare("GT", &reach, &query);
+            cache = self.b.binary("and", &cache, &inside);
+        }
+        let new_dims = [group, r, r];
+        let row = self.b.iota(&new_dims, 1, Elem::I32);
+        let key = self.b.iota(&new_dims, 2, Elem::I32);
+        let mut new = self.b.compare("LE", &key, &row);
+        if let Some(w) = window {
+            let wv = self.b.splat_i32(w as i32, &key.ty);
+            let reach = self.b.add(&key, &wv);
+            let inside = self.b.compare("GT", &reach, &row);
+            new = self.b.binary("and", &new, &inside);
+        }
+        (
+            self.b.reshape_static(&cache, &[group * r, p]),
+            self.b.reshape_static(&new, &[group * r, r]),
+        )
+    }
+
+    /// Contract v2's attention of `q [R, nHeads, d]` (scaled, rotated) over a layer's whole
+    /// caches `[P, nKV, d]` and the call's own rows `[R, nKV, d]`: `[R, nHeads·d]`. Per KV head,
+    /// its query heads are stacked as rows `[group·R, d]` against that head's keys, so no KV head
+    /// is repeated per query head (Gemma's single KV head included). The scores over the cache
+    /// and over the new rows are masked with `select` (not an added `-1e30`: a cache row past
+    /// `pos` may hold anything, and an infinite score plus `-1e30` stays infinite), joined along
+    /// the key axis into one softmax, and the two parts of the probabilities meet their values
+    /// in two products, so the cache is never copied to append the new rows.
+    fn attention_v2(&mut self, q: &V, cache: (&V, &V), new: (&V, &V), masks: (&V, &V)) -> V {
+        let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
+        let group = nh / nkv;
+        let r = q.ty.static_dims()[0];
+        let p = self.spec.max_positions;
+        let qh = self.b.transpose(q, &[1, 0, 2]);
+        let head = |b: &mut Body, x: &V, j: usize| {
+            let rows = x.ty.static_dims()[0];
+            let one = if nkv == 1 {
+                x.clone()
+            } else {
+                b.slice(x, &[(0, rows), (j, j + 1), (0, d)])
+            };
+            b.reshape_static(&one, &[rows, d])
+        };
+        let masked_cache = self.b.splat_f32(kv_core::mask::MASKED, &masks.0.ty);
+        let masked_new = self.b.splat_f32(kv_core::mask::MASKED, &masks.1.ty);
+        let mut outs = Vec::with_capacity(nkv);
+        for j in 0..nkv {
+            let qj = if nkv == 1 {
+                qh.clone()
+            } else {
+                self.b.slice(&qh, &[(j * group, (j + 1) * group), (0, r), (0, d)])
+            };
+            let qj = self.b.reshape_static(&qj, &[group * r, d]);
+            let kc = head(&mut self.b, cache.0, j);
+            let vc = head(&mut self.b, cache.1, j);
+            let kn = head(&mut self.b, new.0, j);
+            let vn = head(&mut self.b, new.1, j);
+            let sc = self.b.dot(&qj, &kc, (&[], &[]), (&[1], &[1]));
+            let sc = self.b.select(masks.0, &sc, &masked_cache);
+            let sn = self.b.dot(&qj, &kn, (&[], &[]), (&[1], &[1]));
+            let sn = self.b.select(masks.1, &sn, &masked_new);
+            let scores = self.b.concat(&[sc, sn], 1);
+            let probs = self.softmax_last(&scores);
+            let pc = self.b.slice(&probs, &[(0, group * r), (0, p)]);
+            let pn = self.b.slice(&probs, &[(0, group * r), (p, p + r)]);
+            let oc = self.b.dot(&pc, &vc, (&[], &[]), (&[1], &[0]));
+            let on = self.b.dot(&pn, &vn, (&[], &[]), (&[1], &[0]));
+            let o = self.b.add(&oc, &on);
+            outs.push(self.b.reshape_static(&o, &[group, r, d]));
+        }
+        let o = if nkv == 1 {
+            outs.pop().unwrap()
+        } else {
+            self.b.concat(&outs, 0)
+        };
+        let o = self.b.transpose(&o, &[1, 0, 2]);
+        self.b.reshape_static(&o, &[r, nh * d])
+    }
+
     /// Attention of `q [R, nHeads, d]` (scaled, rotated) over `k, v [1, nKV, T, d]`: `[R, nHeads·d]`.
     fn attention(&mut self, q: &V, k: &V, v: &V, mask: MaskIn) -> V {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
@@ -609,6 +726,7 @@ impl FuncEmitter<'_> {
         let scores = self.b.dot(&qh, &kr, (&[0], &[0]), (&[2], &[2]));
         let scores = match mask {
             MaskIn::None => scores,
+            MaskIn::V2 { .. } => kv_core::error::invariant("a contract v2 mask reached the v1 attention"),
             MaskIn::InGraph(window) => {
                 let t = scores.ty.static_dims()[2];
                 let add = self.causal_mask(r, t, window);
@@ -639,7 +757,9 @@ impl FuncEmitter<'_> {
     }
 
     /// One transformer block over `x [R, hidden]`; returns the new `x` and the layer's full
-    /// `K, V [1, nKV, past + R, d]` (the past rows, then the new ones).
+    /// `K, V [1, nKV, past + R, d]` (the past rows, then the new ones), or under contract v2
+    /// (`mask` is [`MaskIn::V2`], `past` the whole caches `[P, nKV, d]`) only the new rows
+    /// `[R, nKV, d]`.
     fn layer(&mut self, l: usize, x: &V, cos: &V, sin: &V, past: Option<(V, V)>, mask: MaskIn) -> (V, V, V) {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let arch = self.arch;
@@ -660,17 +780,24 @@ impl FuncEmitter<'_> {
         let q = self.rope(&q, cos, sin);
         let k = self.rope(&k, cos, sin);
         let q = self.b.scale(&q, arch.query_scale);
-        let to_cache = |b: &mut Body, x: &V| {
-            let t = b.transpose(x, &[1, 0, 2]);
-            b.reshape_static(&t, &[1, nkv, r, d])
+        let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
+            let (ck, cv) = past.unwrap_or_else(|| kv_core::error::invariant("a contract v2 layer without its cache"));
+            let o = self.attention_v2(&q, (&ck, &cv), (&k, &v), (&cache, &new));
+            (o, k, v)
+        } else {
+            let to_cache = |b: &mut Body, x: &V| {
+                let t = b.transpose(x, &[1, 0, 2]);
+                b.reshape_static(&t, &[1, nkv, r, d])
+            };
+            let k_new = to_cache(&mut self.b, &k);
+            let v_new = to_cache(&mut self.b, &v);
+            let (k_all, v_all) = match past {
+                None => (k_new, v_new),
+                Some((pk, pv)) => (self.b.concat(&[pk, k_new], 2), self.b.concat(&[pv, v_new], 2)),
+            };
+            let o = self.attention(&q, &k_all, &v_all, mask);
+            (o, k_all, v_all)
         };
-        let k_new = to_cache(&mut self.b, &k);
-        let v_new = to_cache(&mut self.b, &v);
-        let (k_all, v_all) = match past {
-            None => (k_new, v_new),
-            Some((pk, pv)) => (self.b.concat(&[pk, k_new], 2), self.b.concat(&[pv, v_new], 2)),
-        };
-        let o = self.attention(&q, &k_all, &v_all, mask);
         let mut a = self.proj(&o, &p("attn_output.weight"), None);
         if arch.post_norms {
             a = self.norm_param(&a, &p("post_attention_norm.weight"));
@@ -689,7 +816,7 @@ impl FuncEmitter<'_> {
             m = self.norm_param(&m, &p("post_ffw_norm.weight"));
         }
         let x = self.b.add(&x, &m);
-        (x, k_all, v_all)
+        (x, k_out, v_out)
     }
 
     /// `0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³)))`

@@ -17,6 +17,11 @@
 //!   batched `dot_general` over the query heads with the KV heads repeated by
 //!   `dynamic_broadcast_in_dim`, unit dimensions are dropped with one-term reductions, and a KV
 //!   head is cut out with `real_dynamic_slice`.
+//! - **Contract v2** (`docs/contract-v2.md`, [`ExportOptions::contract`] 2): static shapes
+//!   throughout. The chunk and step graphs take `pos` and each layer's whole cache `[P, nKV, d]`,
+//!   build their masks from `pos` (a cache row at or after it is never read), and return only
+//!   the new rows; there is no prefill graph. Attention stacks each KV head's query heads as
+//!   rows against that head's cache and new rows, in one softmax.
 //! - **Errors** ([`ExportError`]) name the function and the first compiler diagnostic; a missing
 //!   compiler is an error with the places searched, never a silent skip.
 
@@ -29,7 +34,7 @@ pub mod mlir;
 pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source};
 pub use cache::{
     cache_root, cached_export, cached_export_in, cached_export_with, entry_name, is_cached, runtime_options,
-    CPU_RUNTIME_FLAGS,
+    runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
 };
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};

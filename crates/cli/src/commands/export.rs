@@ -65,6 +65,10 @@ pub struct ExportArgs {
     /// --temperature`); 0 = none. Off by default: a reduction over the vocabulary per call.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// The graph contract: 1 (the seed's: dynamic past, a prefill graph) or 2 (static shapes over
+    /// caches the runtime owns, no prefill graph; docs/contract-v2.md).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    contract: u32,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -111,6 +115,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         },
         compile_flags: args.compile_flags,
         top_k: args.top_k,
+        contract: args.contract,
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&Source::parse(&args.model), &args.out, &options)?;

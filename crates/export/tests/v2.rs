@@ -1,0 +1,496 @@
+//! Contract v2 (`docs/contract-v2.md`): the static-shape chunk and step graphs, compiled for CPU
+//! and Vulkan and run with `iree-run-module` on `local-task` and `vulkan` (lavapipe in CI) over
+//! host-held caches `[P, nKV, d]`, compared call by call with `backend-reference` (which v1's
+//! graphs match within the same tolerance, `graphs.rs`): tokens equal, the new rows within
+//! `Tolerance::CROSS_BACKEND`. Every cache row a call must not read holds large garbage, and the
+//! masking is checked bit for bit: other garbage there gives the same results. A missing tool
+//! fails, never skips.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
+use common::{run_module, Array, GraphSession, Noise};
+use export::{export_artifacts, ExportOptions, Layout, Source, Target};
+use kv_core::irpa::IrpaArchive;
+use kv_core::manifest::{Name, Parameters};
+use kv_core::rope::RopeTable;
+use kv_core::tolerance::{assert_layers_close, Tolerance};
+use kv_core::{Graph, KvBackend, LayerKv, Manifest, RedecodeBackend, WindowRule};
+
+/// A fixture as a model directory, materialized here: `export` reads fixture names only with its
+/// `fixtures` feature, which `cargo test -p export` does not turn on.
+fn fixture_source(name: &str) -> Source {
+    Source::Dir(fixtures::materialize(name).unwrap_or_else(|e| panic!("fixture {name}: {e}")))
+}
+
+fn tokens(n: usize, salt: usize, vocab: usize) -> Vec<i32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as i32)
+        .collect()
+}
+
+/// Per layer, K and V `[P, nKV, d]` row-major: row `r` holds position `r`.
+type Caches = Vec<(Vec<f32>, Vec<f32>)>;
+
+/// Values no real row has (±1e6): a call that reads such a row shows it in its results.
+fn garbage(n: usize, seed: u64) -> Vec<f32> {
+    Noise::new(seed).row(n).into_iter().map(|x| x * 2.5e5).collect()
+}
+
+/// What one v2 call returns: the token, the first `n` new rows of every layer (`[n, nKV, d]`
+/// each) and the top-k results where exported.
+struct Call {
+    pos: usize,
+    n: usize,
+    token: i32,
+    rows: Vec<(Vec<f32>, Vec<f32>)>,
+    top_k: Option<(Vec<f32>, Vec<i32>)>,
+}
+
+/// Drives the v2 graphs like the runtime: it owns the caches, hands the graphs the position and
+/// copies the new rows in after each call.
+struct V2Session {
+    dir: PathBuf,
+    m: Manifest,
+    target: String,
+    device: String,
+    work: PathBuf,
+    embedding: Vec<f32>,
+    caches: Caches,
+    position: usize,
+}
+
+impl V2Session {
+    /// A session whose every cache row holds garbage (seeded by `seed`).
+    fn open(dir: &Path, target: &str, device: &str, seed: u64) -> Self {
+        let m = Manifest::load(dir).unwrap();
+        assert!(m.is_v2(), "{} is not a contract v2 export", dir.display());
+        let archive = IrpaArchive::open(dir.join(m.parameter_file(Graph::Step).unwrap())).unwrap();
+        let emb_key = m.embedding_parameter.clone().unwrap();
+        let embedding = kv_core::bf16::bf16_bytes_to_f32(archive.data(&emb_key).unwrap()).unwrap();
+        let work = dir.join(format!("work-{device}"));
+        std::fs::create_dir_all(&work).unwrap();
+        let len = m.spec.max_positions * m.spec.n_kv_heads * m.spec.head_dim;
+        let caches = (0..m.spec.n_layers as u64)
+            .map(|l| (garbage(len, seed + 2 * l + 1), garbage(len, seed + 2 * l + 2)))
+            .collect();
+        V2Session {
+            dir: dir.to_path_buf(),
+            m,
+            target: target.into(),
+            device: device.into(),
+            work,
+            embedding,
+            caches,
+            position: 0,
+        }
+    }
+
+    fn row_len(&self) -> usize {
+        self.m.spec.n_kv_heads * self.m.spec.head_dim
+    }
+
+    /// Runs the chunk (several tokens) or step (one token, `step`) graph at `pos` over `caches`,
+    /// changing nothing.
+    fn run(&self, caches: &Caches, step: bool, pos: usize, toks: &[i32]) -> Call {
+        let spec = &self.m.spec;
+        let graph = if step { Graph::Step } else { Graph::Chunk };
+        let rows = if step { 1 } else { spec.chunk };
+        let n = toks.len();
+        assert!((1..=rows).contains(&n), "{n} tokens for {rows} rows");
+        let mut padded = toks.to_vec();
+        padded.resize(rows, 0);
+        let (h, d, p, nkv) = (spec.hidden_size, spec.head_dim, spec.max_positions, spec.n_kv_heads);
+        let named = |name: Name| -> Array {
+            match name {
+                Name::Tokens | Name::Token => Array::I32(vec![rows], padded.clone()),
+                Name::Emb => Array::F32(
+                    vec![rows, h],
+                    padded
+                        .iter()
+                        .flat_map(|&t| self.embedding[t as usize * h..(t as usize + 1) * h].to_vec())
+                        .collect(),
+                ),
+                Name::Pos => Array::I32(vec![1], vec![pos as i32]),
+                Name::Cos(kind) => Array::F32(vec![rows, d], RopeTable::new(pos, rows, d, spec.rope_base(kind)).cos),
+                Name::Sin(kind) => Array::F32(vec![rows, d], RopeTable::new(pos, rows, d, spec.rope_base(kind)).sin),
+                Name::K(l) => Array::F32(vec![p, nkv, d], caches[l].0.clone()),
+                Name::V(l) => Array::F32(vec![p, nkv, d], caches[l].1.clone()),
+                Name::Select => {
+                    let mut s = vec![0.0; rows];
+                    s[n - 1] = 1.0;
+                    Array::F32(vec![1, rows], s)
+                }
+                other => panic!("v2 argument {other}"),
+            }
+        };
+        let vmfb = self.dir.join(&self.m.modules[&self.target][graph.key()]);
+        let irpa = self.dir.join(self.m.parameter_file(graph).unwrap());
+        let qualified = self.m.functions.get(graph).unwrap();
+        let function = qualified.rsplit_once('.').map_or(qualified, |(_, f)| f);
+        let args = self.m.args_or_canonical(graph);
+        let outs = self.m.outputs_or_canonical(graph);
+        let inputs: Vec<Array> = args.iter().map(|&a| named(a)).collect();
+        let results = run_module(
+            &self.work,
+            &self.device,
+            &vmfb,
+            Some(&irpa),
+            function,
+            &inputs,
+            outs.len(),
+        );
+        let results: HashMap<Name, Array> = outs.into_iter().zip(results).collect();
+        let keep = n * self.row_len();
+        let rows_of = |a: &Array| {
+            assert_eq!(a.shape(), [rows, nkv, d], "new rows of a v2 call");
+            a.f32()[..keep].to_vec()
+        };
+        let token = results[&Name::Token].i32();
+        assert_eq!(token.len(), 1);
+        Call {
+            pos,
+            n,
+            token: token[0],
+            rows: (0..spec.n_layers)
+                .map(|l| (rows_of(&results[&Name::K(l)]), rows_of(&results[&Name::V(l)])))
+                .collect(),
+            top_k: results
+                .get(&Name::TopKLogits)
+                .map(|v| (v.f32().to_vec(), results[&Name::TopKIds].i32().to_vec())),
+        }
+    }
+
+    /// Copies a call's new rows into the caches at its position.
+    fn commit(&mut self, call: &Call) {
+        let row = self.row_len();
+        let at = call.pos * row;
+        for (cache, new) in self.caches.iter_mut().zip(&call.rows) {
+            cache.0[at..at + new.0.len()].copy_from_slice(&new.0);
+            cache.1[at..at + new.1.len()].copy_from_slice(&new.1);
+        }
+        self.position = call.pos + call.n;
+    }
+
+    fn chunk(&mut self, toks: &[i32]) -> Call {
+        let call = self.run(&self.caches, false, self.position, toks);
+        self.commit(&call);
+        call
+    }
+
+    fn step(&mut self, token: i32) -> Call {
+        let call = self.run(&self.caches, true, self.position, &[token]);
+        self.commit(&call);
+        call
+    }
+
+    /// Puts the rows another backend holds into the caches (the others keep their garbage) and
+    /// continues at its position.
+    fn load(&mut self, r: &ReferenceKv) {
+        let (nkv, d) = (self.m.spec.n_kv_heads, self.m.spec.head_dim);
+        for (l, cache) in self.caches.iter_mut().enumerate() {
+            let layer = r.read_layer(l).unwrap();
+            for p in layer.first_position..layer.first_position + layer.rows {
+                for h in 0..nkv {
+                    let at = (p * nkv + h) * d;
+                    cache.0[at..at + d].copy_from_slice(layer.k_at(h, p).unwrap());
+                    cache.1[at..at + d].copy_from_slice(layer.v_at(h, p).unwrap());
+                }
+            }
+        }
+        self.position = r.position();
+    }
+}
+
+/// `[n, nKV, d]` → `[nKV, n, d]`.
+fn heads_first(rows: &[f32], n: usize, nkv: usize, d: usize) -> Vec<f32> {
+    (0..nkv)
+        .flat_map(|h| (0..n).flat_map(move |r| rows[(r * nkv + h) * d..(r * nkv + h + 1) * d].iter().copied()))
+        .collect()
+}
+
+/// The call's token is the reference's and its new rows are the reference's at those positions.
+#[track_caller]
+fn same_as_reference(what: &str, call: &Call, spec: &kv_core::KvSpec, r: &ReferenceKv) {
+    let logits = r.last_logits().unwrap();
+    let want = backend_reference::argmax_lowest(logits) as i32;
+    assert_eq!(
+        call.token, want,
+        "{what}: token {} (logit {}), reference {want} (logit {})",
+        call.token, logits[call.token as usize], logits[want as usize]
+    );
+    assert_eq!(call.pos + call.n, r.position(), "{what}: positions");
+    let (nkv, d) = (spec.n_kv_heads, spec.head_dim);
+    for (l, (k, v)) in call.rows.iter().enumerate() {
+        let got = LayerKv {
+            first_position: call.pos,
+            rows: call.n,
+            n_kv_heads: nkv,
+            head_dim: d,
+            k: heads_first(k, call.n, nkv, d),
+            v: heads_first(v, call.n, nkv, d),
+        };
+        assert_layers_close(
+            &format!("{what}: layer {l}"),
+            &got,
+            &r.read_layer(l).unwrap(),
+            Tolerance::CROSS_BACKEND,
+        );
+    }
+}
+
+/// `toks` as chunk calls from position 0 on both: the first over caches holding nothing but
+/// garbage (what a v1 prefill computes from nothing), each later one over the rows before it.
+fn chunked_prefill(label: &str, s: &mut V2Session, r: &mut ReferenceKv, toks: &[i32]) -> i32 {
+    let spec = s.m.spec.clone();
+    let mut token = 0;
+    for (i, piece) in toks.chunks(spec.chunk).enumerate() {
+        let call = s.chunk(piece);
+        if i == 0 {
+            r.prefill(piece).unwrap();
+        } else {
+            r.chunk(piece).unwrap();
+        }
+        same_as_reference(
+            &format!("{label}: chunk of {} at {}", piece.len(), call.pos),
+            &call,
+            &spec,
+            r,
+        );
+        token = call.token;
+    }
+    token
+}
+
+/// Whether two calls returned the same bits.
+fn identical(a: &Call, b: &Call) -> bool {
+    a.token == b.token && a.rows == b.rows && a.top_k == b.top_k
+}
+
+/// At the session's position (past the window): rows the call must not read (at or after the
+/// position; on sliding layers, before every query row's window) replaced by other garbage give
+/// the same bits, for a chunk and for a step; the oldest row a sliding layer's window still holds
+/// replaced does change the results (so the first check could fail).
+fn masked_rows_are_not_read(label: &str, s: &V2Session) {
+    let spec = &s.m.spec;
+    let w = spec.sliding_window;
+    let pos = s.position;
+    assert!(
+        w > 0 && pos > w,
+        "{label}: needs a sliding layer and a position past its window"
+    );
+    let row = s.row_len();
+    let toks = tokens(spec.chunk - 1, 9, spec.vocab_size);
+    for step in [false, true] {
+        let what = format!("{label}: {} at {pos}", if step { "step" } else { "chunk" });
+        let base = s.run(&s.caches, step, pos, if step { &toks[..1] } else { &toks });
+        let mut other = s.caches.clone();
+        // Query row `i` (position pos + i) sees a sliding row j iff pos + i - j < w: rows up to
+        // pos - w are outside every row's window.
+        let outside = (pos + 1 - w) * row;
+        for (l, (k, v)) in other.iter_mut().enumerate() {
+            let seed = 1000 + 2 * l as u64;
+            let tail = k.len() - pos * row;
+            k[pos * row..].copy_from_slice(&garbage(tail, seed));
+            v[pos * row..].copy_from_slice(&garbage(tail, seed + 1));
+            if spec.window(spec.layer_kind(l)).is_some() {
+                k[..outside].copy_from_slice(&garbage(outside, seed + 7));
+                v[..outside].copy_from_slice(&garbage(outside, seed + 8));
+            }
+        }
+        let again = s.run(&other, step, pos, if step { &toks[..1] } else { &toks });
+        assert!(
+            identical(&base, &again),
+            "{what}: rows it must not read changed its results"
+        );
+        if step {
+            let sliding = (0..spec.n_layers)
+                .find(|&l| spec.window(spec.layer_kind(l)).is_some())
+                .unwrap();
+            let mut seen = s.caches.clone();
+            let oldest = (pos + 1 - w) * row;
+            seen[sliding].1[oldest..oldest + row].copy_from_slice(&garbage(row, 77));
+            let changed = s.run(&seen, step, pos, &toks[..1]);
+            assert!(
+                !identical(&base, &changed),
+                "{what}: the oldest row of layer {sliding}'s window did not count"
+            );
+        }
+    }
+}
+
+const DEVICES: [(&str, &str); 2] = [("llvm-cpu", "local-task"), ("vulkan", "vulkan")];
+
+/// Tiny Gemma 3 (one KV head, per-head v1 masks) with a window of 5 under the chunk of 8, so a
+/// chunk's own rows are windowed too: a chunked prefill from nothing, steps past the window, the
+/// masking, and a chunk and a step over rows loaded from the reference with garbage elsewhere.
+/// Also the v2 manifest: validated on load, no prefill function, module or list.
+#[test]
+fn tiny_gemma3_small_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let options = ExportOptions {
+        contract: 2,
+        graphs: vec![Graph::Chunk, Graph::Step],
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(&fixture_source("tiny-gemma3:7:w5"), out, &options).unwrap();
+    let loaded = Manifest::load(out).unwrap();
+    assert_eq!(loaded, m);
+    assert!(m.is_v2());
+    assert_eq!((m.spec.n_kv_heads, m.spec.sliding_window, m.spec.chunk), (1, 5, 8));
+    assert_eq!(m.functions.prefill, None);
+    assert_eq!((&m.prefill_args, &m.prefill_outputs), (&None, &None));
+    for modules in m.modules.values() {
+        let keys: BTreeSet<&str> = modules.keys().map(String::as_str).collect();
+        assert_eq!(keys, BTreeSet::from(["prefillWithPast", "withPast"]));
+    }
+    assert!(m.with_past_args.as_ref().unwrap().contains(&Name::Pos));
+    let err = export::emit(&m, Graph::Prefill, &export::EmitOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("no prefill graph"), "{err}");
+
+    let model = ReferenceModel::open(out).unwrap();
+    let spec = m.spec.clone();
+    for (target, device) in DEVICES {
+        let label = device.to_string();
+        let mut s = V2Session::open(out, target, device, 1);
+        let mut r = ReferenceKv::new(model.clone(), WindowRule::Exact);
+        let prompt = tokens(2 * spec.chunk + 3, 1, spec.vocab_size);
+        let mut token = chunked_prefill(&label, &mut s, &mut r, &prompt);
+        for _ in 0..2 {
+            let call = s.step(token);
+            r.step(token).unwrap();
+            same_as_reference(&format!("{label}: step at {}", call.pos), &call, &spec, &r);
+            token = call.token;
+        }
+        masked_rows_are_not_read(&label, &s);
+
+        // Rows from elsewhere (the reference's prefill; a sliding layer holds only its window's).
+        let mut r = ReferenceKv::new(model.clone(), WindowRule::Exact);
+        r.prefill(&tokens(13, 2, spec.vocab_size)).unwrap();
+        let mut s = V2Session::open(out, target, device, 50);
+        s.load(&r);
+        let piece = tokens(spec.chunk - 3, 3, spec.vocab_size);
+        let call = s.chunk(&piece);
+        r.chunk(&piece).unwrap();
+        same_as_reference(&format!("{label}: loaded rows, chunk at 13"), &call, &spec, &r);
+        let token = call.token;
+        let call = s.step(token);
+        r.step(token).unwrap();
+        same_as_reference(&format!("{label}: loaded rows, step at 18"), &call, &spec, &r);
+    }
+}
+
+/// Tiny Llama (two KV heads of two query heads each, all global) in the three layout with a
+/// top-k and the redecode graphs: only the chunk and step get archives of their own, the key maps
+/// cover those two, and every call agrees with the reference (top-k included).
+#[test]
+fn tiny_llama_three_layout_top_k() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let k = 8;
+    let options = ExportOptions {
+        contract: 2,
+        layout: Layout::Three,
+        redecode_seq: Some(16),
+        top_k: k,
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(&fixture_source("tiny-llama:7"), out, &options).unwrap();
+    assert!(m.is_v2());
+    assert_eq!((m.spec.n_kv_heads, m.spec.n_heads), (2, 4));
+    let Some(Parameters::PerGraph(files)) = &m.parameters else {
+        panic!("three layout without per-graph archives: {:?}", m.parameters)
+    };
+    let keys: BTreeSet<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["prefillWithPast", "withPast", "weights", "redecode", "redecodeAt"])
+    );
+    let archives: BTreeSet<&String> = files.values().collect();
+    assert_eq!(archives.len(), 3, "chunk, step and weights: {files:?}");
+    let key_maps = m.provenance.parameter_keys.clone().unwrap();
+    assert_eq!(
+        key_maps.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        BTreeSet::from(["prefillWithPast", "withPast"])
+    );
+    for (graph, map) in &key_maps {
+        let archive = IrpaArchive::open(out.join(&files[graph])).unwrap();
+        for key in map.keys() {
+            assert!(archive.get(key).is_some(), "{graph}: {key} not in {}", files[graph]);
+        }
+    }
+    let irpas = std::fs::read_dir(out)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "irpa"))
+        .count();
+    assert_eq!(irpas, 3, "no prefill archive");
+
+    let model = ReferenceModel::open(out).unwrap();
+    let spec = m.spec.clone();
+    let check_top_k = |what: &str, call: &Call, r: &ReferenceKv| {
+        let (logits, ids) = call.top_k.clone().expect("no top-k results");
+        let want = r.last_top_k(k).unwrap().unwrap();
+        assert_eq!(ids, want.ids(), "{what}: top-k ids ({:?})", want.logits());
+        for (got, want) in logits.iter().zip(want.logits()) {
+            assert!((got - want).abs() <= 1e-3, "{what}: logit {got} against {want}");
+        }
+        assert_eq!(call.token, ids[0], "{what}: the token leads the top-k");
+    };
+    for (target, device) in DEVICES {
+        let mut s = V2Session::open(out, target, device, 3);
+        let mut r = ReferenceKv::new(model.clone(), WindowRule::Exact);
+        let prompt = tokens(spec.chunk + 5, 4, spec.vocab_size);
+        let mut token = chunked_prefill(device, &mut s, &mut r, &prompt);
+        for _ in 0..3 {
+            let call = s.step(token);
+            r.step(token).unwrap();
+            let what = format!("{device}: step at {}", call.pos);
+            same_as_reference(&what, &call, &spec, &r);
+            check_top_k(&what, &call, &r);
+            token = call.token;
+        }
+        // The redecode graphs are v1's, over their own archive.
+        let g = GraphSession::open(out, target, device, &out.join(format!("redecode-{device}")));
+        let prompt = &prompt[..12];
+        let mut padded = prompt.to_vec();
+        padded.resize(16, 0);
+        let want = ReferenceRedecode::with_seq(model.clone(), 16)
+            .unwrap()
+            .run(&padded)
+            .unwrap();
+        assert_eq!(g.redecode(prompt, 16), want, "{device}: redecode ids");
+    }
+}
+
+/// The CPU runtime settings of contract 2 (`export::runtime_options_for`: bf16 weights and the
+/// flags chosen there) compile and agree with the reference, with two KV heads and a window.
+#[test]
+fn cpu_runtime_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let mut options = export::runtime_options_for(&Target::cpu(), 2);
+    options.targets = vec![Target::cpu()];
+    options.graphs = vec![Graph::Chunk, Graph::Step];
+    let m = export_artifacts(&fixture_source("tiny-gemma3-gqa:5"), out, &options).unwrap();
+    let flags = m.provenance.compile_flags.clone().unwrap_or_default();
+    for flag in &options.compile_flags {
+        assert!(flags.contains(flag.as_str()), "{flag} in {flags}");
+    }
+    let model = ReferenceModel::open(out).unwrap();
+    let spec = m.spec.clone();
+    let mut s = V2Session::open(out, "llvm-cpu", "local-task", 5);
+    let mut r = ReferenceKv::new(model, WindowRule::Exact);
+    let prompt = tokens(spec.sliding_window + 6, 6, spec.vocab_size);
+    let mut token = chunked_prefill("runtime options", &mut s, &mut r, &prompt);
+    for _ in 0..2 {
+        let call = s.step(token);
+        r.step(token).unwrap();
+        same_as_reference(&format!("runtime options: step at {}", call.pos), &call, &spec, &r);
+        token = call.token;
+    }
+    masked_rows_are_not_read("runtime options", &s);
+}
