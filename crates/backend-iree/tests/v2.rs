@@ -1,0 +1,207 @@
+//! Contract v2 sessions (`docs/contract-v2.md`) against v1 sessions of the same model: the same
+//! tokens and caches, snapshots that hold the set without copying it, writes in place where no
+//! snapshot needs the rows, and a fork where one does.
+
+use std::path::PathBuf;
+
+use backend_iree::{IreeKvBackend, IreeOptions};
+use export::{cached_export, cached_export_with, ExportOptions, Layout, Target};
+use kv_core::tolerance::{assert_layers_close, Tolerance};
+use kv_core::{Error, Graph, KvBackend, KvSpec, WindowRule};
+
+const MODEL: &str = "tiny-gemma3:7";
+
+fn v1() -> PathBuf {
+    cached_export(MODEL, &Target::cpu(), Layout::Shared).expect("export v1 (run scripts/setup.sh)")
+}
+
+fn v2() -> PathBuf {
+    let options = ExportOptions {
+        targets: vec![Target::cpu()],
+        layout: Layout::Shared,
+        contract: 2,
+        ..ExportOptions::default()
+    };
+    cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)")
+}
+
+fn open(dir: &PathBuf) -> IreeKvBackend {
+    IreeKvBackend::open(dir, IreeOptions::new("local-task")).unwrap()
+}
+
+/// A prompt longer than the fixture's sliding window (12) and its chunk (8).
+fn prompt(n: i32) -> Vec<i32> {
+    (0..n).map(|i| (i * 37 + 11) % 200 + 3).collect()
+}
+
+/// Restore, one chunk, then `steps` greedy steps: the tokens.
+fn utterance<B: KvBackend>(s: &mut B, snapshot: &B::Snapshot, words: &[i32], steps: usize) -> Vec<i32> {
+    s.restore(snapshot).unwrap();
+    let mut out = vec![s.chunk(words).unwrap()];
+    for _ in 0..steps {
+        out.push(s.step(*out.last().unwrap()).unwrap());
+    }
+    out
+}
+
+/// Every layer on the rows both hold (a v1 sliding layer holds only its window).
+fn same_caches<A: KvBackend, B: KvBackend>(a: &A, b: &B) {
+    for l in 0..a.spec().n_layers {
+        let (got, want) = (b.read_layer(l).unwrap(), a.read_layer(l).unwrap());
+        assert_layers_close(
+            &format!("layer {l}, v2 against v1"),
+            &got,
+            &want,
+            Tolerance::CROSS_BACKEND,
+        );
+    }
+}
+
+#[test]
+fn v2_matches_v1_and_restores_without_copies() {
+    let (mut one, mut two) = (open(&v1()), open(&v2()));
+    assert!(two.manifest().is_v2() && !one.manifest().is_v2());
+    let prefix = prompt(21);
+    assert_eq!(one.prefill(&prefix).unwrap(), two.prefill(&prefix).unwrap());
+    assert_eq!(two.position(), 21);
+    same_caches(&one, &two);
+
+    let (p1, p2) = (one.snapshot().unwrap(), two.snapshot().unwrap());
+    let words = [5, 17, 99, 42, 7];
+    let want = utterance(&mut one, &p1, &words, 14);
+    let got = utterance(&mut two, &p2, &words, 14);
+    assert_eq!(got, want);
+    same_caches(&one, &two);
+    // The utterance wrote after the prefix, in place: no snapshot needed those rows.
+    assert!(
+        two.holds_views_of(&p2),
+        "an utterance after a restore forked the caches"
+    );
+
+    // Again from the same snapshot: rows the first utterance left behind are overwritten.
+    let other = [60, 61, 62];
+    assert_eq!(utterance(&mut two, &p2, &other, 6), utterance(&mut one, &p1, &other, 6));
+    assert!(two.holds_views_of(&p2));
+
+    // A later snapshot pins rows after the prefix: writing there again forks.
+    let (l1, l2) = (one.snapshot().unwrap(), two.snapshot().unwrap());
+    let next_one = one.step(3).unwrap();
+    let next_two = two.step(3).unwrap();
+    assert_eq!(next_two, next_one);
+    let got = utterance(&mut two, &p2, &words, 3);
+    assert!(
+        !two.holds_views_of(&p2),
+        "a write below a live later snapshot did not fork"
+    );
+    assert_eq!(got, utterance(&mut one, &p1, &words, 3));
+    // ... and the later snapshot still holds what it held.
+    two.restore(&l2).unwrap();
+    one.restore(&l1).unwrap();
+    assert!(two.holds_views_of(&l2));
+    same_caches(&one, &two);
+    assert_eq!(two.step(3).unwrap(), next_one);
+    // Once the later snapshots are gone, a write after the prefix is in place again.
+    drop((l1, l2));
+    utterance(&mut two, &p2, &words, 2);
+    assert!(two.holds_views_of(&p2));
+}
+
+#[test]
+fn v2_errors_leave_the_session_as_it_was() {
+    let dir = v2();
+    let mut s = open(&dir);
+    assert!(matches!(s.chunk(&[1]), Err(Error::NotPrefilled { .. })));
+    let first = s.prefill(&prompt(9)).unwrap();
+    let snap = s.snapshot().unwrap();
+    let spec = s.spec().clone();
+    assert!(s.chunk(&[]).is_err());
+    assert!(s.chunk(&vec![1; spec.chunk + 1]).is_err());
+    assert!(s.step(spec.vocab_size as i32).is_err());
+    assert!(s.prefill(&[]).is_err());
+    assert_eq!(s.position(), 9);
+    assert!(s.holds_views_of(&snap));
+    let mut fresh = open(&dir);
+    assert_eq!(fresh.prefill(&prompt(9)).unwrap(), first);
+    assert_eq!(s.step(first).unwrap(), fresh.step(first).unwrap());
+
+    // v2 builds its masks with the exact window rule only.
+    let err = match IreeKvBackend::open(
+        &dir,
+        IreeOptions {
+            rule: WindowRule::SeedStep,
+            ..IreeOptions::new("local-task")
+        },
+    ) {
+        Ok(_) => panic!("a v2 session opened with the seed's step rule"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, Error::ContractMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("exact window rule"), "{err}");
+
+    // v2 has no prefill graph to release; prefills are refused afterwards all the same.
+    assert!(!s.release_prefill());
+    assert!(matches!(s.prefill(&[1, 2]), Err(Error::GraphUnavailable { .. })));
+    s.restore(&snap).unwrap();
+    let mut again = open(&dir);
+    again.prefill(&prompt(9)).unwrap();
+    assert_eq!(s.chunk(&[4, 5]).unwrap(), again.chunk(&[4, 5]).unwrap());
+}
+
+/// The seed's JNI builds a v1 manifest from the spec and the files it is handed; the contract
+/// (and v2's capacity) is read from the step function's declared arguments.
+#[test]
+fn a_v1_built_manifest_opens_v2_files_as_v2() {
+    use kv_core::manifest::Parameters;
+    let dir = v2();
+    let real = kv_core::Manifest::load(&dir).unwrap();
+    let files = |graph: Graph| {
+        let module = real.modules["llvm-cpu"][graph.key()].clone();
+        let archive = real.parameter_file(graph).unwrap().to_string();
+        (module, archive)
+    };
+    let built = |prefill: bool| {
+        let spec = KvSpec {
+            seq: real.spec.chunk,
+            max_positions: i32::MAX as usize,
+            ..real.spec.clone()
+        };
+        let mut m = kv_core::Manifest::new(spec, None, "jni");
+        let mut modules = std::collections::BTreeMap::new();
+        let mut archives = std::collections::BTreeMap::new();
+        let graphs: &[Graph] = if prefill {
+            &[Graph::Step, Graph::Chunk, Graph::Prefill]
+        } else {
+            &[Graph::Step, Graph::Chunk]
+        };
+        for &g in graphs {
+            // The prefill slot gets the chunk module: what a caller passing a path there would do.
+            let (module, archive) = files(if g == Graph::Prefill { Graph::Chunk } else { g });
+            modules.insert(g.key().to_string(), dir.join(module).display().to_string());
+            archives.insert(g.key().to_string(), dir.join(archive).display().to_string());
+        }
+        m.functions.with_past = real.functions.with_past.clone();
+        m.functions.prefill_with_past = real.functions.prefill_with_past.clone();
+        m.functions.prefill = prefill.then(|| real.functions.prefill_with_past.clone().unwrap());
+        m.modules.insert("jni".into(), modules);
+        m.parameters = Some(Parameters::PerGraph(archives));
+        m
+    };
+    let options = IreeOptions {
+        target: Some("jni".into()),
+        ..IreeOptions::new("local-task")
+    };
+    let mut s =
+        IreeKvBackend::open_manifest_learning_seq(std::path::Path::new(""), built(false), options.clone()).unwrap();
+    assert!(s.manifest().is_v2());
+    assert_eq!(s.spec().max_positions, real.spec.max_positions);
+    let mut want = open(&dir);
+    let p = prompt(30);
+    assert_eq!(s.prefill(&p).unwrap(), want.prefill(&p).unwrap());
+    assert_eq!(s.step(9).unwrap(), want.step(9).unwrap());
+
+    let err = match IreeKvBackend::open_manifest_learning_seq(std::path::Path::new(""), built(true), options) {
+        Ok(_) => panic!("v2 graphs opened with a prefill module"),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("no prefill graph"), "{err}");
+}
