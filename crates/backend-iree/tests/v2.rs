@@ -25,7 +25,7 @@ fn v2() -> PathBuf {
     cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)")
 }
 
-fn open(dir: &PathBuf) -> IreeKvBackend {
+fn open(dir: &std::path::Path) -> IreeKvBackend {
     IreeKvBackend::open(dir, IreeOptions::new("local-task")).unwrap()
 }
 
