@@ -28,6 +28,12 @@ pub trait BackendFactory {
 
     /// Property-test cases per problem: the reference is cheap, compiled backends less so.
     fn cases(&self) -> u32;
+
+    /// Whether sessions can run the seed's step rule (`WindowRule::SeedStep`); contract v2
+    /// graphs build their masks with the exact rule only and refuse it at open.
+    fn supports_seed_step_rule(&self) -> bool {
+        true
+    }
 }
 
 /// The FP32 reference. Models are loaded once per process.

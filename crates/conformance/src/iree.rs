@@ -15,6 +15,8 @@ use crate::factory::BackendFactory;
 pub struct IreeFactory {
     pub device: &'static str,
     pub layout: Layout,
+    /// The graph contract of the exports: 1 (`shared/CONTRACT.md`) or 2 (`docs/contract-v2.md`).
+    pub contract: u32,
 }
 
 impl IreeFactory {
@@ -41,20 +43,31 @@ pub fn cpu_triple() -> Option<String> {
 /// The cached export of `model` (see `export::cached_export`); CPU modules for [`cpu_triple`]
 /// (its own cache entry: the flag is part of the options' key).
 pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::path::PathBuf> {
-    artifacts_with(model, target, layout, 0)
+    artifacts_with(model, target, layout, 0, 1)
 }
 
 /// [`artifacts`] with `top_k` results (`0`: none; only the KV graphs then, to keep the extra
-/// export short).
-pub fn artifacts_with(model: &str, target: &Target, layout: Layout, top_k: usize) -> Result<std::path::PathBuf> {
+/// export short) and the graphs of `contract`.
+pub fn artifacts_with(
+    model: &str,
+    target: &Target,
+    layout: Layout,
+    top_k: usize,
+    contract: u32,
+) -> Result<std::path::PathBuf> {
     let defaults = export::ExportOptions::default();
     let options = export::ExportOptions {
         top_k,
-        graphs: if top_k > 0 {
-            kv_core::Graph::KV.to_vec()
-        } else {
-            defaults.graphs.clone()
-        },
+        contract,
+        graphs: defaults
+            .graphs
+            .iter()
+            .copied()
+            // v2 exports only its chunk and step graphs: the redecode graphs are v1's
+            // (`IreeFactory::redecode` opens the v1 export's).
+            .filter(|&g| !((top_k > 0 || contract == 2) && !kv_core::Graph::KV.contains(&g)))
+            .filter(|&g| !(contract == 2 && g == kv_core::Graph::Prefill))
+            .collect(),
         targets: vec![target.clone()],
         layout,
         compile_flags: match (target, cpu_triple()) {
@@ -91,16 +104,22 @@ impl BackendFactory for IreeFactory {
     type Redecode = IreeRedecodeBackend;
 
     fn name(&self) -> String {
-        format!("iree-{}", self.device)
+        match self.contract {
+            1 => format!("iree-{}", self.device),
+            c => format!("iree-{}-v{c}", self.device),
+        }
     }
 
     fn kv(&self, model: &str, rule: WindowRule) -> Result<IreeKvBackend> {
-        self.open_kv(&artifacts(model, &self.target(), self.layout)?, rule)
+        self.open_kv(
+            &artifacts_with(model, &self.target(), self.layout, 0, self.contract)?,
+            rule,
+        )
     }
 
     fn kv_with_top_k(&self, model: &str, k: usize) -> Result<IreeKvBackend> {
         self.open_kv(
-            &artifacts_with(model, &self.target(), self.layout, k)?,
+            &artifacts_with(model, &self.target(), self.layout, k, self.contract)?,
             WindowRule::Exact,
         )
     }
@@ -119,5 +138,9 @@ impl BackendFactory for IreeFactory {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(6)
+    }
+
+    fn supports_seed_step_rule(&self) -> bool {
+        self.contract == 1
     }
 }

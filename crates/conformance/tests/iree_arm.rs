@@ -8,13 +8,15 @@
 mod local_sync {
     conformance::conformance_suite!(conformance::iree::IreeFactory {
         device: "local-sync",
-        layout: export::Layout::Shared
+        layout: export::Layout::Shared,
+        contract: 1
     });
 }
 
 mod local_task {
     conformance::conformance_suite!(conformance::iree::IreeFactory {
         device: "local-task",
-        layout: export::Layout::Shared
+        layout: export::Layout::Shared,
+        contract: 1
     });
 }

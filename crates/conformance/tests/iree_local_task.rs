@@ -2,5 +2,6 @@
 #![cfg(feature = "iree")]
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "local-task",
-    layout: export::Layout::Shared
+    layout: export::Layout::Shared,
+    contract: 1
 });

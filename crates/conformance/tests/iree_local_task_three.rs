@@ -5,5 +5,6 @@
 #![cfg(feature = "iree")]
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "local-task",
-    layout: export::Layout::Three
+    layout: export::Layout::Three,
+    contract: 1
 });

@@ -2,5 +2,6 @@
 #![cfg(feature = "iree")]
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "vulkan",
-    layout: export::Layout::Shared
+    layout: export::Layout::Shared,
+    contract: 1
 });

@@ -6,5 +6,6 @@
 #![cfg(feature = "iree")]
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "vulkan",
-    layout: export::Layout::Three
+    layout: export::Layout::Three,
+    contract: 1
 });
