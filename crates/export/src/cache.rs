@@ -126,8 +126,28 @@ pub const CPU_RUNTIME_FLAGS: &[&str] = &[
     "--iree-dispatch-creation-enable-aggressive-fusion=false",
 ];
 
-/// The `iree-compile` flags of CPU runtime exports of contract 2 (every shape static).
-/// PROVISIONAL: to be measured.
+/// The `iree-compile` flags of CPU runtime exports of contract 2, where every shape is static,
+/// so data tiling compiles: each matmul's operands are laid out in the CPU's tiles (the weights
+/// once, at load, by hoisted initializers; the caches on each call).
+///
+/// Measured on `gemma3-270m-shape:1` (bf16 weights, `--iree-llvmcpu-target-cpu=host`, a 2-vCPU
+/// AMD EPYC Zen 5 shared with builds, load average 3–3.7), `iree-benchmark-module
+/// --device=local-task`, medians of 5 repetitions in 3 interleaved rounds, CPU time per call:
+/// - step (v1 at past 200, v2 at pos 200 of P 2048): v1 with [`CPU_RUNTIME_FLAGS`] 78–92 ms;
+///   v2 at O3 alone 76–101 ms; v2 with these flags 36–40 ms. Ukernels `all`, `mmt4d` or none
+///   measured the same within noise (35–42 ms): the data tiling is what counts.
+/// - chunk (C 32 at past / pos 200): v1 119–124 ms, v2 at O3 159–174 ms (it attends over all
+///   P rows), v2 with these flags 108–115 ms.
+/// - the cost, peak RSS (`/usr/bin/time -v`, the step's benchmark): v1 566 MB, v2 at O3 613 MB
+///   (the caches' host copies), v2 with these flags 1,061 MB (803 MB after load): the tiled copy
+///   of every weight is built at load beside the archive's.
+///
+/// `--iree-global-opt-data-tiling`, not `--iree-opt-data-tiling`: in IREE 3.13 the latter takes
+/// the dispatch-creation path, which fails on this attention ("exceeded stack allocation limit
+/// of 32768 bytes" on FunctionGemma's step; that, "large vector sizes" or "map_store ... workgroup
+/// distributed contexts" on the tiny fixtures' chunk graphs, whichever way the softmax is
+/// written); the global-optimization path compiles every graph and fixture tried. Aggressive
+/// fusion (v1's exception) stays on: the v2 chunk graph has no per-head mask reduce.
 pub const CPU_RUNTIME_FLAGS_V2: &[&str] = &[
     "--iree-opt-level=O3",
     "--iree-global-opt-data-tiling",

@@ -494,3 +494,28 @@ fn cpu_runtime_options() {
     }
     masked_rows_are_not_read("runtime options", &s);
 }
+
+/// `WeightFormat::I16` (fused into the step's matmuls) under contract 2, on the CPU (lavapipe
+/// cannot run i16 weights, `graphs.rs`): the calls agree with the reference.
+#[test]
+fn i16_weights_on_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let options = ExportOptions {
+        contract: 2,
+        targets: vec![Target::cpu()],
+        weights: export::WeightFormat::I16,
+        graphs: vec![Graph::Chunk, Graph::Step],
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(&fixture_source("tiny-qwen3:5"), out, &options).unwrap();
+    let model = ReferenceModel::open(out).unwrap();
+    let spec = m.spec.clone();
+    let mut s = V2Session::open(out, "llvm-cpu", "local-task", 9);
+    let mut r = ReferenceKv::new(model, WindowRule::Exact);
+    let prompt = tokens(spec.chunk + 2, 10, spec.vocab_size);
+    let token = chunked_prefill("i16", &mut s, &mut r, &prompt);
+    let call = s.step(token);
+    r.step(token).unwrap();
+    same_as_reference(&format!("i16: step at {}", call.pos), &call, &spec, &r);
+}
