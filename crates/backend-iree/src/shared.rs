@@ -3,6 +3,7 @@
 //! archive's mapping, and whatever the module's initializers build from them) exist once, and a
 //! further session costs only its own caches (LiteRT-LM's engine/session split, llama.cpp's
 //! model/context). Sessions on one device also share the device (one executor, one allocator).
+//! On the CPU drivers only, for now: see [`shareable`].
 //!
 //! A context's calls are serialised by a mutex: module globals are read-only after
 //! initialisation, so sharing is safe, but IREE invocations on one context must not overlap.
@@ -76,8 +77,19 @@ fn live() -> MutexGuard<'static, Vec<Weak<SharedModule>>> {
     open
 }
 
+/// Whether sessions of different callers may share a device of this driver. Not Vulkan: with
+/// one `VkDevice` used by sessions on several threads at once, lavapipe lost the device
+/// (`VK_ERROR_DEVICE_LOST` in `vkWaitSemaphores`, the conformance suites on two threads, v1 and
+/// v2 alike); each Vulkan session keeps a device of its own (its graphs still share it).
+fn shareable(key: &DeviceKey) -> bool {
+    key.name != "vulkan"
+}
+
 /// The device a live module already uses, or a new one.
 pub(crate) fn device(key: &DeviceKey) -> Result<Device> {
+    if !shareable(key) {
+        return open_device(key);
+    }
     if let Some(device) = live()
         .iter()
         .filter_map(Weak::upgrade)
@@ -86,6 +98,10 @@ pub(crate) fn device(key: &DeviceKey) -> Result<Device> {
     {
         return Ok(device);
     }
+    open_device(key)
+}
+
+fn open_device(key: &DeviceKey) -> Result<Device> {
     let instance = Instance::shared().map_err(iree_err("create instance"))?;
     match (key.name.as_str(), key.workers) {
         ("local-task", Some(workers)) => Device::open_local_task(&instance, workers),
