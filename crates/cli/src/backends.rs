@@ -140,7 +140,7 @@ impl PrefillChoice {
 
 /// What an export made on demand is compiled for (each choice has its own cache entry), and how
 /// its prefill runs.
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct TargetArgs {
     /// How an IREE session runs a prompt from position 0: a short prompt need not pay for the
     /// prefill graph's SEQ rows.
@@ -156,6 +156,22 @@ pub struct TargetArgs {
     /// weights, which runs on any driver, lavapipe included.
     #[arg(long)]
     pub vulkan_target: Option<String>,
+    /// The graph contract of an export made on demand: 1 (dynamic past, a prefill graph) or 2
+    /// (static shapes over caches the runtime owns, prefills as chunk calls;
+    /// docs/contract-v2.md). Artifacts given with `--artifacts` say their own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub contract: u32,
+}
+
+impl Default for TargetArgs {
+    fn default() -> Self {
+        TargetArgs {
+            prefill: PrefillChoice::default(),
+            cpu: CpuChoice::default(),
+            vulkan_target: None,
+            contract: kv_core::manifest::CONTRACT_VERSION,
+        }
+    }
 }
 
 /// Where the model and its compiled artifacts are.
@@ -188,6 +204,7 @@ impl ModelSource {
 
     pub fn with_targets(mut self, target: &TargetArgs) -> Self {
         self.target = target.clone();
+        self.contract = target.contract;
         self
     }
 
