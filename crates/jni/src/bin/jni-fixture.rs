@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
-use export::{cached_export, Layout, Target};
+use export::{cached_export, cached_export_with, ExportOptions, Layout, Target};
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::{Graph, KvBackend, KvDecoder, Manifest, RedecodeBackend, RedecodeDecoder};
 
@@ -130,6 +130,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(on_vulkan);
 
+    // Contract v2 files (docs/contract-v2.md) behind the same ABI: the JVM opens them without a
+    // prefill module (v2 has none; the library reads the contract from the step function) and
+    // must reproduce the Rust API's ids on them.
+    let v2 = cached_export_with(
+        MODEL,
+        &ExportOptions {
+            targets: vec![Target::cpu()],
+            layout: Layout::Three,
+            contract: 2,
+            ..ExportOptions::default()
+        },
+    )?;
+    graph_files(&mut p, "v2.", &v2, &Manifest::load(&v2)?)?;
+    let mut on_v2 = KvDecoder::new(IreeKvBackend::open(&v2, IreeOptions::new("local-task"))?);
+    let v2_snapshot = on_v2.prefill_prefix(&prefix)?;
+    for (i, utterance) in utterances.iter().enumerate() {
+        let generation = on_v2.generate(&v2_snapshot, utterance, None, MAX_NEW)?;
+        p.insert(format!("v2.expected.{i}"), ids(&generation.ids));
+    }
+    drop(on_v2);
+
     // One prefill's first token on its own, for the raw-session test.
     let first = decoder.backend_mut().prefill(&prefix)?;
     p.insert("prefix.firstToken".into(), first.to_string());
@@ -169,7 +190,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `{prefix}withPast.vmfb`, `.irpa`, `.function` and the same for `chunk` and `prefill`.
+/// `{prefix}withPast.vmfb`, `.irpa`, `.function` and the same for `chunk` and `prefill` (when
+/// the manifest has a prefill graph: contract v2 has none).
 fn graph_files(
     p: &mut BTreeMap<String, String>,
     prefix: &str,
@@ -183,7 +205,9 @@ fn graph_files(
         ("chunk", Graph::Chunk),
         ("prefill", Graph::Prefill),
     ] {
-        let vmfb = &manifest.modules[target][graph.key()];
+        let Some(vmfb) = manifest.modules[target].get(graph.key()) else {
+            continue;
+        };
         p.insert(format!("{prefix}{key}.vmfb"), abs(vmfb));
         p.insert(
             format!("{prefix}{key}.irpa"),

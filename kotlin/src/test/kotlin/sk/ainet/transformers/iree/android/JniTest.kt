@@ -36,7 +36,9 @@ class Fixture(path: String) {
         device, spec,
         withPastVmfb, withPastIrpa, this["${files}withPast.function"],
         this["${files}chunk.vmfb"], this["${files}chunk.irpa"], this["${files}chunk.function"],
-        if (withPrefill) this["${files}prefill.vmfb"] else null, this["${files}prefill.irpa"], this["${files}prefill.function"],
+        if (withPrefill) this["${files}prefill.vmfb"] else null,
+        if (withPrefill) this["${files}prefill.irpa"] else null,
+        if (withPrefill) this["${files}prefill.function"] else null,
     )
 }
 
@@ -167,6 +169,7 @@ fun main(args: Array<String>) {
 
     sharedModuleReleasePrefill(f)
     vulkanThreeArchives(f)
+    contractV2(f)
     snapshotFiles(f)
     embeddingTableOfSeedArtifacts(f)
     changedArchives(f)
@@ -212,6 +215,43 @@ private fun vulkanThreeArchives(f: Fixture) {
                 s.releasePrefill()
             }
         }
+    }
+}
+
+/**
+ * Contract v2 files behind the unchanged ABI (the library reads the contract from the step
+ * function): opened without a prefill module, they reproduce the Rust API's ids on them, a prefill
+ * runs as chunk calls, and a prefill module passed with them is refused.
+ */
+private fun contractV2(f: Fixture) {
+    val seq = f.int("spec.seq")
+    val maxNew = f.int("maxNew")
+    val prefix = f.ints("prefix")
+    f.open(files = "v2.", withPrefill = false).use { s ->
+        val decoder = IreeKvDecoder(s, seq)
+        decoder.prefillPrefix(prefix).use { snapshot ->
+            check("v2: prefix position", s.position == prefix.size) { "${s.position}" }
+            for (i in 0 until f.int("utterances")) {
+                val g = decoder.generate(snapshot, f.ints("utterance.$i"), -1, maxNew)
+                same("v2: utterance $i equals the Rust API", g.ids, f.ints("v2.expected.$i"))
+            }
+            s.restore(snapshot)
+            val next = s.step(7)
+            s.restore(snapshot)
+            check("v2: restore rewinds", s.position == prefix.size && s.step(7) == next)
+            s.releasePrefill()
+            throwsIse("v2: prefill after releasePrefill", "released") {
+                s.prefill(IntArray(seq).also { prefix.copyInto(it) }, prefix.size)
+            }
+        }
+    }
+    throwsIse("v2 files with a prefill module", "no prefill graph") {
+        IreeKvSession.open(
+            "local-task", f.spec,
+            f["v2.withPast.vmfb"], f["v2.withPast.irpa"], f["v2.withPast.function"],
+            f["v2.chunk.vmfb"], f["v2.chunk.irpa"], f["v2.chunk.function"],
+            f["v2.chunk.vmfb"], f["v2.chunk.irpa"], f["v2.chunk.function"],
+        ).close()
     }
 }
 
