@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Prefill a shared prefix once, snapshot it, answer three utterances; print ids and timings.
+    /// Prefill a shared prefix once, snapshot it, answer three utterances; print ids and timings
+    /// (a real model, `--model smollm2-135m`: a tool catalog and three requests answered in text).
     Demo(commands::demo::DemoArgs),
     /// Greedy text or ids: prefill the prompt (`--prompt`, `--chat`, `--ids`) and decode; with
     /// `--prefix-ids`, prefill that prefix and feed the prompt in chunk calls.
@@ -40,7 +41,8 @@ enum Command {
     /// Emit the contract graphs as StableHLO and compile them for CPU and Vulkan.
     #[cfg(feature = "iree")]
     Export(commands::export::ExportArgs),
-    /// Stage medians: open, prefix prefill, restore (at two prefix lengths), chunk, decode.
+    /// Stage medians: open, prefix prefill, restore (at two prefix lengths), chunk, decode, the
+    /// first token of a short prompt.
     Bench(commands::bench::BenchArgs),
     /// Save a prefilled prefix to a file (`save`), describe one (`info`); load it with
     /// `--prefix-snapshot` on `generate` and `bench`.

@@ -1,5 +1,7 @@
 //! Prompts as text or ids, and the stop tokens of a model.
 
+use std::io::Write as _;
+
 use anyhow::{bail, Result};
 use clap::Args;
 use tokenizer::{Message, Tokenizer};
@@ -64,4 +66,45 @@ impl Prompt {
     pub fn text(&self, ids: &[i32]) -> Option<String> {
         self.tokenizer.as_ref().map(|t| t.decode(ids))
     }
+}
+
+/// Prints decoded text as ids arrive: each time, the part of the whole decode beyond what was
+/// printed (a token may complete a multi-byte character only with the next one).
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    ids: Vec<i32>,
+    printed: usize,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        TextStream {
+            tokenizer,
+            ids: Vec::new(),
+            printed: 0,
+        }
+    }
+
+    pub fn push(&mut self, id: i32) {
+        self.ids.push(id);
+        let text = self.tokenizer.decode(&self.ids);
+        if text.len() > self.printed && text.is_char_boundary(self.printed) && !text.ends_with('\u{fffd}') {
+            print_now(&text[self.printed..]);
+            self.printed = text.len();
+        }
+    }
+
+    /// Prints what the stream held back (an incomplete character at the end) and ends the line.
+    pub fn finish(self) {
+        let text = self.tokenizer.decode(&self.ids);
+        println!("{}", text.get(self.printed..).unwrap_or_default());
+    }
+}
+
+/// Writes to stdout at once (no newline to wait for).
+pub fn print_now(text: &str) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout is not worth failing the generation for.
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
 }

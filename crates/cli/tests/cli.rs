@@ -19,28 +19,73 @@ fn demo_json_has_the_documented_keys() {
     let (ok, stdout, stderr) = skainet(&["demo", "--json", "--max-new", "4"]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    for key in ["backend", "open_ms", "prefix_tokens", "prefix_prefill_ms", "utterances"] {
-        assert!(v.get(key).is_some(), "missing {key}: {stdout}");
-    }
+    // Exactly these: scripts read them, and the real-model scenario's additions stay out.
+    let keys = |v: &serde_json::Value| {
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(
+        keys(&v),
+        ["backend", "model", "open_ms", "prefix_prefill_ms", "prefix_tokens", "utterances"],
+        "{stdout}"
+    );
     let utterances = v["utterances"].as_array().unwrap();
     assert_eq!(utterances.len(), 3);
     for u in utterances {
-        for key in [
-            "ids",
-            "restore_ms",
-            "chunk_ms",
-            "chunk_calls",
-            "decode_ms",
-            "decode_tokens",
-        ] {
-            assert!(u.get(key).is_some(), "missing utterances[].{key}");
-        }
+        assert_eq!(
+            keys(u),
+            [
+                "chunk_calls",
+                "chunk_ms",
+                "decode_ms",
+                "decode_tokens",
+                "ids",
+                "input",
+                "ms_per_token",
+                "restore_ms"
+            ],
+            "{u}"
+        );
         assert_eq!(u["ids"].as_array().unwrap().len(), 4);
     }
     assert!(
         v["prefix_tokens"].as_u64().unwrap() > 12,
         "the prefix must be longer than the window"
     );
+}
+
+/// `bench --print-ids` gives another runtime the very ids the bench feeds; the bench times the
+/// first token of that short prompt.
+#[test]
+fn bench_prints_its_ids_and_times_a_short_prompt() {
+    let (ok, stdout, stderr) = skainet(&["bench", "--model", "tiny-llama:3", "--print-ids", "--prefix-tokens", "20"]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    let prefix: Vec<&str> = lines[0].split(',').collect();
+    let prompt: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!((prefix.len(), prompt.len()), (20, 8), "{stdout}");
+    assert_eq!(prompt[..], prefix[..8]);
+
+    let (ok, stdout, stderr) = skainet(&[
+        "bench",
+        "--model",
+        "tiny-llama:3",
+        "--prefix-tokens",
+        "20",
+        "--utterances",
+        "1",
+        "--repeat",
+        "1",
+        "--max-new",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["prompt_tokens"], 8, "{stdout}");
+    assert!(v["prompt_first_token_ms"].as_f64().unwrap() > 0.0, "{stdout}");
 }
 
 #[test]

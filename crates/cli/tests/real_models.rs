@@ -67,3 +67,82 @@ fn gemma3_270m_reference_and_iree_cpu_agree() {
         }
     }
 }
+
+/// The app's scenario on SmolLM2-135M-Instruct, on the demo's default backend for real models
+/// (IREE CPU, exported for this CPU once): the fed ids are exactly the conversations the chat
+/// template renders (one shared prefix, each request's own rest), each answer is its ids' text, and
+/// the streamed table output prints the same answers. Needs the model from PyPI like the test
+/// above: without network it fails, saying so, rather than passing.
+#[test]
+fn demo_answers_three_requests_over_a_snapshotted_tool_catalog() {
+    const MAX_NEW: usize = 24;
+    let max_new = MAX_NEW.to_string();
+    let args = ["demo", "--model", "smollm2-135m", "--max-new", &max_new];
+    let v = skainet(&[&args[..], &["--json"]].concat());
+    #[cfg(feature = "iree")]
+    assert!(v["backend"].as_str().unwrap().contains("local-task"), "{v}");
+
+    let store = model_store::Store::from_env().unwrap();
+    let gguf = store.ensure("smollm2-135m", &model_store::Silent).unwrap();
+    let tok = tokenizer::Tokenizer::from_gguf(&gguf::GgufFile::open(&gguf).unwrap()).unwrap();
+    let system = v["system_prompt"].as_str().unwrap();
+    let tools: Vec<String> = serde_json::from_value(v["tools"].clone()).unwrap();
+    assert_eq!(tools.len(), 5, "{v}");
+    for tool in &tools {
+        assert!(system.contains(&format!("\"name\": \"{tool}\"")), "{tool} not in the prompt");
+    }
+    let prefix_tokens = v["prefix_tokens"].as_u64().unwrap() as usize;
+    assert!(v["snapshot_ms"].as_f64().is_some(), "{v}");
+
+    let utterances = v["utterances"].as_array().unwrap();
+    assert_eq!(utterances.len(), 3);
+    let mut prefixes = Vec::new();
+    let mut answers = Vec::new();
+    for u in utterances {
+        let request = u["request"].as_str().unwrap();
+        let input: Vec<i32> = serde_json::from_value(u["input"].clone()).unwrap();
+        let ids: Vec<i32> = serde_json::from_value(u["ids"].clone()).unwrap();
+        let conversation = tok
+            .encode_chat(&[
+                tokenizer::Message::system(system),
+                tokenizer::Message::user(request),
+            ])
+            .unwrap();
+        assert_eq!(conversation[prefix_tokens..], input[..], "{request}: fed ids");
+        prefixes.push(conversation[..prefix_tokens].to_vec());
+
+        assert!(!ids.is_empty(), "{request}: no answer");
+        assert!(
+            u["stopped_at_eos"] == serde_json::Value::Bool(true) || ids.len() == MAX_NEW,
+            "{request}: {u}"
+        );
+        let text = u["text"].as_str().unwrap();
+        assert_eq!(text, tok.decode(&ids), "{request}");
+        assert!(
+            u["first_token_ms"].as_f64().unwrap() <= u["total_ms"].as_f64().unwrap(),
+            "{u}"
+        );
+        answers.push((request.to_string(), text.to_string()));
+    }
+    assert!(prefixes.iter().all(|p| *p == prefixes[0]), "the requests share one prefix");
+    assert!(
+        tok.decode_with(&prefixes[0], true).contains("set_timer"),
+        "the catalog is in the prefix"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args(args)
+        .output()
+        .expect("run skainet-kv");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for (request, text) in &answers {
+        assert!(
+            stdout.contains(&format!("user> {request}\nassistant> {text}\n")),
+            "{request}: {text:?} not streamed in:\n{stdout}"
+        );
+    }
+    for stage in ["prefix prefill", "snapshot", "restore ms", "first token ms", "total ms"] {
+        assert!(stdout.contains(stage), "no {stage} in:\n{stdout}");
+    }
+}

