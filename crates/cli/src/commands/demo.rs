@@ -123,13 +123,14 @@ pub const REQUESTS: [&str; 3] = [
     "Please switch off the lights in the living room.",
 ];
 
-/// The system prompt: how to call a tool, then the catalog.
+/// The system prompt: the catalog, then how to call a tool, with an example (small models follow
+/// an example better than a rule).
 pub fn system_prompt() -> String {
     format!(
-        "You are the assistant of a phone app. You can call the tools listed below. To call one, \
-         answer with a single JSON object {{\"name\": <tool name>, \"arguments\": {{...}}}} whose \
-         arguments follow the tool's parameters; if no tool fits, answer briefly in plain text.\n\n\
-         Tools:\n{}",
+        "You are the assistant of a phone app. You can call these tools:\n{}\n\n\
+         To call a tool, answer with only a JSON object naming the tool and its arguments, for \
+         example: {{\"name\": \"set_lights\", \"arguments\": {{\"room\": \"kitchen\", \"on\": true}}}}. \
+         If no tool fits, answer briefly in plain text.",
         TOOL_CATALOG.trim()
     )
 }
