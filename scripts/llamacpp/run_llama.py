@@ -35,9 +35,13 @@ def main() -> None:
     # The context skainet-kv's sessions have (max_positions 2048); the rest at llama.cpp's defaults.
     llm = Llama(model_path=model, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
 
+    n_vocab = llm.n_vocab()
+
     def argmax() -> int:
-        # Greedy: the largest logit of the last position, lowest id on ties (as the graphs' argmax).
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # Greedy: the largest logit of the last position, lowest id on ties (as the graphs' argmax),
+        # read in place (`Llama.eval` keeps no logits unless logits_all).
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+        return int(np.argmax(logits))
 
     prefill = []
     for _ in range(repeat):
