@@ -27,7 +27,14 @@ fn demo_json_has_the_documented_keys() {
     };
     assert_eq!(
         keys(&v),
-        ["backend", "model", "open_ms", "prefix_prefill_ms", "prefix_tokens", "utterances"],
+        [
+            "backend",
+            "model",
+            "open_ms",
+            "prefix_prefill_ms",
+            "prefix_tokens",
+            "utterances"
+        ],
         "{stdout}"
     );
     let utterances = v["utterances"].as_array().unwrap();
@@ -59,7 +66,14 @@ fn demo_json_has_the_documented_keys() {
 /// first token of that short prompt.
 #[test]
 fn bench_prints_its_ids_and_times_a_short_prompt() {
-    let (ok, stdout, stderr) = skainet(&["bench", "--model", "tiny-llama:3", "--print-ids", "--prefix-tokens", "20"]);
+    let (ok, stdout, stderr) = skainet(&[
+        "bench",
+        "--model",
+        "tiny-llama:3",
+        "--print-ids",
+        "--prefix-tokens",
+        "20",
+    ]);
     assert!(ok, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{stdout}");

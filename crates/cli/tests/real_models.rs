@@ -89,7 +89,10 @@ fn demo_answers_three_requests_over_a_snapshotted_tool_catalog() {
     let tools: Vec<String> = serde_json::from_value(v["tools"].clone()).unwrap();
     assert_eq!(tools.len(), 5, "{v}");
     for tool in &tools {
-        assert!(system.contains(&format!("\"name\": \"{tool}\"")), "{tool} not in the prompt");
+        assert!(
+            system.contains(&format!("\"name\": \"{tool}\"")),
+            "{tool} not in the prompt"
+        );
     }
     let prefix_tokens = v["prefix_tokens"].as_u64().unwrap() as usize;
     assert!(v["snapshot_ms"].as_f64().is_some(), "{v}");
@@ -103,10 +106,7 @@ fn demo_answers_three_requests_over_a_snapshotted_tool_catalog() {
         let input: Vec<i32> = serde_json::from_value(u["input"].clone()).unwrap();
         let ids: Vec<i32> = serde_json::from_value(u["ids"].clone()).unwrap();
         let conversation = tok
-            .encode_chat(&[
-                tokenizer::Message::system(system),
-                tokenizer::Message::user(request),
-            ])
+            .encode_chat(&[tokenizer::Message::system(system), tokenizer::Message::user(request)])
             .unwrap();
         assert_eq!(conversation[prefix_tokens..], input[..], "{request}: fed ids");
         prefixes.push(conversation[..prefix_tokens].to_vec());
@@ -124,7 +124,10 @@ fn demo_answers_three_requests_over_a_snapshotted_tool_catalog() {
         );
         answers.push((request.to_string(), text.to_string()));
     }
-    assert!(prefixes.iter().all(|p| *p == prefixes[0]), "the requests share one prefix");
+    assert!(
+        prefixes.iter().all(|p| *p == prefixes[0]),
+        "the requests share one prefix"
+    );
     assert!(
         tok.decode_with(&prefixes[0], true).contains("set_timer"),
         "the catalog is in the prefix"

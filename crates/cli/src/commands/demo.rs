@@ -168,14 +168,13 @@ fn chat_scenario(model: &str, max_new: usize) -> Result<Scenario> {
         .map(|request| tokenizer.encode_chat(&[Message::system(system.as_str()), Message::user(*request)]))
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("rendering the tool catalog through {model}'s chat template"))?;
-    let shared = conversations
-        .iter()
-        .skip(1)
-        .fold(conversations[0].len(), |n, ids| {
-            n.min(ids.iter().zip(&conversations[0]).take_while(|(a, b)| a == b).count())
-        });
+    let shared = conversations.iter().skip(1).fold(conversations[0].len(), |n, ids| {
+        n.min(ids.iter().zip(&conversations[0]).take_while(|(a, b)| a == b).count())
+    });
     if shared == 0 || conversations.iter().any(|ids| ids.len() == shared) {
-        bail!("{model}'s chat template gives the requests no common prefix to snapshot, or a request no ids of its own");
+        bail!(
+            "{model}'s chat template gives the requests no common prefix to snapshot, or a request no ids of its own"
+        );
     }
     let prefix = conversations[0][..shared].to_vec();
     let utterances = conversations
@@ -299,7 +298,10 @@ fn run_scenario<B: KvBackend>(
 pub fn run(args: DemoArgs) -> Result<()> {
     let real = crate::model::is_real_model(&args.model);
     if real && args.prefix_tokens.is_some() {
-        bail!("--prefix-tokens: the prefix of {} is the tool catalog; it applies to fixtures and directories", args.model);
+        bail!(
+            "--prefix-tokens: the prefix of {} is the tool catalog; it applies to fixtures and directories",
+            args.model
+        );
     }
     let max_new = args.max_new.unwrap_or(if real { 96 } else { 16 });
     // Tokenize first: a missing chat template fails before an export or a session is paid for.
