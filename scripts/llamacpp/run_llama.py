@@ -1,10 +1,11 @@
 """One llama.cpp run (llama-cpp-python) on given token ids, measured as `skainet-kv bench`
 measures: the prefix prefilled `repeat` times (median), then greedy decode of `new` tokens after
 it (median step), then a short prompt fed from position 0 `repeat` times (median time to its first
-token). Prints one JSON object; peak RSS is this process's (Python and numpy included: about
-`python_baseline_mb`).
+token), then the greedy ids after a text prompt (`check_ids`: to compare with skainet-kv's on text,
+where the next token is rarely a near-tie, unlike after the bench's spread-out ids). Prints one
+JSON object; peak RSS is this process's (Python and numpy included: about `python_baseline_mb`).
 
-Usage: python run_llama.py MODEL.gguf PREFIX_IDS PROMPT_IDS [NEW] [REPEAT]   (ids: 1,2,3)
+Usage: python run_llama.py MODEL.gguf PREFIX_IDS PROMPT_IDS CHECK_IDS [NEW] [REPEAT]   (ids: 1,2,3)
 """
 
 import json
@@ -25,8 +26,9 @@ def main() -> None:
     model = sys.argv[1]
     prefix = [int(x) for x in sys.argv[2].split(",")]
     prompt = [int(x) for x in sys.argv[3].split(",")]
-    new = int(sys.argv[4]) if len(sys.argv) > 4 else 16
-    repeat = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+    check = [int(x) for x in sys.argv[4].split(",")]
+    new = int(sys.argv[5]) if len(sys.argv) > 5 else 16
+    repeat = int(sys.argv[6]) if len(sys.argv) > 6 else 3
     baseline = rss_mb()
 
     from llama_cpp import Llama, __version__
@@ -58,6 +60,13 @@ def main() -> None:
         ids.append(argmax())
         steps.append((time.perf_counter() - t) * 1e3)
 
+    llm.reset()
+    llm.eval(check)
+    check_ids = [argmax()]
+    while len(check_ids) < new:
+        llm.eval([check_ids[-1]])
+        check_ids.append(argmax())
+
     first = []
     for _ in range(repeat):
         llm.reset()
@@ -75,6 +84,7 @@ def main() -> None:
         "prompt_tokens": len(prompt),
         "prompt_first_token_ms": statistics.median(first),
         "ids": ids,
+        "check_ids": check_ids,
         "peak_rss_mb": rss_mb(),
         "python_baseline_mb": baseline,
     }))
