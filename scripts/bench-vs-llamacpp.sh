@@ -12,9 +12,9 @@
 # llama.cpp BF16 from the better of the two runs of each), the CPU and the load average, and
 # whether llama.cpp BF16 and skainet-kv decode the same 16 greedy ids after a text prompt.
 #
-# The machine should be otherwise idle: before the timed runs the script waits (up to
+# The machine should be otherwise idle: before each timed process the script waits (up to
 # QUIET_WAIT seconds, default 600) for the 1-minute load average to drop below QUIET_LOAD
-# (default 1.0), and prints the load it ran under either way.
+# (default 1.0), and prints the loads it ran under either way.
 #
 # Usage: scripts/bench-vs-llamacpp.sh [--install-only]
 set -euo pipefail
@@ -75,20 +75,28 @@ trap 'rm -rf "$OUT"' EXIT
 log "skainet-kv: greedy ids after \"$CHECK_TEXT\" (exports for this CPU once)"
 "$SKV" generate --model gemma3-270m --backend iree-cpu --ids "$CHECK_IDS" --max-new "$NEW_TOKENS" --json >"$OUT/skainet-ids.json"
 
-waited=0
-while awk -v max="${QUIET_LOAD:-1.0}" '{ exit !($1 >= max) }' /proc/loadavg && [ "$waited" -lt "${QUIET_WAIT:-600}" ]; do
-    [ "$waited" -eq 0 ] && log "waiting for the load average ($(cut -d' ' -f1 /proc/loadavg)) to drop below ${QUIET_LOAD:-1.0}"
-    sleep 15
-    waited=$((waited + 15))
-done
+# Each timed process starts only once the machine is quiet (or after QUIET_WAIT seconds); the
+# 1-minute load average at each start is reported with the table.
+wait_quiet() {
+    local waited=0
+    while awk -v max="${QUIET_LOAD:-1.0}" '{ exit !($1 >= max) }' /proc/loadavg && [ "$waited" -lt "${QUIET_WAIT:-600}" ]; do
+        [ "$waited" -eq 0 ] && log "waiting for the load average ($(cut -d' ' -f1 /proc/loadavg)) to drop below ${QUIET_LOAD:-1.0}"
+        sleep 10
+        waited=$((waited + 10))
+    done
+    cut -d' ' -f1 /proc/loadavg >>"$OUT/loads"
+}
+
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 for run in $(seq "$RUNS"); do
     for quant in bf16 q4_k_m; do
         model="$BF16"
         [ "$quant" = q4_k_m ] && model="$Q4"
+        wait_quiet
         log "run $run: llama.cpp $quant"
         "$LLAMA_PY" scripts/llamacpp/run_llama.py "$model" "$PREFIX_IDS" "$PROMPT_IDS" "$CHECK_IDS" "$NEW_TOKENS" >"$OUT/llama-$quant-$run.json"
     done
+    wait_quiet
     log "run $run: skainet-kv bench"
     "$SKV" bench --model gemma3-270m --backend iree-cpu --json >"$OUT/skainet-$run.json"
 done
@@ -113,7 +121,9 @@ columns = [
 first = engines[0][1][0]
 heads = [title.format(first[n]) if n else title for title, _, n in columns]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-print(f"CPU: {cpu}, {os.cpu_count()} cores; load average (1/5/15 min) before {load_before}, after {load_after}")
+loads = open(os.path.join(out, "loads")).read().split()
+print(f"CPU: {cpu}, {os.cpu_count()} cores; load average (1/5/15 min) before {load_before}, after {load_after};"
+      f" 1-min load at the start of each timed process: {', '.join(loads)}")
 print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: run 1 / run 2 (medians within a run)")
 print()
 print("| | " + " | ".join(heads) + " |")
