@@ -87,7 +87,6 @@ wait_quiet() {
     cut -d' ' -f1 /proc/loadavg >>"$OUT/loads"
 }
 
-LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 for run in $(seq "$RUNS"); do
     for quant in bf16 q4_k_m; do
         model="$BF16"
@@ -102,10 +101,10 @@ for run in $(seq "$RUNS"); do
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_BEFORE" "$LOAD_AFTER" "$CHECK_TEXT" <<'EOF'
+"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_AFTER" "$CHECK_TEXT" <<'EOF'
 import json, os, sys
 
-out, runs, load_before, load_after, check_text = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+out, runs, load_after, check_text = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 read = lambda name: json.load(open(os.path.join(out, name)))
 engines = [
     ("llama.cpp BF16", [read(f"llama-bf16-{r}.json") for r in range(1, runs + 1)]),
@@ -122,8 +121,8 @@ first = engines[0][1][0]
 heads = [title.format(first[n]) if n else title for title, _, n in columns]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 loads = open(os.path.join(out, "loads")).read().split()
-print(f"CPU: {cpu}, {os.cpu_count()} cores; load average (1/5/15 min) before {load_before}, after {load_after};"
-      f" 1-min load at the start of each timed process: {', '.join(loads)}")
+print(f"CPU: {cpu}, {os.cpu_count()} cores; 1-min load average at the start of each timed process:"
+      f" {', '.join(loads)}; after the last (1/5/15 min): {load_after}")
 print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: run 1 / run 2 (medians within a run)")
 print()
 print("| | " + " | ".join(heads) + " |")
