@@ -229,8 +229,8 @@ fn utterance_report(input: Vec<i32>, request: Option<String>, g: Generation, tex
     }
 }
 
-/// Runs the scenario through [`KvDecoder`]; with `stream`, prints each request and its answer as
-/// the tokens arrive.
+/// Runs the scenario through [`KvDecoder`]; with `stream`, prints a header, then each request and
+/// its answer as the tokens arrive. A scenario that does not fit the context fails before any call.
 fn run_scenario<B: KvBackend>(
     backend: B,
     model: &str,
@@ -248,6 +248,13 @@ fn run_scenario<B: KvBackend>(
             scenario.prefix.len(),
             scenario.options.max_new,
             spec.max_positions
+        );
+    }
+    if stream {
+        println!(
+            "skainet-kv demo: {model} on {name}: a tool catalog ({} tools) as the system prompt, {} tokens, prefilled once and snapshotted; each request restored, fed in chunk calls, answered greedily",
+            scenario.tools.as_ref().map_or(0, Vec::len),
+            scenario.prefix.len()
         );
     }
     let mut decoder = KvDecoder::new(backend);
@@ -317,15 +324,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
     };
     let stream = real && !args.json;
-    if stream {
-        let backend_name = crate::with_backend!(&backend, b => b.name());
-        println!(
-            "skainet-kv demo: {} on {backend_name}: a tool catalog ({} tools) as the system prompt, {} tokens, prefilled once and snapshotted; each request restored, fed in chunk calls, answered greedily",
-            args.model,
-            scenario.tools.as_ref().map_or(0, Vec::len),
-            scenario.prefix.len()
-        );
-    }
     let report = crate::with_backend!(backend, b => run_scenario(b, &args.model, open, scenario, stream)?);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
