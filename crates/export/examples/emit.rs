@@ -18,7 +18,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2]"
+            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--tiled-softmax true|false]"
         );
         std::process::exit(2);
     }
@@ -76,6 +76,7 @@ fn main() {
     while let Some(flag) = rest.next() {
         let value = rest.next().expect("flag value");
         match flag.as_str() {
+            "--tiled-softmax" => options.tiled_softmax = value == "true",
             "--weights" => {
                 options.weights = match value.as_str() {
                     "bf16" => WeightFormat::Bf16,

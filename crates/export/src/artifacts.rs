@@ -338,10 +338,14 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         }
     }
 
-    let emit_opts = |keys: &Option<BTreeMap<String, String>>| EmitOptions {
+    // IREE 3.13 does not compile v2's tiled softmax with `--iree-global-opt-data-tiling` ("expected
+    // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
+    // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
+    let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
         weights: options.weights,
         redecode_seq: options.redecode_seq,
         keys: keys.clone(),
+        tiled_softmax: !flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling")),
     };
     let targets: Vec<Target> = options
         .targets
@@ -356,7 +360,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     let mut jobs = Vec::new();
     let mut written = std::collections::BTreeSet::new();
     for plan in &plans {
-        let text = emit_module(&m, &plan.graphs, &emit_opts(&plan.keys))?;
+        let text = emit_module(&m, &plan.graphs, &emit_opts(&plan.keys, &plan.flags))?;
         let mlir = out_dir.join(format!("{}.mlir", plan.stem));
         std::fs::write(&mlir, text).map_err(ExportError::io("writing", &mlir))?;
         let archive_path = out_dir.join(&plan.archive);

@@ -17,6 +17,10 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
 const EMITTER_REVISION: u32 = 5;
 
+/// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
+/// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
+const EMITTER_REVISION_V2: u32 = 2;
+
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.
 fn source_fingerprint(model: &str) -> Result<String> {
@@ -359,7 +363,14 @@ impl Entry {
         Ok(Entry {
             dir: root.join(&name),
             name,
-            fingerprint: format!("{}\n{}\n", source_fingerprint(model)?, canonical(&settings(options))),
+            fingerprint: match options.contract {
+                1 => format!("{}\n{}\n", source_fingerprint(model)?, canonical(&settings(options))),
+                _ => format!(
+                    "{}\nv2 emitter {EMITTER_REVISION_V2}\n{}\n",
+                    source_fingerprint(model)?,
+                    canonical(&settings(options))
+                ),
+            },
         })
     }
 

@@ -51,6 +51,9 @@ pub struct EmitOptions {
     pub redecode_seq: Option<usize>,
     /// Archive key of each canonical parameter name; `None` = the canonical names.
     pub keys: Option<BTreeMap<String, String>>,
+    /// Contract v2: reduce the softmax over the cache's keys in tiles
+    /// ([`FuncEmitter::softmax_split`]); `false` = one row per query, as v1.
+    pub tiled_softmax: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -157,6 +160,9 @@ fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> R
     };
     Ok(ty)
 }
+
+/// Keys per tile of contract v2's softmax over the cache ([`FuncEmitter::softmax_split`]).
+const SOFTMAX_TILE: usize = 64;
 
 /// Additive attention mask of a layer.
 enum MaskIn {
@@ -617,6 +623,40 @@ impl FuncEmitter<'_> {
         self.b.reshape_static(&o, &[r, nh * d])
     }
 
+    /// One softmax over the keys of two score blocks `[Q, P]` (the cache) and `[Q, R]` (the
+    /// call's rows), returned as the same two blocks. The cache's `P` keys are reduced in tiles
+    /// of [`SOFTMAX_TILE`] and then across the tiles: one softmax row over `P + R` = 2049 keys
+    /// with only 4 rows (a step) was one dispatch of 648 µs on the H200 (IREE's SPIR-V path
+    /// reduces a long row nearly serially; per-dispatch profile in `docs/benchmarks.md`), 18 per
+    /// step. The tiles only regroup the sums, so the result equals the one-row softmax up to
+    /// float rounding.
+    fn softmax_split(&mut self, sc: &V, sn: &V) -> (V, V) {
+        let [q, p] = sc.ty.static_dims()[..] else {
+            kv_core::error::invariant("cache scores are [Q, P]")
+        };
+        let tile = if p % SOFTMAX_TILE == 0 { SOFTMAX_TILE } else { p };
+        let tiled = |b: &mut Body, x: &V, kind: Reduce| {
+            let x3 = b.reshape_static(x, &[q, p / tile, tile]);
+            let partial = b.reduce(&x3, &[2], kind);
+            b.reduce(&partial, &[1], kind)
+        };
+        let mc = tiled(&mut self.b, sc, Reduce::Max);
+        let mn = self.b.reduce(sn, &[1], Reduce::Max);
+        let m = self.b.binary("maximum", &mc, &mn);
+        let mbc = self.b.broadcast(&m, &[0], &sc.ty);
+        let mbn = self.b.broadcast(&m, &[0], &sn.ty);
+        let dc = self.b.sub(sc, &mbc);
+        let ec = self.b.unary("exponential", &dc);
+        let dn = self.b.sub(sn, &mbn);
+        let en = self.b.unary("exponential", &dn);
+        let sum_c = tiled(&mut self.b, &ec, Reduce::Add);
+        let sum_n = self.b.reduce(&en, &[1], Reduce::Add);
+        let sum = self.b.add(&sum_c, &sum_n);
+        let sbc = self.b.broadcast(&sum, &[0], &sc.ty);
+        let sbn = self.b.broadcast(&sum, &[0], &sn.ty);
+        (self.b.div(&ec, &sbc), self.b.div(&en, &sbn))
+    }
+
     /// Contract v2's masks of one layer kind for a call of `r` rows at position `pos [1]`: query
     /// row `i` (position `pos + i`) sees cache row `j` iff `j < pos` and, with a window,
     /// `pos + i - j < window`, and the call's own row `i'` iff `i' <= i` and, with a window,
@@ -696,10 +736,16 @@ impl FuncEmitter<'_> {
             let sc = self.b.select(masks.0, &sc, &masked_cache);
             let sn = self.b.dot(&qj, &kn, (&[], &[]), (&[1], &[1]));
             let sn = self.b.select(masks.1, &sn, &masked_new);
-            let scores = self.b.concat(&[sc, sn], 1);
-            let probs = self.softmax_last(&scores);
-            let pc = self.b.slice(&probs, &[(0, group * r), (0, p)]);
-            let pn = self.b.slice(&probs, &[(0, group * r), (p, p + r)]);
+            let (pc, pn) = if self.options.tiled_softmax {
+                self.softmax_split(&sc, &sn)
+            } else {
+                let scores = self.b.concat(&[sc, sn], 1);
+                let probs = self.softmax_last(&scores);
+                (
+                    self.b.slice(&probs, &[(0, group * r), (0, p)]),
+                    self.b.slice(&probs, &[(0, group * r), (p, p + r)]),
+                )
+            };
             let oc = self.b.dot(&pc, &vc, (&[], &[]), (&[1], &[0]));
             let on = self.b.dot(&pn, &vn, (&[], &[]), (&[1], &[0]));
             let o = self.b.add(&oc, &on);
