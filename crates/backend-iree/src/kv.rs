@@ -452,10 +452,8 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn step(&mut self, token: i32) -> Result<i32> {
-        if self.manifest.is_v2() {
-            return self.v2_step(token);
-        }
         let spec = self.manifest.spec.clone();
+        // A v2 session runs the exact rule only (refused otherwise at open).
         let plan = plan_step(&spec, self.position, token, self.options.rule)?;
         let mut inputs = HashMap::new();
         inputs.insert(Name::Token, self.i32_view(&[1], &[token])?);
@@ -464,6 +462,9 @@ impl KvBackend for IreeKvBackend {
             self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
         );
         self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
+        if self.manifest.is_v2() {
+            return self.v2_advance(Graph::Step, inputs, 1, 1);
+        }
         let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
         self.advance(Graph::Step, inputs, &pasts, 1, 1)
     }
@@ -570,10 +571,11 @@ impl IreeKvBackend {
         self.advance(Graph::Chunk, inputs, &pasts, spec.chunk, plan.n)
     }
 
-    /// A chunk call's inputs but the caches.
+    /// A chunk call's inputs but the caches (and `pos`: v2 graphs take no masks but the position).
     fn chunk_inputs(&self, plan: &ChunkPlan) -> Result<HashMap<Name, BufferView>> {
         let mut inputs = self.token_inputs(&plan.tokens, &plan.select)?;
-        self.kind_inputs(&mut inputs, &plan.kinds, self.manifest.spec.chunk, true)?;
+        let masks = !self.manifest.is_v2();
+        self.kind_inputs(&mut inputs, &plan.kinds, self.manifest.spec.chunk, masks)?;
         Ok(inputs)
     }
 

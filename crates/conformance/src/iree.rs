@@ -56,6 +56,9 @@ pub fn artifacts_with(
     contract: u32,
 ) -> Result<std::path::PathBuf> {
     let defaults = export::ExportOptions::default();
+    // v2 exports only its chunk and step graphs (the exporter drops the prefill graph, which v2
+    // has none of): the redecode graphs are v1's (`IreeFactory::redecode` opens the v1 export's).
+    let kv_only = top_k > 0 || contract == 2;
     let options = export::ExportOptions {
         top_k,
         contract,
@@ -63,10 +66,7 @@ pub fn artifacts_with(
             .graphs
             .iter()
             .copied()
-            // v2 exports only its chunk and step graphs: the redecode graphs are v1's
-            // (`IreeFactory::redecode` opens the v1 export's).
-            .filter(|&g| !((top_k > 0 || contract == 2) && !kv_core::Graph::KV.contains(&g)))
-            .filter(|&g| !(contract == 2 && g == kv_core::Graph::Prefill))
+            .filter(|g| !kv_only || kv_core::Graph::KV.contains(g))
             .collect(),
         targets: vec![target.clone()],
         layout,

@@ -8,11 +8,11 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeSet;
+use std::path::Path;
 
 use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
-use common::{run_module, Array, GraphSession, Noise};
+use common::{Array, GraphSession, Noise};
 use export::{export_artifacts, ExportOptions, Layout, Source, Target};
 use kv_core::irpa::IrpaArchive;
 use kv_core::manifest::{Name, Parameters};
@@ -53,12 +53,8 @@ struct Call {
 /// Drives the v2 graphs like the runtime: it owns the caches, hands the graphs the position and
 /// copies the new rows in after each call.
 struct V2Session {
-    dir: PathBuf,
-    m: Manifest,
-    target: String,
-    device: String,
-    work: PathBuf,
-    embedding: Vec<f32>,
+    /// Runs the graphs (arguments and results bound by the manifest's names).
+    g: GraphSession,
     caches: Caches,
     position: usize,
 }
@@ -66,54 +62,35 @@ struct V2Session {
 impl V2Session {
     /// A session whose every cache row holds garbage (seeded by `seed`).
     fn open(dir: &Path, target: &str, device: &str, seed: u64) -> Self {
-        let m = Manifest::load(dir).unwrap();
-        assert!(m.is_v2(), "{} is not a contract v2 export", dir.display());
-        let archive = IrpaArchive::open(dir.join(m.parameter_file(Graph::Step).unwrap())).unwrap();
-        let emb_key = m.embedding_parameter.clone().unwrap();
-        let embedding = kv_core::bf16::bf16_bytes_to_f32(archive.data(&emb_key).unwrap()).unwrap();
-        let work = dir.join(format!("work-{device}"));
-        std::fs::create_dir_all(&work).unwrap();
-        let len = m.spec.max_positions * m.spec.n_kv_heads * m.spec.head_dim;
-        let caches = (0..m.spec.n_layers as u64)
+        let g = GraphSession::open(dir, target, device, &dir.join(format!("work-{device}")));
+        assert!(g.m.is_v2(), "{} is not a contract v2 export", dir.display());
+        let spec = &g.m.spec;
+        let len = spec.max_positions * spec.n_kv_heads * spec.head_dim;
+        let caches = (0..spec.n_layers as u64)
             .map(|l| (garbage(len, seed + 2 * l + 1), garbage(len, seed + 2 * l + 2)))
             .collect();
-        V2Session {
-            dir: dir.to_path_buf(),
-            m,
-            target: target.into(),
-            device: device.into(),
-            work,
-            embedding,
-            caches,
-            position: 0,
-        }
+        V2Session { g, caches, position: 0 }
     }
 
     fn row_len(&self) -> usize {
-        self.m.spec.n_kv_heads * self.m.spec.head_dim
+        self.g.m.spec.n_kv_heads * self.g.m.spec.head_dim
     }
 
     /// Runs the chunk (several tokens) or step (one token, `step`) graph at `pos` over `caches`,
     /// changing nothing.
     fn run(&self, caches: &Caches, step: bool, pos: usize, toks: &[i32]) -> Call {
-        let spec = &self.m.spec;
+        let spec = &self.g.m.spec;
         let graph = if step { Graph::Step } else { Graph::Chunk };
         let rows = if step { 1 } else { spec.chunk };
         let n = toks.len();
         assert!((1..=rows).contains(&n), "{n} tokens for {rows} rows");
         let mut padded = toks.to_vec();
         padded.resize(rows, 0);
-        let (h, d, p, nkv) = (spec.hidden_size, spec.head_dim, spec.max_positions, spec.n_kv_heads);
+        let (d, p, nkv) = (spec.head_dim, spec.max_positions, spec.n_kv_heads);
         let named = |name: Name| -> Array {
             match name {
                 Name::Tokens | Name::Token => Array::I32(vec![rows], padded.clone()),
-                Name::Emb => Array::F32(
-                    vec![rows, h],
-                    padded
-                        .iter()
-                        .flat_map(|&t| self.embedding[t as usize * h..(t as usize + 1) * h].to_vec())
-                        .collect(),
-                ),
+                Name::Emb => self.g.emb(&padded),
                 Name::Pos => Array::I32(vec![1], vec![pos as i32]),
                 Name::Cos(kind) => Array::F32(vec![rows, d], RopeTable::new(pos, rows, d, spec.rope_base(kind)).cos),
                 Name::Sin(kind) => Array::F32(vec![rows, d], RopeTable::new(pos, rows, d, spec.rope_base(kind)).sin),
@@ -127,23 +104,7 @@ impl V2Session {
                 other => panic!("v2 argument {other}"),
             }
         };
-        let vmfb = self.dir.join(&self.m.modules[&self.target][graph.key()]);
-        let irpa = self.dir.join(self.m.parameter_file(graph).unwrap());
-        let qualified = self.m.functions.get(graph).unwrap();
-        let function = qualified.rsplit_once('.').map_or(qualified, |(_, f)| f);
-        let args = self.m.args_or_canonical(graph);
-        let outs = self.m.outputs_or_canonical(graph);
-        let inputs: Vec<Array> = args.iter().map(|&a| named(a)).collect();
-        let results = run_module(
-            &self.work,
-            &self.device,
-            &vmfb,
-            Some(&irpa),
-            function,
-            &inputs,
-            outs.len(),
-        );
-        let results: HashMap<Name, Array> = outs.into_iter().zip(results).collect();
+        let results = self.g.call(graph, &named);
         let keep = n * self.row_len();
         let rows_of = |a: &Array| {
             assert_eq!(a.shape(), [rows, nkv, d], "new rows of a v2 call");
@@ -190,7 +151,7 @@ impl V2Session {
     /// Puts the rows another backend holds into the caches (the others keep their garbage) and
     /// continues at its position.
     fn load(&mut self, r: &ReferenceKv) {
-        let (nkv, d) = (self.m.spec.n_kv_heads, self.m.spec.head_dim);
+        let (nkv, d) = (self.g.m.spec.n_kv_heads, self.g.m.spec.head_dim);
         for (l, cache) in self.caches.iter_mut().enumerate() {
             let layer = r.read_layer(l).unwrap();
             for p in layer.first_position..layer.first_position + layer.rows {
@@ -245,7 +206,7 @@ fn same_as_reference(what: &str, call: &Call, spec: &kv_core::KvSpec, r: &Refere
 /// `toks` as chunk calls from position 0 on both: the first over caches holding nothing but
 /// garbage (what a v1 prefill computes from nothing), each later one over the rows before it.
 fn chunked_prefill(label: &str, s: &mut V2Session, r: &mut ReferenceKv, toks: &[i32]) -> i32 {
-    let spec = s.m.spec.clone();
+    let spec = s.g.m.spec.clone();
     let mut token = 0;
     for (i, piece) in toks.chunks(spec.chunk).enumerate() {
         let call = s.chunk(piece);
@@ -275,7 +236,7 @@ fn identical(a: &Call, b: &Call) -> bool {
 /// the same bits, for a chunk and for a step; the oldest row a sliding layer's window still holds
 /// replaced does change the results (so the first check could fail).
 fn masked_rows_are_not_read(label: &str, s: &V2Session) {
-    let spec = &s.m.spec;
+    let spec = &s.g.m.spec;
     let w = spec.sliding_window;
     let pos = s.position;
     assert!(

@@ -178,24 +178,14 @@ impl BufferView {
         };
         check(status, format!("{OP} {shape:?} on `{}`", device.name()))?;
         let buffer = OwnedBuffer(buffer);
-        let dims: Vec<sys::iree_hal_dim_t> = shape.iter().map(|&d| d as _).collect();
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: buffer live; the view retains it; `raw` receives one reference.
-        let status = unsafe {
-            sys::iree_hal_buffer_view_create(
-                buffer.0,
-                dims.len(),
-                dims.as_ptr(),
-                ElementType::F32.to_raw(),
-                sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
-                device.host_allocator(),
-                &mut raw,
-            )
-        };
-        check(status, OP)?;
-        let raw = NonNull::new(raw).expect("iree_hal_buffer_view_create: OK and null");
-        // SAFETY: fresh view, our reference, buffer allocated by `device`.
-        Ok(unsafe { BufferView::from_owned(raw, device.clone()) })
+        view_of(
+            &buffer,
+            shape,
+            ElementType::F32.to_raw(),
+            sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
+            device,
+            OP,
+        )
     }
 
     pub fn device(&self) -> &Device {
@@ -367,24 +357,14 @@ impl BufferView {
                 check(status, format!("{OP}: copy head {head}"))?;
             }
         }
-        let dims: Vec<sys::iree_hal_dim_t> = new_shape.iter().map(|&d| d as _).collect();
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: buffer live; the new view retains it; `raw` receives one reference.
-        let status = unsafe {
-            sys::iree_hal_buffer_view_create(
-                buffer.0,
-                dims.len(),
-                dims.as_ptr(),
+        // SAFETY: the view is live.
+        let (element_type, encoding) = unsafe {
+            (
                 sys::iree_hal_buffer_view_element_type(self.as_ptr()),
                 sys::iree_hal_buffer_view_encoding_type(self.as_ptr()),
-                host,
-                &mut raw,
             )
         };
-        check(status, OP)?;
-        let raw = NonNull::new(raw).expect("iree_hal_buffer_view_create: OK and null");
-        // SAFETY: fresh view, our reference, buffer from this view's device.
-        Ok(unsafe { BufferView::from_owned(raw, self.device.clone()) })
+        view_of(&buffer, &new_shape, element_type, encoding, &self.device, OP)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_buffer_view_t {
@@ -400,6 +380,35 @@ impl std::fmt::Debug for BufferView {
             .field("device", &self.device.name())
             .finish()
     }
+}
+
+/// A new view of `shape` over `buffer` (which the view retains), allocated by `device`.
+fn view_of(
+    buffer: &OwnedBuffer,
+    shape: &[usize],
+    element_type: sys::iree_hal_element_type_t,
+    encoding: sys::iree_hal_encoding_type_t,
+    device: &Device,
+    op: &'static str,
+) -> Result<BufferView> {
+    let dims: Vec<sys::iree_hal_dim_t> = shape.iter().map(|&d| d as _).collect();
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: buffer live; the new view retains it; `raw` receives one reference.
+    let status = unsafe {
+        sys::iree_hal_buffer_view_create(
+            buffer.0,
+            dims.len(),
+            dims.as_ptr(),
+            element_type,
+            encoding,
+            device.host_allocator(),
+            &mut raw,
+        )
+    };
+    check(status, op)?;
+    let raw = NonNull::new(raw).expect("iree_hal_buffer_view_create: OK and null");
+    // SAFETY: fresh view, our reference, buffer from `device`.
+    Ok(unsafe { BufferView::from_owned(raw, device.clone()) })
 }
 
 /// A buffer reference released on drop (null allowed).

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use iree_runtime::{BufferView, Device, ElementType, Transfer};
 use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
-use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_step, ChunkPlan};
+use kv_core::window::{plan_chunk, plan_chunked_prefill, ChunkPlan};
 use kv_core::{Error, Graph, KvSpec, LayerKv, Result, WindowRule};
 
 use super::{IreeKvBackend, IreeSnapshot};
@@ -183,29 +183,14 @@ impl IreeKvBackend {
     }
 
     fn v2_run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
-        let chunk = self.manifest.spec.chunk;
-        let mut inputs = self.token_inputs(&plan.tokens, &plan.select)?;
-        self.kind_inputs(&mut inputs, &plan.kinds, chunk, false)?;
-        self.v2_advance(Graph::Chunk, inputs, chunk, plan.n)
-    }
-
-    pub(super) fn v2_step(&mut self, token: i32) -> Result<i32> {
-        let spec = self.manifest.spec.clone();
-        let plan = plan_step(&spec, self.position, token, WindowRule::Exact)?;
-        let mut inputs = HashMap::new();
-        inputs.insert(Name::Token, self.i32_view(&[1], &[token])?);
-        inputs.insert(
-            Name::Emb,
-            self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
-        );
-        self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
-        self.v2_advance(Graph::Step, inputs, 1, 1)
+        let inputs = self.chunk_inputs(plan)?;
+        self.v2_advance(Graph::Chunk, inputs, self.manifest.spec.chunk, plan.n)
     }
 
     /// Calls `graph` at the session's position over its set, then writes the `real` first of
     /// the `rows` new rows into the set (or into a fork of it, when a snapshot needs the rows
     /// being overwritten). Nothing changes if the call or a result check fails.
-    fn v2_advance(
+    pub(super) fn v2_advance(
         &mut self,
         graph: Graph,
         mut inputs: HashMap<Name, BufferView>,

@@ -248,7 +248,8 @@ impl GraphSession {
         }
     }
 
-    fn emb(&self, tokens: &[i32]) -> Array {
+    /// The embedding rows of `tokens`, `[n, hidden]` (the host gather the runtime does).
+    pub fn emb(&self, tokens: &[i32]) -> Array {
         let h = self.m.spec.hidden_size;
         let mut rows = Vec::with_capacity(tokens.len() * h);
         for &t in tokens {
