@@ -5,7 +5,8 @@
 # once on 2 cores; skipped when installed), writes a BF16 GGUF from the Q4_K_M GGUF file Gemma 3
 # 270M is imported from (the model store's copy), then runs, twice each:
 #   - llama.cpp on the BF16 and on the Q4_K_M file (all cores, greedy),
-#   - `skainet-kv bench --model gemma3-270m --backend iree-cpu` on its defaults,
+#   - `skainet-kv bench --model gemma3-270m --backend iree-cpu` on its defaults, and once per graph
+#     contract named in CONTRACTS (default "1 2": docs/contract-v2.md),
 # on the same 843-token prefix and 8-token prompt, whose ids come from `skainet-kv bench
 # --print-ids` (llama.cpp is fed ids, so both runtimes see identical tokens). Prints one table
 # (prefix prefill, decode, first token of the 8-token prompt, peak RSS; the ratios skainet-kv /
@@ -16,7 +17,7 @@
 # QUIET_WAIT seconds, default 600) for the 1-minute load average to drop below QUIET_LOAD
 # (default 1.0), and prints the loads it ran under either way.
 #
-# Usage: scripts/bench-vs-llamacpp.sh [--install-only]
+# Usage: [CONTRACTS="1 2"] scripts/bench-vs-llamacpp.sh [--install-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -26,6 +27,7 @@ LLAMA_ROOT="$SKAINET_KV_TOOLS/llama-cpp"
 LLAMA_PY="$LLAMA_ROOT/venv/bin/python"
 TOOLS_PY="$SKAINET_KV_TOOLS/venv/bin/python"
 NEW_TOKENS=16
+CONTRACTS="${CONTRACTS:-1 2}"
 RUNS=2
 CHECK_TEXT="The capital of France is"
 
@@ -71,9 +73,12 @@ CHECK_IDS="$("$SKV" tokenize --model gemma3-270m --text "$CHECK_TEXT")"
 
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
-# Also the one export, before timing anything, so no compile runs beside a measured run.
-log "skainet-kv: greedy ids after \"$CHECK_TEXT\" (exports for this CPU once)"
-"$SKV" generate --model gemma3-270m --backend iree-cpu --ids "$CHECK_IDS" --max-new "$NEW_TOKENS" --json >"$OUT/skainet-ids.json"
+# Also the exports, before timing anything, so no compile runs beside a measured run.
+for contract in $CONTRACTS; do
+    log "skainet-kv contract $contract: greedy ids after \"$CHECK_TEXT\" (exports for this CPU once)"
+    "$SKV" generate --model gemma3-270m --backend iree-cpu --contract "$contract" --ids "$CHECK_IDS" \
+        --max-new "$NEW_TOKENS" --json >"$OUT/skainet-ids-$contract.json"
+done
 
 # Each timed process starts only once the machine is quiet (or after QUIET_WAIT seconds); the
 # 1-minute load average at each start is reported with the table.
@@ -95,21 +100,26 @@ for run in $(seq "$RUNS"); do
         log "run $run: llama.cpp $quant"
         "$LLAMA_PY" scripts/llamacpp/run_llama.py "$model" "$PREFIX_IDS" "$PROMPT_IDS" "$CHECK_IDS" "$NEW_TOKENS" >"$OUT/llama-$quant-$run.json"
     done
-    wait_quiet
-    log "run $run: skainet-kv bench"
-    "$SKV" bench --model gemma3-270m --backend iree-cpu --json >"$OUT/skainet-$run.json"
+    for contract in $CONTRACTS; do
+        wait_quiet
+        log "run $run: skainet-kv bench, contract $contract"
+        "$SKV" bench --model gemma3-270m --backend iree-cpu --contract "$contract" --json >"$OUT/skainet-$contract-$run.json"
+    done
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_AFTER" "$CHECK_TEXT" <<'EOF'
+"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_AFTER" "$CHECK_TEXT" "$CONTRACTS" <<'EOF'
 import json, os, sys
 
 out, runs, load_after, check_text = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+contracts = sys.argv[5].split()
 read = lambda name: json.load(open(os.path.join(out, name)))
 engines = [
     ("llama.cpp BF16", [read(f"llama-bf16-{r}.json") for r in range(1, runs + 1)]),
     ("llama.cpp Q4_K_M", [read(f"llama-q4_k_m-{r}.json") for r in range(1, runs + 1)]),
-    ("skainet-kv iree-cpu (bf16)", [read(f"skainet-{r}.json") for r in range(1, runs + 1)]),
+] + [
+    (f"skainet-kv iree-cpu (bf16), contract {c}", [read(f"skainet-{c}-{r}.json") for r in range(1, runs + 1)])
+    for c in contracts
 ]
 columns = [
     ("prefix prefill, {} tokens (ms)", "prefix_prefill_ms", "prefix_tokens"),
@@ -131,16 +141,18 @@ fmt = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 for name, rs in engines:
     print(f"| {name} | " + " | ".join(" / ".join(fmt(r[key]) for r in rs) for _, key, _ in columns) + " |")
 best = lambda rs, key: min(r[key] for r in rs)
-skv, bf16 = engines[2][1], engines[0][1]
-print("| skainet-kv / llama.cpp BF16 (best of each) | "
-      + " | ".join(f"{best(skv, key) / best(bf16, key):.2f}×" for _, key, _ in columns) + " |")
-ours = read("skainet-ids.json")["ids"]
+bf16 = engines[0][1]
+for c, (_, skv) in zip(contracts, engines[2:]):
+    print(f"| contract {c} / llama.cpp BF16 (best of each) | "
+          + " | ".join(f"{best(skv, key) / best(bf16, key):.2f}×" for _, key, _ in columns) + " |")
 theirs = bf16[0]["check_ids"]
-differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
 print()
-if differ is None and len(ours) == len(theirs):
-    print(f"greedy ids after {check_text!r}: the same {len(ours)} on skainet-kv and llama.cpp BF16")
-else:
-    print(f"greedy ids after {check_text!r} differ from step {differ}: skainet-kv {ours}, llama.cpp BF16 {theirs}"
-          " (llama.cpp rounds activations to bf16 for BF16 weights: at a near-tie the two may part; `skainet-kv diverge` tells)")
+for c in contracts:
+    ours = read(f"skainet-ids-{c}.json")["ids"]
+    differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if differ is None and len(ours) == len(theirs):
+        print(f"contract {c}: greedy ids after {check_text!r}: the same {len(ours)} on skainet-kv and llama.cpp BF16")
+    else:
+        print(f"contract {c}: greedy ids after {check_text!r} differ from step {differ}: skainet-kv {ours}, llama.cpp BF16 {theirs}"
+              " (llama.cpp rounds activations to bf16 for BF16 weights: at a near-tie the two may part; `skainet-kv diverge` tells)")
 EOF
