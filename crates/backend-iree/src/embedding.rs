@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntry};
+use kv_core::quant::QuantFormat;
 use kv_core::{Error, KvSpec, Result};
 
 /// Names the table goes by in archives without a manifest, tried in this order: llama.cpp's
@@ -27,6 +28,8 @@ pub struct Embedding {
     name: String,
     vocab: usize,
     hidden: usize,
+    /// `Some`: the table is block-quantized ([`kv_core::quant`]), its scales in `NAME.scale`.
+    format: Option<QuantFormat>,
 }
 
 impl Embedding {
@@ -79,6 +82,9 @@ impl Embedding {
         let entry = archive
             .get(name)
             .ok_or_else(|| Error::parameter(name, format!("not in {}{by}", path.display())))?;
+        if let Some(format) = quantized_format(&archive, name, entry.len(), spec) {
+            return Self::new(archive, name.to_string(), spec, Some(format));
+        }
         if entry.len() != bytes {
             return Err(Error::parameter(
                 name,
@@ -90,7 +96,7 @@ impl Embedding {
                 ),
             ));
         }
-        Self::new(archive, name.to_string(), spec)
+        Self::new(archive, name.to_string(), spec, None)
     }
 
     /// Well-known names, then size. `beside` is the vmfb and the manifest path an error points
@@ -109,7 +115,7 @@ impl Embedding {
                 [] => continue,
                 [one] => {
                     let name = one.name().to_string();
-                    return Self::new(archive, name, spec);
+                    return Self::new(archive, name, spec, None);
                 }
                 many => {
                     return Err(ambiguous(
@@ -124,7 +130,7 @@ impl Embedding {
         match sized.as_slice() {
             [one] => {
                 let name = one.name().to_string();
-                Self::new(archive, name, spec)
+                Self::new(archive, name, spec, None)
             }
             [] => Err(Error::parameter(
                 "<embedding>",
@@ -144,14 +150,23 @@ impl Embedding {
         }
     }
 
-    fn new(archive: IrpaArchive, name: String, spec: &KvSpec) -> Result<Self> {
+    fn new(archive: IrpaArchive, name: String, spec: &KvSpec, format: Option<QuantFormat>) -> Result<Self> {
         archive.data(&name)?;
+        if format.is_some() {
+            archive.data(&kv_core::quant::scale_name(&name))?;
+        }
         Ok(Embedding {
             archive,
             name,
             vocab: spec.vocab_size,
             hidden: spec.hidden_size,
+            format,
         })
+    }
+
+    /// The table's block-quantized format (`None`: bf16).
+    pub fn format(&self) -> Option<QuantFormat> {
+        self.format
     }
 
     pub fn name(&self) -> &str {
@@ -164,6 +179,10 @@ impl Embedding {
     pub fn gather(&self, tokens: &[i32]) -> Result<Vec<f32>> {
         self.archive.check_unchanged()?;
         let table = self.archive.data(&self.name)?;
+        let scales = match self.format {
+            Some(_) => Some(self.archive.data(&kv_core::quant::scale_name(&self.name))?),
+            None => None,
+        };
         let row_bytes = self.hidden * 2;
         let len = tokens.len().checked_mul(self.hidden).ok_or_else(|| {
             Error::parameter(
@@ -177,11 +196,33 @@ impl Embedding {
             if t >= self.vocab {
                 kv_core::error::invariant("embedding gather of an unchecked token id");
             }
-            kv_core::bf16::bf16_bytes_to_f32_into(&table[t * row_bytes..(t + 1) * row_bytes], row)
-                .unwrap_or_else(|_| kv_core::error::invariant("embedding row length"));
+            match (self.format, scales) {
+                // The same values as the graphs' dequantization (`f32(q) * scale`).
+                (Some(format), Some(scales)) => {
+                    kv_core::quant::dequantize_range(format, table, scales, t * self.hidden, row)
+                }
+                _ => kv_core::bf16::bf16_bytes_to_f32_into(&table[t * row_bytes..(t + 1) * row_bytes], row)
+                    .unwrap_or_else(|_| kv_core::error::invariant("embedding row length")),
+            }
         }
         Ok(out)
     }
+}
+
+/// The format of a block-quantized table `name` of `len` value bytes: its `NAME.scale` entry
+/// exists and both have the sizes of a `vocab × hidden` q8 or q4 table (rows of whole blocks).
+fn quantized_format(archive: &IrpaArchive, name: &str, len: u64, spec: &KvSpec) -> Option<QuantFormat> {
+    if spec.hidden_size % kv_core::quant::BLOCK != 0 {
+        return None;
+    }
+    let numel = spec.vocab_size.checked_mul(spec.hidden_size)?;
+    let scales = archive.get(&kv_core::quant::scale_name(name))?;
+    if scales.len() != QuantFormat::scale_bytes(numel) as u64 {
+        return None;
+    }
+    [QuantFormat::Q8, QuantFormat::Q4]
+        .into_iter()
+        .find(|f| f.value_bytes(numel) as u64 == len)
 }
 
 /// Bytes of a `vocab × hidden` bf16 table. Checked: the geometry is the caller's (a Kotlin

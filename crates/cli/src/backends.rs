@@ -161,6 +161,11 @@ pub struct TargetArgs {
     /// docs/contract-v2.md). Artifacts given with `--artifacts` say their own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub contract: u32,
+    /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
+    /// model imported so from its GGUF, a fixture or directory re-quantized once; every backend
+    /// computes with the same dequantized values).
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub weights: crate::model::WeightsChoice,
 }
 
 impl Default for TargetArgs {
@@ -170,6 +175,7 @@ impl Default for TargetArgs {
             cpu: CpuChoice::default(),
             vulkan_target: None,
             contract: kv_core::manifest::CONTRACT_VERSION,
+            weights: crate::model::WeightsChoice::default(),
         }
     }
 }
@@ -210,7 +216,10 @@ impl ModelSource {
 
     /// The directory with the weights and `architecture` (the reference reads it).
     pub fn model_dir(&self) -> Result<PathBuf> {
-        match (&self.artifacts, crate::model::resolve(&self.model)) {
+        match (
+            &self.artifacts,
+            crate::model::resolve_with(&self.model, self.target.weights),
+        ) {
             (_, Ok(dir)) => Ok(dir),
             (Some(dir), Err(_)) => Ok(dir.clone()),
             (None, Err(e)) => Err(e),
@@ -224,7 +233,7 @@ impl ModelSource {
         if let Some(dir) = &self.artifacts {
             return Ok(dir.clone());
         }
-        let dir = crate::model::resolve(&self.model)?;
+        let dir = crate::model::resolve_with(&self.model, self.target.weights)?;
         let target = if device == "vulkan" {
             export::Target::Vulkan {
                 target: self.target.vulkan_target.clone(),
@@ -243,7 +252,7 @@ impl ModelSource {
         {
             return Ok(dir);
         }
-        let model = if fixtures::Fixture::is_fixture_name(&self.model) {
+        let model = if fixtures::Fixture::is_fixture_name(&self.model) && self.target.weights.quant().is_none() {
             self.model.clone()
         } else {
             dir.display().to_string()

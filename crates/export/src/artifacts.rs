@@ -240,6 +240,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         let mut fresh = Manifest::new(m.spec.clone(), Some(arch.clone()), &prefix).into_v2();
         fresh.parameter_scope = m.parameter_scope.clone();
         fresh.provenance = m.provenance.clone();
+        fresh.quantization = m.quantization.clone();
         m = fresh;
     }
     m.set_top_k((options.top_k > 0).then_some(options.top_k));
@@ -250,8 +251,18 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     m.validate()?;
 
     let table = parameter_table(&m.spec, &arch);
+    let quantization = src.quantization.clone();
     let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
+    // Scales of the quantized parameters, by the parameter's canonical name.
+    let mut scales: BTreeMap<String, &[u8]> = BTreeMap::new();
     for p in &table {
+        if let Some(format) = quantization.as_ref().and_then(|q| q.format_of(&p.name)) {
+            let (values, s) = kv_core::quant::entries(&archive, &p.name)?;
+            kv_core::quant::check_sizes(format, &p.name, p.numel(), values.len(), s.len())?;
+            data.insert(p.name.clone(), values);
+            scales.insert(p.name.clone(), s);
+            continue;
+        }
         let bytes = archive
             .data(&p.name)
             .map_err(|e| kv_core::Error::parameter(&p.name, e.to_string()))?;
@@ -330,7 +341,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
                     keys: None,
                 });
             }
-            write_archive(&table, &data, None, &out_dir.join("weights.irpa"))?;
+            write_archive(&table, &data, &scales, None, &out_dir.join("weights.irpa"))?;
             m.parameters = Some(Parameters::PerGraph(files));
             if !kv.contains(&Graph::Step) {
                 m.embedding_parameter = Some(TOKEN_EMBD.into());
@@ -346,6 +357,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         redecode_seq: options.redecode_seq,
         keys: keys.clone(),
         tiled_softmax: !flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling")),
+        quantization: quantization.clone(),
     };
     let targets: Vec<Target> = options
         .targets
@@ -367,7 +379,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         // Each archive once per export (a shared `model.irpa` serves several modules when their
         // flags differ); the three layout's `weights.irpa` is written above.
         if plan.keys.is_some() || (options.layout == Layout::Shared && written.insert(plan.archive.clone())) {
-            write_archive(&table, &data, plan.keys.as_ref(), &archive_path)?;
+            write_archive(&table, &data, &scales, plan.keys.as_ref(), &archive_path)?;
         }
         for target in &targets {
             let file = format!("{}.{}.vmfb", plan.stem, target.key());
@@ -459,23 +471,31 @@ fn numbered_keys(table: &[ParamInfo], index: usize) -> BTreeMap<String, String> 
         .collect()
 }
 
+/// The archive of `table` under `keys` (canonical names when `None`); a quantized parameter's
+/// scales (in `scales`) follow as `KEY.scale` (`kv_core::quant::scale_name`).
 fn write_archive(
     table: &[ParamInfo],
     data: &BTreeMap<String, &[u8]>,
+    scales: &BTreeMap<String, &[u8]>,
     keys: Option<&BTreeMap<String, String>>,
     path: &Path,
 ) -> Result<()> {
-    let mut entries: Vec<(String, &[u8])> = table
-        .iter()
-        .map(|p| {
-            (
-                keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone()),
-                data[&p.name],
-            )
-        })
-        .collect();
+    let mut entries: Vec<(String, &[u8])> = Vec::new();
+    for p in table {
+        let key = keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone());
+        if let Some(s) = scales.get(&p.name) {
+            entries.push((kv_core::quant::scale_name(&key), s));
+        }
+        entries.push((key, data[&p.name]));
+    }
     if keys.is_some() {
-        entries.sort_by_key(|(k, _)| k[1..].parse::<usize>().unwrap_or(usize::MAX));
+        entries.sort_by_key(|(k, _)| {
+            k[1..]
+                .split('.')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(usize::MAX)
+        });
     }
     let mut w = IrpaWriter::new();
     for (k, bytes) in entries {

@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 
 use kv_core::manifest::Name;
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::quant::{scale_name, QuantFormat, BLOCK};
 use kv_core::rope::RopeTable;
 use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
 
@@ -54,6 +55,11 @@ pub struct EmitOptions {
     /// Contract v2: reduce the softmax over the cache's keys in tiles
     /// ([`FuncEmitter::softmax_split`]); `false` = one row per query, as v1.
     pub tiled_softmax: bool,
+    /// The archive's block-quantized parameters (the source manifest's `quantization`): each is
+    /// declared as its values `[out, in/32, 32]` (`i8` or `i4`) and scales `[out, in/32]` f32
+    /// and dequantized inside the matmul that reads it ([`crate::mlir::Body::block_contract`]);
+    /// [`Self::weights`] declares the rest.
+    pub quantization: Option<kv_core::quant::Quantization>,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -76,6 +82,19 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 "parameter `{}` {:?} has an odd last dimension; PackedI32 needs pairs of bf16 (use WeightFormat::Bf16)",
                 p.name, p.shape
             )));
+        }
+    }
+    if let Some(q) = &options.quantization {
+        for name in q.tensors.keys() {
+            match table.get(name) {
+                Some(p) if kv_core::quant::quantizable(p) => {}
+                other => {
+                    return Err(ExportError::Unsupported(format!(
+                        "quantized parameter `{name}` {:?}: only [out, in] matrices with in a multiple of {BLOCK} are",
+                        other.map(|p| &p.shape)
+                    )))
+                }
+            }
         }
     }
     let mut module_name: Option<String> = None;
@@ -299,9 +318,7 @@ impl FuncEmitter<'_> {
             Graph::Redecode | Graph::RedecodeAt => {
                 let tokens = arg(Name::Tokens)?;
                 let flat = self.b.reshape_static(&tokens, &[rows]);
-                let raw = self.load_raw(TOKEN_EMBD);
-                let rows_raw = self.b.gather_rows(&raw, &flat);
-                let emb = self.widen(&rows_raw);
+                let emb = self.embedding_rows(&flat);
                 let mut x = self.embed_scale(&emb);
                 let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
                 for kind in spec.kinds_present() {
@@ -374,16 +391,7 @@ impl FuncEmitter<'_> {
                 Ty::fixed(&dims, Elem::I32)
             }
         };
-        let sym = symbol(name);
-        self.globals.entry(sym.clone()).or_insert_with(|| {
-            format!(
-                "util.global private @{sym} = #flow.parameter.named<\"{}\"::\"{key}\"> : {}",
-                self.scope,
-                ty.text()
-            )
-        });
-        self.b
-            .op(ty.clone(), format!("util.global.load @{sym} : {}", ty.text()))
+        self.load_global(symbol(name), &key, ty)
     }
 
     /// bf16 (or packed pairs of bf16) widened exactly to f32.
@@ -423,14 +431,116 @@ impl FuncEmitter<'_> {
         }
     }
 
+    fn quant_format(&self, name: &str) -> Option<QuantFormat> {
+        self.options.quantization.as_ref().and_then(|q| q.format_of(name))
+    }
+
+    /// The global of archive entry `key` (bound to parameter `sym_name`'s symbol) with type `ty`, loaded.
+    fn load_global(&mut self, sym: String, key: &str, ty: Ty) -> V {
+        self.globals.entry(sym.clone()).or_insert_with(|| {
+            format!(
+                "util.global private @{sym} = #flow.parameter.named<\"{}\"::\"{key}\"> : {}",
+                self.scope,
+                ty.text()
+            )
+        });
+        self.b
+            .op(ty.clone(), format!("util.global.load @{sym} : {}", ty.text()))
+    }
+
+    /// A block-quantized `[out, in]` parameter, loaded: values `[out, in/32, 32]` (`i8`, `i4`)
+    /// and scales `[out, in/32]` f32 (`kv_core::quant`).
+    fn load_quant(&mut self, name: &str, format: QuantFormat) -> (V, V) {
+        let info = self
+            .table
+            .get(name)
+            .unwrap_or_else(|| kv_core::error::invariant(&format!("no parameter `{name}`")));
+        let (out, inner) = (info.shape[0], info.shape[1]);
+        let nb = inner / BLOCK;
+        let key = self
+            .options
+            .keys
+            .as_ref()
+            .and_then(|k| k.get(name))
+            .cloned()
+            .unwrap_or_else(|| name.to_string());
+        let elem = match format {
+            QuantFormat::Q8 => Elem::I8,
+            QuantFormat::Q4 => Elem::I4,
+        };
+        let q = self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, BLOCK], elem));
+        let s = self.load_global(
+            format!("{}_scale", symbol(name)),
+            &scale_name(&key),
+            Ty::fixed(&[out, nb], Elem::F32),
+        );
+        (q, s)
+    }
+
+    /// `f32(q) * scale` of values `q [.., nb, 32]` and scales `s [.., nb]`: elementwise from a
+    /// narrower type with the scales broadcast from a lower rank, so IREE clones it into every
+    /// consumer dispatch instead of materialising it (a "bit-extend" op).
+    fn dequant_blocks(&mut self, q: &V, s: &V) -> V {
+        let wide = self.b.convert(q, Elem::F32);
+        let keep: Vec<usize> = (0..s.ty.rank()).collect();
+        let sb = self.b.broadcast(s, &keep, &wide.ty);
+        self.b.mul(&wide, &sb)
+    }
+
+    /// The dequantized `[out, in/32, 32]` f32 weight of a quantized parameter (once per function).
+    fn quant_param(&mut self, name: &str, format: QuantFormat) -> V {
+        let key = format!("{name}#dequant");
+        if let Some(v) = self.loaded.get(&key) {
+            return v.clone();
+        }
+        let (q, s) = self.load_quant(name, format);
+        let w = self.dequant_blocks(&q, &s);
+        self.loaded.insert(key, w.clone());
+        w
+    }
+
     fn param(&mut self, name: &str) -> V {
         if let Some(v) = self.loaded.get(name) {
             return v.clone();
+        }
+        if let Some(format) = self.quant_format(name) {
+            // Only the projections read quantized parameters ([`Self::proj`]); a plain use gets
+            // the whole dequantized matrix.
+            let w = self.quant_param(name, format);
+            let info = &self.table[name];
+            let dims = info.shape.clone();
+            let v = self.b.reshape_static(&w, &dims);
+            self.loaded.insert(name.to_string(), v.clone());
+            return v;
         }
         let raw = self.load_raw(name);
         let v = self.widen(&raw);
         self.loaded.insert(name.to_string(), v.clone());
         v
+    }
+
+    /// The embedding rows of `tokens [n] i32`, f32 `[n, hidden]`, gathered in the graph.
+    fn embedding_rows(&mut self, tokens: &V) -> V {
+        match self.quant_format(TOKEN_EMBD) {
+            None => {
+                let raw = self.load_raw(TOKEN_EMBD);
+                let rows_raw = self.b.gather_rows(&raw, tokens);
+                self.widen(&rows_raw)
+            }
+            Some(format) => {
+                let (q, s) = self.load_quant(TOKEN_EMBD, format);
+                let [vocab, nb, blk] = q.ty.static_dims()[..] else {
+                    kv_core::error::invariant("quantized values are [out, nb, 32]")
+                };
+                let n = tokens.ty.static_dims()[0];
+                let q2 = self.b.reshape_static(&q, &[vocab, nb * blk]);
+                let rows_q = self.b.gather_rows(&q2, tokens);
+                let rows_q = self.b.reshape_static(&rows_q, &[n, nb, blk]);
+                let rows_s = self.b.gather_rows(&s, tokens);
+                let rows = self.dequant_blocks(&rows_q, &rows_s);
+                self.b.reshape_static(&rows, &[n, nb * blk])
+            }
+        }
     }
 
     // ---- building blocks -------------------------------------------------------------------
@@ -477,8 +587,17 @@ impl FuncEmitter<'_> {
 
     /// `x · Wᵀ (+ b)` for `x [R, in]`, `W [out, in]`.
     fn proj(&mut self, x: &V, weight: &str, bias: Option<&str>) -> V {
-        let w = self.param(weight);
-        let y = self.b.dot(x, &w, (&[], &[]), (&[1], &[1]));
+        let y = if let Some(format) = self.quant_format(weight) {
+            let w = self.quant_param(weight, format);
+            let [r, inner] = x.ty.static_dims()[..] else {
+                kv_core::error::invariant("a projection's input is [R, in]")
+            };
+            let x3 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK]);
+            self.b.block_contract(&x3, &w)
+        } else {
+            let w = self.param(weight);
+            self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
+        };
         match bias {
             None => y,
             Some(bname) => {

@@ -28,6 +28,8 @@ pub enum Elem {
     I16,
     Bf16,
     I1,
+    I8,
+    I4,
 }
 
 impl Elem {
@@ -38,6 +40,8 @@ impl Elem {
             Elem::I16 => "i16",
             Elem::Bf16 => "bf16",
             Elem::I1 => "i1",
+            Elem::I8 => "i8",
+            Elem::I4 => "i4",
         }
     }
 }
@@ -735,6 +739,49 @@ impl Body {
         );
         self.text.push_str(&s);
         results2(&name, out_f, out_i)
+    }
+
+    /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
+    /// `linalg.generic` with two reduction dimensions. A `stablehlo.dot_general` over two
+    /// contracting dimensions is rewritten by IREE into a transpose and a reshape of `w` to
+    /// `[in, O]`, which splits `w`'s producer (a block dequantization: its scales are indexed by
+    /// the block axis only) from the matmul and materialises an f32 copy of the weight per call;
+    /// against the generic, IREE clones the dequantization into the matmul's dispatch (one
+    /// `matvec_like_OxNBxBLK` dispatch reading the narrow values).
+    pub fn block_contract(&mut self, x: &V, w: &V) -> V {
+        let xd = x.ty.static_dims();
+        let wd = w.ty.static_dims();
+        let (r, o) = (xd[0], wd[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        // A scalar `f32` (not a tensor): the fill's operand.
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        let init = self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        );
+        let name = self.fresh();
+        let (a, b, acc) = (self.fresh(), self.fresh(), self.fresh());
+        let (p, q) = (self.fresh(), self.fresh());
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {b}: f32, {acc}: f32):\n      {p} = arith.mulf {a}, {b} : f32\n      {q} = arith.addf {acc}, {p} : f32\n      linalg.yield {q} : f32\n    }} -> {}",
+            x.name,
+            w.name,
+            x.ty.text(),
+            w.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
     }
 
     /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.
