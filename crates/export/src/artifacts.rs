@@ -172,20 +172,60 @@ impl ExportOptions {
     /// Every `iree-compile` flag of `graph`'s module: the weight format's, then
     /// [`Self::compile_flags`], then `graph`'s own.
     pub fn flags_of(&self, graph: Graph) -> Vec<String> {
-        weight_compile_flags(self.weights)
+        self.flags_for(graph, false)
+    }
+
+    /// [`Self::flags_of`] for a source whose archive is block-quantized (`quantized`), which
+    /// also turns constant-expression hoisting off ([`QUANTIZED_COMPILE_FLAGS`]).
+    pub fn flags_for(&self, graph: Graph, quantized: bool) -> Vec<String> {
+        let mut flags: Vec<String> = weight_compile_flags(self.weights)
             .iter()
             .map(|f| f.to_string())
+            .collect();
+        if quantized {
+            for f in QUANTIZED_COMPILE_FLAGS {
+                if !flags.iter().any(|g| g == f) {
+                    flags.push(f.to_string());
+                }
+            }
+        }
+        flags
+            .into_iter()
             .chain(self.compile_flags.iter().cloned())
             .chain(self.graph_flags.get(&graph).into_iter().flatten().cloned())
             .collect()
     }
 }
 
+/// The `iree-compile` flags of modules over block-quantized weights: constant-expression hoisting
+/// off. With it IREE 3.13 evaluates the many-row graphs' dequantization of every weight (not
+/// fused into the matmul where aggressive fusion is off, v1's CPU flags) once at load and keeps
+/// the f32 result: Gemma 3 270M q8 compiled to 182 initializers, each storing a dequantized
+/// weight, i.e. an f32 copy of the model beside the archive.
+pub const QUANTIZED_COMPILE_FLAGS: &[&str] = &["--iree-opt-const-expr-hoisting=false"];
+
+/// Whether `iree-compile` with `flags` fuses aggressively (on from `--iree-opt-level=O2`, unless
+/// turned off), which fusing a dequantization into a many-row matmul needs.
+fn aggressive_fusion(flags: &[String]) -> bool {
+    let level = flags
+        .iter()
+        .rev()
+        .find_map(|f| f.strip_prefix("--iree-opt-level=O"))
+        .and_then(|l| l.parse::<u32>().ok())
+        .unwrap_or(0);
+    let off = flags
+        .iter()
+        .rev()
+        .find_map(|f| f.strip_prefix("--iree-dispatch-creation-enable-aggressive-fusion="))
+        .is_some_and(|v| v == "false");
+    level >= 2 && !off
+}
+
 /// `graphs` in groups of equal [`ExportOptions::flags_of`], in first-appearance order.
-fn flag_groups(graphs: &[Graph], options: &ExportOptions) -> Vec<(Vec<Graph>, Vec<String>)> {
+fn flag_groups(graphs: &[Graph], options: &ExportOptions, quantized: bool) -> Vec<(Vec<Graph>, Vec<String>)> {
     let mut groups: Vec<(Vec<Graph>, Vec<String>)> = Vec::new();
     for &g in graphs {
-        let flags = options.flags_of(g);
+        let flags = options.flags_for(g, quantized);
         match groups.iter_mut().find(|(_, f)| *f == flags) {
             Some((gs, _)) => gs.push(g),
             None => groups.push((vec![g], flags)),
@@ -252,6 +292,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
 
     let table = parameter_table(&m.spec, &arch);
     let quantization = src.quantization.clone();
+    let quantized = quantization.is_some();
     let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
     // Scales of the quantized parameters, by the parameter's canonical name.
     let mut scales: BTreeMap<String, &[u8]> = BTreeMap::new();
@@ -283,7 +324,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     let mut key_maps: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     match options.layout {
         Layout::Shared => {
-            let groups = flag_groups(&graphs, options);
+            let groups = flag_groups(&graphs, options, quantized);
             let split = groups.len() > 1;
             for (graphs, flags) in groups {
                 plans.push(ModulePlan {
@@ -317,7 +358,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
                 plans.push(ModulePlan {
                     stem: format!("{prefix}-{}", g.key()),
                     graphs: vec![g],
-                    flags: options.flags_of(g),
+                    flags: options.flags_for(g, quantized),
                     archive,
                     keys: Some(keys),
                 });
@@ -326,7 +367,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             for &g in &redecode {
                 files.insert(g.key().into(), "weights.irpa".into());
             }
-            let groups = flag_groups(&redecode, options);
+            let groups = flag_groups(&redecode, options, quantized);
             let split = groups.len() > 1;
             for (graphs, flags) in groups {
                 plans.push(ModulePlan {
@@ -358,6 +399,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         keys: keys.clone(),
         tiled_softmax: !flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling")),
         quantization: quantization.clone(),
+        fused_dequant: aggressive_fusion(flags),
     };
     let targets: Vec<Target> = options
         .targets
@@ -409,7 +451,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     );
     let per_graph: BTreeMap<String, String> = graphs
         .iter()
-        .map(|&g| (g.key().to_string(), options.flags_of(g).join(" ")))
+        .map(|&g| (g.key().to_string(), options.flags_for(g, quantized).join(" ")))
         .collect();
     let distinct: Vec<&String> = per_graph
         .values()

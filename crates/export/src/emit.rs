@@ -60,6 +60,12 @@ pub struct EmitOptions {
     /// and dequantized inside the matmul that reads it ([`crate::mlir::Body::block_contract`]);
     /// [`Self::weights`] declares the rest.
     pub quantization: Option<kv_core::quant::Quantization>,
+    /// Many-row projections of quantized weights take a separate dequantization that IREE fuses
+    /// into the matmul ([`crate::mlir::Body::block_contract`]; only with aggressive fusion,
+    /// on from `--iree-opt-level=O2` unless turned off); `false` = every projection dequantizes
+    /// in its contraction's body ([`crate::mlir::Body::block_contract_q`]), which never
+    /// materialises a dequantized weight but is no matmul to IREE (slower for many rows).
+    pub fused_dequant: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -588,12 +594,21 @@ impl FuncEmitter<'_> {
     /// `x · Wᵀ (+ b)` for `x [R, in]`, `W [out, in]`.
     fn proj(&mut self, x: &V, weight: &str, bias: Option<&str>) -> V {
         let y = if let Some(format) = self.quant_format(weight) {
-            let w = self.quant_param(weight, format);
             let [r, inner] = x.ty.static_dims()[..] else {
                 kv_core::error::invariant("a projection's input is [R, in]")
             };
             let x3 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK]);
-            self.b.block_contract(&x3, &w)
+            if r == 1 || !self.options.fused_dequant {
+                // A vector-matrix product (the step, every head): the dequantization in the
+                // contraction's own body, one dispatch whatever the fusion flags.
+                let (q, s) = self.load_quant(weight, format);
+                self.b.block_contract_q(&x3, &q, &s)
+            } else {
+                // Many rows: a matmul to IREE, fed by a dequantization it fuses into the
+                // dispatch with aggressive fusion on (v2's CPU flags), else computes per call.
+                let w = self.quant_param(weight, format);
+                self.b.block_contract(&x3, &w)
+            }
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))

@@ -33,7 +33,7 @@ pub enum Elem {
 }
 
 impl Elem {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Elem::F32 => "f32",
             Elem::I32 => "i32",
@@ -776,6 +776,52 @@ impl Body {
             w.name,
             x.ty.text(),
             w.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
+    }
+
+    /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
+    /// (`i8`, `i4`) and scales `s [O, nb]`: `[R, O]` f32, one `linalg.generic` whose body
+    /// dequantizes (shark-ai's `mmt_block_scaled_q8_0` form). Nothing is left for IREE to fuse or
+    /// hoist, so it is one dispatch reading the narrow values whatever the fusion flags (v1's CPU
+    /// flags turn aggressive fusion off, which splits [`Self::block_contract`] from its
+    /// dequantization). As fast as the fused form for one row (Gemma's 262144 × 640 head, q8:
+    /// 12.8 against 12.2 ms here); for 32 rows 2.7× slower (it is not a matmul to IREE), so the
+    /// many-row graphs take [`Self::block_contract`].
+    pub fn block_contract_q(&mut self, x: &V, q: &V, s: &V) -> V {
+        let xd = x.ty.static_dims();
+        let qd = q.ty.static_dims();
+        let (r, o) = (xd[0], qd[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        let init = self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        );
+        let qe = q.ty.elem.name();
+        let name = self.fresh();
+        let (a, qv, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {qv}: {qe}, {sc}: f32, {acc}: f32):\n      {qf} = arith.sitofp {qv} : {qe} to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
+            x.name,
+            q.name,
+            s.name,
+            x.ty.text(),
+            q.ty.text(),
+            s.ty.text(),
             init.name,
             ty.text(),
             ty.text()
