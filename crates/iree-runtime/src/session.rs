@@ -92,7 +92,8 @@ impl Session {
     /// Creates a session on `device`, appends an `io_parameters` module serving
     /// `parameters` (`(scope, file)` pairs; files of the same scope share one provider) and
     /// then the bytecode module at `vmfb`. The parameters module must come first so the
-    /// bytecode module's imports resolve against it.
+    /// bytecode module's imports resolve against it. On the CPU drivers the files are
+    /// memory-mapped ([`ParameterProvider::open_with`]).
     pub fn open(device: &Device, vmfb: &Path, parameters: &[(&str, &Path)]) -> Result<Session> {
         let mut scopes: Vec<(&str, Vec<&Path>)> = Vec::new();
         for (scope, path) in parameters {
@@ -101,9 +102,11 @@ impl Session {
                 None => scopes.push((scope, vec![path])),
             }
         }
+        // The CPU drivers import a mapped file's entries as buffers instead of copying them.
+        let mapped = device.name().starts_with("local");
         let providers = scopes
             .iter()
-            .map(|(scope, files)| ParameterProvider::open(scope, files))
+            .map(|(scope, files)| ParameterProvider::open_with(scope, files, mapped))
             .collect::<Result<Vec<_>>>()?;
         Session::open_with_providers(device, vmfb, &providers)
     }
