@@ -134,7 +134,11 @@ pub(crate) fn module(
     {
         return Ok(module);
     }
-    let session = Session::open(device, vmfb, &[(scope, archive)]).map_err(iree_err(format!(
+    // A block-quantized archive (`kv_core::quant`: `NAME.scale` entries) is read in place by
+    // the matmuls, so the CPU drivers map it instead of copying every weight.
+    let quantized = kv_core::irpa::IrpaArchive::open(archive)
+        .is_ok_and(|a| a.entries().iter().any(|e| e.name().ends_with(".scale")));
+    let session = Session::open_with(device, vmfb, &[(scope, archive)], quantized).map_err(iree_err(format!(
         "open `{}` with parameters `{}`",
         vmfb.display(),
         archive.display()

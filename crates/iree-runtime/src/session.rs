@@ -92,9 +92,17 @@ impl Session {
     /// Creates a session on `device`, appends an `io_parameters` module serving
     /// `parameters` (`(scope, file)` pairs; files of the same scope share one provider) and
     /// then the bytecode module at `vmfb`. The parameters module must come first so the
-    /// bytecode module's imports resolve against it. On the CPU drivers the files are
-    /// memory-mapped ([`ParameterProvider::open_with`]).
+    /// bytecode module's imports resolve against it.
     pub fn open(device: &Device, vmfb: &Path, parameters: &[(&str, &Path)]) -> Result<Session> {
+        Self::open_with(device, vmfb, parameters, false)
+    }
+
+    /// [`Session::open`]; with `mapped`, on the CPU drivers, the parameter files are
+    /// memory-mapped and their entries imported as buffers in place
+    /// ([`ParameterProvider::open_with`]). That pays when the module reads the weights as
+    /// stored (block-quantized ones); where it relays them out at load (hoisted bf16 relayouts)
+    /// the copy IREE reads them into is freed after, while mapped pages stay resident.
+    pub fn open_with(device: &Device, vmfb: &Path, parameters: &[(&str, &Path)], mapped: bool) -> Result<Session> {
         let mut scopes: Vec<(&str, Vec<&Path>)> = Vec::new();
         for (scope, path) in parameters {
             match scopes.iter_mut().find(|(s, _)| s == scope) {
@@ -103,7 +111,7 @@ impl Session {
             }
         }
         // The CPU drivers import a mapped file's entries as buffers instead of copying them.
-        let mapped = device.name().starts_with("local");
+        let mapped = mapped && device.name().starts_with("local");
         let providers = scopes
             .iter()
             .map(|(scope, files)| ParameterProvider::open_with(scope, files, mapped))
