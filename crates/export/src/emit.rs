@@ -186,6 +186,14 @@ fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> R
     Ok(ty)
 }
 
+/// Quantized elements per `i32` word.
+fn per_word(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q8 => 4,
+        QuantFormat::Q4 => 8,
+    }
+}
+
 /// Keys per tile of contract v2's softmax over the cache ([`FuncEmitter::softmax_split`]).
 const SOFTMAX_TILE: usize = 64;
 
@@ -470,11 +478,16 @@ impl FuncEmitter<'_> {
             .and_then(|k| k.get(name))
             .cloned()
             .unwrap_or_else(|| name.to_string());
-        let elem = match format {
-            QuantFormat::Q8 => Elem::I8,
-            QuantFormat::Q4 => Elem::I4,
+        let q = if self.packed_quant() {
+            let words = BLOCK / per_word(format);
+            self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, words], Elem::I32))
+        } else {
+            let elem = match format {
+                QuantFormat::Q8 => Elem::I8,
+                QuantFormat::Q4 => Elem::I4,
+            };
+            self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, BLOCK], elem))
         };
-        let q = self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, BLOCK], elem));
         let s = self.load_global(
             format!("{}_scale", symbol(name)),
             &scale_name(&key),
@@ -483,11 +496,50 @@ impl FuncEmitter<'_> {
         (q, s)
     }
 
+    /// Whether quantized values are declared as `i32` words (with [`WeightFormat::PackedI32`], the
+    /// Vulkan form: no 8- or 4-bit type reaches the SPIR-V code generator).
+    fn packed_quant(&self) -> bool {
+        self.options.weights == WeightFormat::PackedI32
+    }
+
+    /// Words `q [.., W] i32` of `format`'s values, unpacked (element `j` of word `w` is element
+    /// `w·E + j`): `[.., W·E]` as f32, with i32 shifts only.
+    fn unpack_words(&mut self, q: &V, format: QuantFormat) -> V {
+        let e = per_word(format);
+        let bits = (32 / e) as i32;
+        let mut dims = q.ty.static_dims();
+        let rank = dims.len();
+        dims.push(e);
+        let wide = Ty::fixed(&dims, Elem::I32);
+        let keep: Vec<usize> = (0..rank).collect();
+        let words = self.b.broadcast(q, &keep, &wide);
+        let j = self.b.iota(&dims, rank, Elem::I32);
+        let step = self.b.splat_i32(bits, &wide);
+        let top = self.b.splat_i32(32 - bits, &wide);
+        let sh = self.b.mul(&j, &step);
+        let left = self.b.sub(&top, &sh);
+        let up = self.b.binary("shift_left", &words, &left);
+        let v = self.b.binary("shift_right_arithmetic", &up, &top);
+        let f = self.b.convert(&v, Elem::F32);
+        let mut flat = q.ty.static_dims();
+        *flat.last_mut().unwrap() *= e;
+        self.b.reshape_static(&f, &flat)
+    }
+
     /// `f32(q) * scale` of values `q [.., nb, 32]` and scales `s [.., nb]`: elementwise from a
     /// narrower type with the scales broadcast from a lower rank, so IREE clones it into every
     /// consumer dispatch instead of materialising it (a "bit-extend" op).
     fn dequant_blocks(&mut self, q: &V, s: &V) -> V {
-        let wide = self.b.convert(q, Elem::F32);
+        let wide = if q.ty.elem == Elem::I32 {
+            let format = if q.ty.static_dims().last() == Some(&(BLOCK / 4)) {
+                QuantFormat::Q8
+            } else {
+                QuantFormat::Q4
+            };
+            self.unpack_words(q, format)
+        } else {
+            self.b.convert(q, Elem::F32)
+        };
         let keep: Vec<usize> = (0..s.ty.rank()).collect();
         let sb = self.b.broadcast(s, &keep, &wide.ty);
         self.b.mul(&wide, &sb)
@@ -542,9 +594,10 @@ impl FuncEmitter<'_> {
                 let q2 = self.b.reshape_static(&q, &[vocab, nb * blk]);
                 let rows_q = self.b.gather_rows(&q2, tokens);
                 let rows_q = self.b.reshape_static(&rows_q, &[n, nb, blk]);
+                // (words when packed: `blk` is then the words per block)
                 let rows_s = self.b.gather_rows(&s, tokens);
                 let rows = self.dequant_blocks(&rows_q, &rows_s);
-                self.b.reshape_static(&rows, &[n, nb * blk])
+                self.b.reshape_static(&rows, &[n, nb * BLOCK])
             }
         }
     }
@@ -598,7 +651,12 @@ impl FuncEmitter<'_> {
                 kv_core::error::invariant("a projection's input is [R, in]")
             };
             let x3 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK]);
-            if r == 1 || !self.options.fused_dequant {
+            if self.packed_quant() {
+                let e = per_word(format);
+                let x4 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK / e, e]);
+                let (q, s) = self.load_quant(weight, format);
+                self.b.block_contract_words(&x4, &q, &s, (32 / e) as u32)
+            } else if r == 1 || !self.options.fused_dequant {
                 // A vector-matrix product (the step, every head): the dequantization in the
                 // contraction's own body, one dispatch whatever the fusion flags.
                 let (q, s) = self.load_quant(weight, format);

@@ -830,6 +830,60 @@ impl Body {
         V { name, ty }
     }
 
+    /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,
+    /// W]` (word `w` holds elements `w·E .. w·E + E` of its block, `bits` wide, two's complement,
+    /// little-endian: the archive's bytes viewed as words), `s [O, nb]`. The body takes element
+    /// `j` of a word with two shifts. For IREE 3.13's portable Vulkan target, which miscompiles
+    /// loads of 8-bit tensors of a few thousand elements or more (a 2048 × 640 q8 matvec was off
+    /// by up to 48 on lavapipe; the same product over `i32` words is exact).
+    pub fn block_contract_words(&mut self, x: &V, q: &V, s: &V, bits: u32) -> V {
+        let xd = x.ty.static_dims();
+        let qd = q.ty.static_dims();
+        let (r, o) = (xd[0], qd[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        let init = self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        );
+        let name = self.fresh();
+        let (a, word, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let (j, ji, cb, ctop, sh, left, up, qv) = (
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+        );
+        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let top = 32 - bits;
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d2, d3, d4)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {word}: i32, {sc}: f32, {acc}: f32):\n      {j} = linalg.index 4 : index\n      {ji} = arith.index_cast {j} : index to i32\n      {cb} = arith.constant {bits} : i32\n      {ctop} = arith.constant {top} : i32\n      {sh} = arith.muli {ji}, {cb} : i32\n      {left} = arith.subi {ctop}, {sh} : i32\n      {up} = arith.shli {word}, {left} : i32\n      {qv} = arith.shrsi {up}, {ctop} : i32\n      {qf} = arith.sitofp {qv} : i32 to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
+            x.name,
+            q.name,
+            s.name,
+            x.ty.text(),
+            q.ty.text(),
+            s.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
+    }
+
     /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.
     pub fn gather_rows(&mut self, table: &V, indices: &V) -> V {
         let td = table.ty.static_dims();
