@@ -19,7 +19,8 @@
 # QUIET_WAIT seconds, default 600) for the 1-minute load average to drop below QUIET_LOAD
 # (default 1.0), and prints the loads it ran under either way.
 #
-# Usage: [CONTRACTS="1 2"] [WEIGHTS="bf16 q8 q4"] scripts/bench-vs-llamacpp.sh [--install-only]
+# Usage: [CONTRACTS="1 2"] [WEIGHTS="bf16 q8 q4"] [RUNS=2] [SKV_BIN=path/to/skainet-kv (no release
+#        build)] scripts/bench-vs-llamacpp.sh [--install-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -31,7 +32,7 @@ TOOLS_PY="$SKAINET_KV_TOOLS/venv/bin/python"
 NEW_TOKENS=16
 CONTRACTS="${CONTRACTS:-1 2}"
 WEIGHTS="${WEIGHTS:-bf16 q8 q4}"
-RUNS=2
+RUNS="${RUNS:-2}"
 CHECK_TEXT="The capital of France is"
 
 log() { echo "bench-vs-llamacpp: $*" >&2; }
@@ -56,9 +57,13 @@ mkdir -p "$LLAMA_ROOT"
 install_llama_cpp
 [ "${1:-}" = "--install-only" ] && exit 0
 
-log "building skainet-kv (release)"
-cargo build --release -q -p skainet-kv
-SKV="$PWD/target/release/skainet-kv"
+if [ -n "${SKV_BIN:-}" ]; then
+    SKV="$(realpath "$SKV_BIN")"
+else
+    log "building skainet-kv (release)"
+    cargo build --release -q -p skainet-kv
+    SKV="$PWD/target/release/skainet-kv"
+fi
 
 # Also installs and imports the model on first use, so the Q4_K_M file is in the store after it.
 IDS="$("$SKV" bench --model gemma3-270m --print-ids)"
@@ -143,7 +148,7 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 loads = open(os.path.join(out, "loads")).read().split()
 print(f"CPU: {cpu}, {os.cpu_count()} cores; 1-min load average at the start of each timed process:"
       f" {', '.join(loads)}; after the last (1/5/15 min): {load_after}")
-print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: run 1 / run 2 (medians within a run)")
+print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: the {runs} runs, ' / '-separated (medians within a run)")
 print()
 print("| | " + " | ".join(heads) + " |")
 print("|---" * (len(heads) + 1) + "|")

@@ -447,4 +447,31 @@ mod tests {
         let err = e.gather(&[0]).unwrap_err().to_string();
         assert!(err.contains("replaced"), "{err}");
     }
+
+    /// A block-quantized table (values + `NAME.scale`) named by the manifest is gathered as the
+    /// graphs dequantize it: `f32(q) * scale`, for q8 and q4.
+    #[test]
+    fn quantized_tables_gather_dequantized_rows() {
+        let spec = KvSpec {
+            vocab_size: 3,
+            hidden_size: 64,
+            ..KvSpec::default()
+        };
+        let values: Vec<f32> = (0..3 * 64).map(|i| ((i * 37 % 23) as f32 - 11.0) / 17.0).collect();
+        for format in [QuantFormat::Q8, QuantFormat::Q4] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("model.irpa");
+            let mut w = IrpaWriter::new();
+            kv_core::quant::add_quantized(&mut w, format, "token_embd.weight", &values).unwrap();
+            w.write(&path).unwrap();
+            let e = Embedding::open(&path, Some("token_embd.weight"), &spec).unwrap();
+            assert_eq!(e.format(), Some(format));
+            let archive = IrpaArchive::open(&path).unwrap();
+            let (q, sc) = kv_core::quant::entries(&archive, "token_embd.weight").unwrap();
+            let all = kv_core::quant::dequantize(format, "t", 3 * 64, q, sc).unwrap();
+            let got = e.gather(&[2, 0]).unwrap();
+            assert_eq!(&got[..64], &all[128..], "{format:?}");
+            assert_eq!(&got[64..], &all[..64], "{format:?}");
+        }
+    }
 }
