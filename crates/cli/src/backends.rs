@@ -233,6 +233,15 @@ impl ModelSource {
         if let Some(dir) = &self.artifacts {
             return Ok(dir.clone());
         }
+        if device == "vulkan"
+            && self.target.vulkan_target.is_some()
+            && self.target.weights == crate::model::WeightsChoice::Q4
+        {
+            anyhow::bail!(
+                "--weights q4 with --vulkan-target: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
+                 tokens on the H200 (docs/quantized-weights.md); use IREE's portable target (no --vulkan-target) or q8"
+            );
+        }
         let dir = crate::model::resolve_with(&self.model, self.target.weights)?;
         let target = if device == "vulkan" {
             export::Target::Vulkan {

@@ -496,10 +496,11 @@ impl FuncEmitter<'_> {
         (q, s)
     }
 
-    /// Whether quantized values are declared as `i32` words (with [`WeightFormat::PackedI32`], the
-    /// Vulkan form: no 8- or 4-bit type reaches the SPIR-V code generator).
+    /// Whether quantized values are declared as `i32` words: with the Vulkan weight formats
+    /// ([`WeightFormat::PackedI32`], [`WeightFormat::I16`]), so no 8- or 4-bit type reaches the
+    /// SPIR-V code generator; the CPU's ([`WeightFormat::Bf16`]) declares `i8` / `i4`.
     fn packed_quant(&self) -> bool {
-        self.options.weights == WeightFormat::PackedI32
+        self.options.weights != WeightFormat::Bf16
     }
 
     /// Words `q [.., W] i32` of `format`'s values, unpacked (element `j` of word `w` is element

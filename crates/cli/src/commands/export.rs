@@ -102,6 +102,15 @@ pub fn run(args: ExportArgs) -> Result<()> {
         None => Source::parse(&args.model),
     };
     let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
+    if matches!(args.weights, WeightChoice::Q4)
+        && args.vulkan_target.is_some()
+        && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
+    {
+        bail!(
+            "--weights q4 with --vulkan-target: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
+             tokens on the H200 (docs/quantized-weights.md); export Vulkan q4 for IREE's portable target or use q8"
+        );
+    }
     if matches!(args.weights, WeightChoice::Bf16) && targets.iter().any(|t| matches!(t, Target::Vulkan { .. })) {
         bail!("--weights bf16: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; export Vulkan with packed weights");
     }
