@@ -6,7 +6,7 @@ use iree_runtime_sys as sys;
 use crate::buffer_view::BufferView;
 use crate::device::Device;
 use crate::error::{check, Error, Result};
-use crate::parameters::ParameterProvider;
+use crate::parameters::{ParameterIo, ParameterProvider};
 use crate::{from_string_view, path_str, string_view};
 
 /// Modules the runtime adds by itself; their exports are not listed in lookup errors.
@@ -90,8 +90,9 @@ unsafe impl Sync for Function {}
 
 impl Session {
     /// Creates a session on `device`, appends an `io_parameters` module serving
-    /// `parameters` (`(scope, file)` pairs; files of the same scope share one provider) and
-    /// then the bytecode module at `vmfb`. The parameters module must come first so the
+    /// `parameters` (`(scope, file)` pairs; files of the same scope share one provider; mapped
+    /// on the CPU drivers, read on the others: [`ParameterIo::for_driver`]) and then the
+    /// bytecode module at `vmfb`. The parameters module must come first so the
     /// bytecode module's imports resolve against it.
     pub fn open(device: &Device, vmfb: &Path, parameters: &[(&str, &Path)]) -> Result<Session> {
         let mut scopes: Vec<(&str, Vec<&Path>)> = Vec::new();
@@ -103,7 +104,7 @@ impl Session {
         }
         let providers = scopes
             .iter()
-            .map(|(scope, files)| ParameterProvider::open(scope, files))
+            .map(|(scope, files)| ParameterProvider::open(scope, files, ParameterIo::for_driver(device.name())))
             .collect::<Result<Vec<_>>>()?;
         Session::open_with_providers(device, vmfb, &providers)
     }
