@@ -1,4 +1,4 @@
-//! The embedding table, gathered on the host from the memory-mapped archive.
+//! The embedding table, gathered on the host from the archive.
 
 use std::path::Path;
 
@@ -17,7 +17,7 @@ fn well_known(pattern: &str, name: &str) -> bool {
     }
 }
 
-/// The `vocab × hidden` bf16 table of an archive, mapped, never copied as a whole.
+/// The `vocab × hidden` bf16 table of an archive, read row by row, never copied as a whole.
 ///
 /// The archive must not be truncated or rewritten while the table is open (it is mapped; see
 /// [`IrpaArchive`]); [`Self::gather`] checks the file's length and identity first and refuses a
@@ -163,8 +163,8 @@ impl Embedding {
     /// Errs, before reading, when the archive file changed since it was opened.
     pub fn gather(&self, tokens: &[i32]) -> Result<Vec<f32>> {
         self.archive.check_unchanged()?;
-        let table = self.archive.data(&self.name)?;
         let row_bytes = self.hidden * 2;
+        let mut bytes = vec![0u8; row_bytes];
         let len = tokens.len().checked_mul(self.hidden).ok_or_else(|| {
             Error::parameter(
                 &self.name,
@@ -177,7 +177,9 @@ impl Embedding {
             if t >= self.vocab {
                 kv_core::error::invariant("embedding gather of an unchecked token id");
             }
-            kv_core::bf16::bf16_bytes_to_f32_into(&table[t * row_bytes..(t + 1) * row_bytes], row)
+            // Read, not borrowed from the mapping: see IrpaArchive::read_into.
+            self.archive.read_into(&self.name, (t * row_bytes) as u64, &mut bytes)?;
+            kv_core::bf16::bf16_bytes_to_f32_into(&bytes, row)
                 .unwrap_or_else(|_| kv_core::error::invariant("embedding row length"));
         }
         Ok(out)

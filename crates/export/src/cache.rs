@@ -19,7 +19,8 @@ const EMITTER_REVISION: u32 = 5;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
-const EMITTER_REVISION_V2: u32 = 2;
+/// 3: data-tiled CPU modules read their packed weights from an encoded archive (`encode`).
+const EMITTER_REVISION_V2: u32 = 3;
 
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.
