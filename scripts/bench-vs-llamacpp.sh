@@ -5,8 +5,10 @@
 # once on 2 cores; skipped when installed), writes a BF16 GGUF from the Q4_K_M GGUF file Gemma 3
 # 270M is imported from (the model store's copy), then runs, twice each:
 #   - llama.cpp on the BF16 and on the Q4_K_M file (all cores, greedy),
-#   - `skainet-kv bench --model gemma3-270m --backend iree-cpu` on its defaults, and once per graph
-#     contract named in CONTRACTS (default "1 2": docs/contract-v2.md),
+#   - `skainet-kv bench --model gemma3-270m --backend iree-cpu` on its defaults, once per graph
+#     contract named in CONTRACTS (default "1 2": docs/contract-v2.md) and weight format named in
+#     WEIGHTS (default "bf16 q8 q4": `--weights`, block-quantized matrices dequantized inside the
+#     matmuls),
 # on the same 843-token prefix and 8-token prompt, whose ids come from `skainet-kv bench
 # --print-ids` (llama.cpp is fed ids, so both runtimes see identical tokens). Prints one table
 # (prefix prefill, decode, first token of the 8-token prompt, peak RSS; the ratios skainet-kv /
@@ -17,7 +19,8 @@
 # QUIET_WAIT seconds, default 600) for the 1-minute load average to drop below QUIET_LOAD
 # (default 1.0), and prints the loads it ran under either way.
 #
-# Usage: [CONTRACTS="1 2"] scripts/bench-vs-llamacpp.sh [--install-only]
+# Usage: [CONTRACTS="1 2"] [WEIGHTS="bf16 q8 q4"] [RUNS=2] [SKV_BIN=path/to/skainet-kv (no release
+#        build)] scripts/bench-vs-llamacpp.sh [--install-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -28,7 +31,8 @@ LLAMA_PY="$LLAMA_ROOT/venv/bin/python"
 TOOLS_PY="$SKAINET_KV_TOOLS/venv/bin/python"
 NEW_TOKENS=16
 CONTRACTS="${CONTRACTS:-1 2}"
-RUNS=2
+WEIGHTS="${WEIGHTS:-bf16 q8 q4}"
+RUNS="${RUNS:-2}"
 CHECK_TEXT="The capital of France is"
 
 log() { echo "bench-vs-llamacpp: $*" >&2; }
@@ -53,9 +57,13 @@ mkdir -p "$LLAMA_ROOT"
 install_llama_cpp
 [ "${1:-}" = "--install-only" ] && exit 0
 
-log "building skainet-kv (release)"
-cargo build --release -q -p skainet-kv
-SKV="$PWD/target/release/skainet-kv"
+if [ -n "${SKV_BIN:-}" ]; then
+    SKV="$(realpath "$SKV_BIN")"
+else
+    log "building skainet-kv (release)"
+    cargo build --release -q -p skainet-kv
+    SKV="$PWD/target/release/skainet-kv"
+fi
 
 # Also installs and imports the model on first use, so the Q4_K_M file is in the store after it.
 IDS="$("$SKV" bench --model gemma3-270m --print-ids)"
@@ -75,9 +83,11 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 # Also the exports, before timing anything, so no compile runs beside a measured run.
 for contract in $CONTRACTS; do
-    log "skainet-kv contract $contract: greedy ids after \"$CHECK_TEXT\" (exports for this CPU once)"
-    "$SKV" generate --model gemma3-270m --backend iree-cpu --contract "$contract" --ids "$CHECK_IDS" \
-        --max-new "$NEW_TOKENS" --json >"$OUT/skainet-ids-$contract.json"
+    for w in $WEIGHTS; do
+        log "skainet-kv contract $contract, $w weights: greedy ids after \"$CHECK_TEXT\" (imports and exports for this CPU once)"
+        "$SKV" generate --model gemma3-270m --backend iree-cpu --contract "$contract" --weights "$w" --ids "$CHECK_IDS" \
+            --max-new "$NEW_TOKENS" --json >"$OUT/skainet-ids-$w-$contract.json"
+    done
 done
 
 # Each timed process starts only once the machine is quiet (or after QUIET_WAIT seconds); the
@@ -101,25 +111,30 @@ for run in $(seq "$RUNS"); do
         "$LLAMA_PY" scripts/llamacpp/run_llama.py "$model" "$PREFIX_IDS" "$PROMPT_IDS" "$CHECK_IDS" "$NEW_TOKENS" >"$OUT/llama-$quant-$run.json"
     done
     for contract in $CONTRACTS; do
-        wait_quiet
-        log "run $run: skainet-kv bench, contract $contract"
-        "$SKV" bench --model gemma3-270m --backend iree-cpu --contract "$contract" --json >"$OUT/skainet-$contract-$run.json"
+        for w in $WEIGHTS; do
+            wait_quiet
+            log "run $run: skainet-kv bench, contract $contract, $w weights"
+            "$SKV" bench --model gemma3-270m --backend iree-cpu --contract "$contract" --weights "$w" --json \
+                >"$OUT/skainet-$w-$contract-$run.json"
+        done
     done
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_AFTER" "$CHECK_TEXT" "$CONTRACTS" <<'EOF'
+"$TOOLS_PY" - "$OUT" "$RUNS" "$LOAD_AFTER" "$CHECK_TEXT" "$CONTRACTS" "$WEIGHTS" <<'EOF'
 import json, os, sys
 
 out, runs, load_after, check_text = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 contracts = sys.argv[5].split()
+weights = sys.argv[6].split()
+rows = [(c, w) for c in contracts for w in weights]
 read = lambda name: json.load(open(os.path.join(out, name)))
 engines = [
     ("llama.cpp BF16", [read(f"llama-bf16-{r}.json") for r in range(1, runs + 1)]),
     ("llama.cpp Q4_K_M", [read(f"llama-q4_k_m-{r}.json") for r in range(1, runs + 1)]),
 ] + [
-    (f"skainet-kv iree-cpu (bf16), contract {c}", [read(f"skainet-{c}-{r}.json") for r in range(1, runs + 1)])
-    for c in contracts
+    (f"skainet-kv iree-cpu ({w}), contract {c}", [read(f"skainet-{w}-{c}-{r}.json") for r in range(1, runs + 1)])
+    for c, w in rows
 ]
 columns = [
     ("prefix prefill, {} tokens (ms)", "prefix_prefill_ms", "prefix_tokens"),
@@ -133,7 +148,7 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 loads = open(os.path.join(out, "loads")).read().split()
 print(f"CPU: {cpu}, {os.cpu_count()} cores; 1-min load average at the start of each timed process:"
       f" {', '.join(loads)}; after the last (1/5/15 min): {load_after}")
-print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: run 1 / run 2 (medians within a run)")
+print(f"llama-cpp-python {first['llama_cpp_python']}, {first['threads']} threads; each cell: the {runs} runs, ' / '-separated (medians within a run)")
 print()
 print("| | " + " | ".join(heads) + " |")
 print("|---" * (len(heads) + 1) + "|")
@@ -141,14 +156,19 @@ fmt = lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 for name, rs in engines:
     print(f"| {name} | " + " | ".join(" / ".join(fmt(r[key]) for r in rs) for _, key, _ in columns) + " |")
 best = lambda rs, key: min(r[key] for r in rs)
-bf16 = engines[0][1]
-for c, (_, skv) in zip(contracts, engines[2:]):
-    print(f"| contract {c} / llama.cpp BF16 (best of each) | "
-          + " | ".join(f"{best(skv, key) / best(bf16, key):.2f}×" for _, key, _ in columns) + " |")
+bf16, q4km = engines[0][1], engines[1][1]
+for (c, w), (_, skv) in zip(rows, engines[2:]):
+    # bf16 against llama.cpp's BF16, the quantized formats against its Q4_K_M.
+    base, base_name = (bf16, "BF16") if w == "bf16" else (q4km, "Q4_K_M")
+    print(f"| {w}, contract {c} / llama.cpp {base_name} (best of each) | "
+          + " | ".join(f"{best(skv, key) / best(base, key):.2f}×" for _, key, _ in columns) + " |")
 theirs = bf16[0]["check_ids"]
 print()
-for c in contracts:
-    ours = read(f"skainet-ids-{c}.json")["ids"]
+for c, w in rows:
+    ours = read(f"skainet-ids-{w}-{c}.json")["ids"]
+    if w != "bf16":
+        print(f"{w}, contract {c}: greedy ids after {check_text!r}: {ours} (other weights than llama.cpp BF16's)")
+        continue
     differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     if differ is None and len(ours) == len(theirs):
         print(f"contract {c}: greedy ids after {check_text!r}: the same {len(ours)} on skainet-kv and llama.cpp BF16")

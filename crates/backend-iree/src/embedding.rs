@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntry};
+use kv_core::quant::QuantFormat;
 use kv_core::{Error, KvSpec, Result};
 
 /// Names the table goes by in archives without a manifest, tried in this order: llama.cpp's
@@ -27,6 +28,8 @@ pub struct Embedding {
     name: String,
     vocab: usize,
     hidden: usize,
+    /// `Some`: the table is block-quantized ([`kv_core::quant`]), its scales in `NAME.scale`.
+    format: Option<QuantFormat>,
 }
 
 impl Embedding {
@@ -79,6 +82,9 @@ impl Embedding {
         let entry = archive
             .get(name)
             .ok_or_else(|| Error::parameter(name, format!("not in {}{by}", path.display())))?;
+        if let Some(format) = quantized_format(&archive, name, entry.len(), spec) {
+            return Self::new(archive, name.to_string(), spec, Some(format));
+        }
         if entry.len() != bytes {
             return Err(Error::parameter(
                 name,
@@ -90,7 +96,7 @@ impl Embedding {
                 ),
             ));
         }
-        Self::new(archive, name.to_string(), spec)
+        Self::new(archive, name.to_string(), spec, None)
     }
 
     /// Well-known names, then size. `beside` is the vmfb and the manifest path an error points
@@ -109,7 +115,7 @@ impl Embedding {
                 [] => continue,
                 [one] => {
                     let name = one.name().to_string();
-                    return Self::new(archive, name, spec);
+                    return Self::new(archive, name, spec, None);
                 }
                 many => {
                     return Err(ambiguous(
@@ -124,7 +130,7 @@ impl Embedding {
         match sized.as_slice() {
             [one] => {
                 let name = one.name().to_string();
-                Self::new(archive, name, spec)
+                Self::new(archive, name, spec, None)
             }
             [] => Err(Error::parameter(
                 "<embedding>",
@@ -144,14 +150,23 @@ impl Embedding {
         }
     }
 
-    fn new(archive: IrpaArchive, name: String, spec: &KvSpec) -> Result<Self> {
+    fn new(archive: IrpaArchive, name: String, spec: &KvSpec, format: Option<QuantFormat>) -> Result<Self> {
         archive.data(&name)?;
+        if format.is_some() {
+            archive.data(&kv_core::quant::scale_name(&name))?;
+        }
         Ok(Embedding {
             archive,
             name,
             vocab: spec.vocab_size,
             hidden: spec.hidden_size,
+            format,
         })
+    }
+
+    /// The table's block-quantized format (`None`: bf16).
+    pub fn format(&self) -> Option<QuantFormat> {
+        self.format
     }
 
     pub fn name(&self) -> &str {
@@ -163,8 +178,16 @@ impl Embedding {
     /// Errs, before reading, when the archive file changed since it was opened.
     pub fn gather(&self, tokens: &[i32]) -> Result<Vec<f32>> {
         self.archive.check_unchanged()?;
-        let row_bytes = self.hidden * 2;
+        // The row's bytes (and its block scales) are read, not borrowed from the mapping: see
+        // IrpaArchive::read_into.
+        let scale_name = self.format.map(|_| kv_core::quant::scale_name(&self.name));
+        let row_bytes = match self.format {
+            Some(format) => format.value_bytes(self.hidden),
+            None => self.hidden * 2,
+        };
         let mut bytes = vec![0u8; row_bytes];
+        let scale_bytes = kv_core::quant::QuantFormat::scale_bytes(self.hidden);
+        let mut scales = vec![0u8; if self.format.is_some() { scale_bytes } else { 0 }];
         let len = tokens.len().checked_mul(self.hidden).ok_or_else(|| {
             Error::parameter(
                 &self.name,
@@ -177,13 +200,36 @@ impl Embedding {
             if t >= self.vocab {
                 kv_core::error::invariant("embedding gather of an unchecked token id");
             }
-            // Read, not borrowed from the mapping: see IrpaArchive::read_into.
             self.archive.read_into(&self.name, (t * row_bytes) as u64, &mut bytes)?;
-            kv_core::bf16::bf16_bytes_to_f32_into(&bytes, row)
-                .unwrap_or_else(|_| kv_core::error::invariant("embedding row length"));
+            match (self.format, &scale_name) {
+                // The same values as the graphs' dequantization (`f32(q) * scale`).
+                (Some(format), Some(scale_name)) => {
+                    self.archive
+                        .read_into(scale_name, (t * scale_bytes) as u64, &mut scales)?;
+                    kv_core::quant::dequantize_range(format, &bytes, &scales, 0, row)
+                }
+                _ => kv_core::bf16::bf16_bytes_to_f32_into(&bytes, row)
+                    .unwrap_or_else(|_| kv_core::error::invariant("embedding row length")),
+            }
         }
         Ok(out)
     }
+}
+
+/// The format of a block-quantized table `name` of `len` value bytes: its `NAME.scale` entry
+/// exists and both have the sizes of a `vocab × hidden` q8 or q4 table (rows of whole blocks).
+fn quantized_format(archive: &IrpaArchive, name: &str, len: u64, spec: &KvSpec) -> Option<QuantFormat> {
+    if spec.hidden_size % kv_core::quant::BLOCK != 0 {
+        return None;
+    }
+    let numel = spec.vocab_size.checked_mul(spec.hidden_size)?;
+    let scales = archive.get(&kv_core::quant::scale_name(name))?;
+    if scales.len() != QuantFormat::scale_bytes(numel) as u64 {
+        return None;
+    }
+    [QuantFormat::Q8, QuantFormat::Q4]
+        .into_iter()
+        .find(|f| f.value_bytes(numel) as u64 == len)
 }
 
 /// Bytes of a `vocab × hidden` bf16 table. Checked: the geometry is the caller's (a Kotlin
@@ -407,5 +453,32 @@ mod tests {
         std::fs::rename(&fresh, &path).unwrap();
         let err = e.gather(&[0]).unwrap_err().to_string();
         assert!(err.contains("replaced"), "{err}");
+    }
+
+    /// A block-quantized table (values + `NAME.scale`) named by the manifest is gathered as the
+    /// graphs dequantize it: `f32(q) * scale`, for q8 and q4.
+    #[test]
+    fn quantized_tables_gather_dequantized_rows() {
+        let spec = KvSpec {
+            vocab_size: 3,
+            hidden_size: 64,
+            ..KvSpec::default()
+        };
+        let values: Vec<f32> = (0..3 * 64).map(|i| ((i * 37 % 23) as f32 - 11.0) / 17.0).collect();
+        for format in [QuantFormat::Q8, QuantFormat::Q4] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("model.irpa");
+            let mut w = IrpaWriter::new();
+            kv_core::quant::add_quantized(&mut w, format, "token_embd.weight", &values).unwrap();
+            w.write(&path).unwrap();
+            let e = Embedding::open(&path, Some("token_embd.weight"), &spec).unwrap();
+            assert_eq!(e.format(), Some(format));
+            let archive = IrpaArchive::open(&path).unwrap();
+            let (q, sc) = kv_core::quant::entries(&archive, "token_embd.weight").unwrap();
+            let all = kv_core::quant::dequantize(format, "t", 3 * 64, q, sc).unwrap();
+            let got = e.gather(&[2, 0]).unwrap();
+            assert_eq!(&got[..64], &all[128..], "{format:?}");
+            assert_eq!(&got[64..], &all[..64], "{format:?}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! Loading the weights: every entry of [`kv_core::params::parameter_table`], widened to f32.
+//! Loading the weights: every entry of [`kv_core::params::parameter_table`], widened to f32
+//! (block-quantized ones dequantized by [`kv_core::quant`], the values the graphs compute with).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -6,6 +7,7 @@ use std::sync::Arc;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntryKind};
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::quant::Quantization;
 use kv_core::{Architecture, Error, KvSpec, Manifest, Result};
 use ndarray::{Array1, Array2};
 
@@ -65,7 +67,11 @@ impl ReferenceModel {
         manifest.validate()?;
         let architecture = manifest.require_architecture()?.clone();
         let spec = &manifest.spec;
-        let mut store = ParamStore::load(archive, &parameter_table(spec, &architecture))?;
+        let mut store = ParamStore::load(
+            archive,
+            &parameter_table(spec, &architecture),
+            manifest.quantization.as_ref(),
+        )?;
 
         let layers = (0..spec.n_layers)
             .map(|l| {
@@ -165,10 +171,20 @@ struct ParamStore {
 }
 
 impl ParamStore {
-    fn load(archive: &IrpaArchive, table: &[ParamInfo]) -> Result<Self> {
+    fn load(archive: &IrpaArchive, table: &[ParamInfo], quant: Option<&Quantization>) -> Result<Self> {
         let params = table
             .iter()
-            .map(|info| Ok((info.name.clone(), (info.shape.clone(), load_param(archive, info)?))))
+            .map(|info| {
+                let values = match quant.and_then(|q| q.format_of(&info.name)) {
+                    // Exactly the graphs' values: `f32(q) * scale` (kv_core::quant).
+                    Some(format) => {
+                        let (bytes, scales) = kv_core::quant::entries(archive, &info.name)?;
+                        kv_core::quant::dequantize(format, &info.name, info.numel(), bytes, scales)?
+                    }
+                    None => load_param(archive, info)?,
+                };
+                Ok((info.name.clone(), (info.shape.clone(), values)))
+            })
             .collect::<Result<_>>()?;
         Ok(ParamStore { params })
     }

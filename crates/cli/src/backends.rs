@@ -165,6 +165,11 @@ pub struct TargetArgs {
     /// given with `--artifacts` say their own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub contract: Option<u32>,
+    /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
+    /// model imported so from its GGUF, a fixture or directory re-quantized once; every backend
+    /// computes with the same dequantized values).
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub weights: crate::model::WeightsChoice,
 }
 
 /// Where the model and its compiled artifacts are.
@@ -204,7 +209,10 @@ impl ModelSource {
 
     /// The directory with the weights and `architecture` (the reference reads it).
     pub fn model_dir(&self) -> Result<PathBuf> {
-        match (&self.artifacts, crate::model::resolve(&self.model)) {
+        match (
+            &self.artifacts,
+            crate::model::resolve_with(&self.model, self.target.weights),
+        ) {
             (_, Ok(dir)) => Ok(dir),
             (Some(dir), Err(_)) => Ok(dir.clone()),
             (None, Err(e)) => Err(e),
@@ -232,7 +240,16 @@ impl ModelSource {
         if let Some(dir) = &self.artifacts {
             return Ok(dir.clone());
         }
-        let dir = crate::model::resolve(&self.model)?;
+        if device == "vulkan"
+            && self.target.vulkan_target.is_some()
+            && self.target.weights == crate::model::WeightsChoice::Q4
+        {
+            anyhow::bail!(
+                "--weights q4 with --vulkan-target: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
+                 tokens on the H200 (docs/quantized-weights.md); use IREE's portable target (no --vulkan-target) or q8"
+            );
+        }
+        let dir = crate::model::resolve_with(&self.model, self.target.weights)?;
         let target = if device == "vulkan" {
             export::Target::Vulkan {
                 target: self.target.vulkan_target.clone(),
@@ -251,7 +268,7 @@ impl ModelSource {
         {
             return Ok(dir);
         }
-        let model = if fixtures::Fixture::is_fixture_name(&self.model) {
+        let model = if fixtures::Fixture::is_fixture_name(&self.model) && self.target.weights.quant().is_none() {
             self.model.clone()
         } else {
             dir.display().to_string()

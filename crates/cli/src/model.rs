@@ -65,12 +65,100 @@ fn store() -> Result<model_store::Store> {
     model_store::Store::from_env().context("locating the model store")
 }
 
+/// `--weights`: the weight format of the model's archive (`kv_core::quant`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightsChoice {
+    /// bf16, as imported.
+    #[default]
+    Bf16,
+    /// Matrices as int8 with an f32 scale per block of 32 (GGUF Q8_0 blocks copied, other types
+    /// re-quantized), dequantized inside the matmuls.
+    Q8,
+    /// Matrices as signed 4-bit with an f32 scale per block of 32 (GGUF Q4_0 blocks copied,
+    /// other types re-quantized), dequantized inside the matmuls.
+    Q4,
+}
+
+impl WeightsChoice {
+    pub fn quant(self) -> Option<kv_core::quant::QuantFormat> {
+        match self {
+            WeightsChoice::Bf16 => None,
+            WeightsChoice::Q8 => Some(kv_core::quant::QuantFormat::Q8),
+            WeightsChoice::Q4 => Some(kv_core::quant::QuantFormat::Q4),
+        }
+    }
+
+    fn import(self) -> gguf::WeightFormat {
+        match self {
+            WeightsChoice::Bf16 => gguf::WeightFormat::Bf16,
+            WeightsChoice::Q8 => gguf::WeightFormat::Q8,
+            WeightsChoice::Q4 => gguf::WeightFormat::Q4,
+        }
+    }
+}
+
+/// [`resolve_with`] the imported (bf16) weights.
 pub fn resolve(model: &str) -> Result<PathBuf> {
+    resolve_with(model, WeightsChoice::Bf16)
+}
+
+/// The model directory of `--model` with weights `weights`: a real model imported in that format
+/// (quantized from the GGUF blocks), a fixture or a directory re-quantized once into
+/// `quantized/` in the cache (a directory already quantized is used as it is).
+pub fn resolve_with(model: &str, weights: WeightsChoice) -> Result<PathBuf> {
     if is_real_model(model) {
+        let opts = gguf::ImportOptions {
+            weights: weights.import(),
+            ..gguf::ImportOptions::default()
+        };
         return store()?
-            .ensure_artifacts(model, gguf::ImportOptions::default(), &Bars::default())
+            .ensure_artifacts(model, opts, &Bars::default())
             .with_context(|| format!("installing and importing {model}"));
     }
+    let dir = resolve_plain(model)?;
+    match weights.quant() {
+        None => Ok(dir),
+        Some(format) => quantized_copy(&dir, format).with_context(|| format!("quantizing {model} to {}", format.key())),
+    }
+}
+
+/// `src` re-quantized to `format` under `quantized/` in the cache, rebuilt when the source's
+/// manifest or archive changes.
+fn quantized_copy(src: &std::path::Path, format: kv_core::quant::QuantFormat) -> Result<PathBuf> {
+    let manifest = kv_core::Manifest::load(src)?;
+    if manifest.quantization.is_some() {
+        return Ok(src.to_path_buf());
+    }
+    let archive = src.join(manifest.weights_file().unwrap_or_default());
+    let meta = std::fs::metadata(&archive).with_context(|| format!("reading {}", archive.display()))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let src_abs = std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf());
+    let stamp = format!("{}\n{}\n{mtime}\n{}", src_abs.display(), meta.len(), manifest.to_json());
+    let label: String = src_abs
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let root = kv_paths::Root::Cache.join("quantized")?;
+    let dir = root.join(format!("{}-{}", label.trim_matches('-'), format.key()));
+    let stamp_file = dir.join("quantized-from.txt");
+    if std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) && kv_core::Manifest::load(&dir).is_ok() {
+        return Ok(dir);
+    }
+    let tmp = root.join(format!(".tmp-{}-{}", format.key(), std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    kv_core::quant::quantize_dir(src, &tmp, format)?;
+    std::fs::write(tmp.join("quantized-from.txt"), &stamp)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).with_context(|| format!("installing {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn resolve_plain(model: &str) -> Result<PathBuf> {
     if fixtures::Fixture::is_fixture_name(model) {
         return fixtures::materialize(model).with_context(|| format!("writing fixture {model}"));
     }

@@ -4,11 +4,15 @@
 use std::process::Command;
 
 fn diverge(backends: &str) -> serde_json::Value {
+    diverge_with("tiny-gemma3:7", backends, &[])
+}
+
+fn diverge_with(model: &str, backends: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
         .args([
             "diverge",
             "--model",
-            "tiny-gemma3:7",
+            model,
             "--backends",
             backends,
             "--ids",
@@ -17,6 +21,7 @@ fn diverge(backends: &str) -> serde_json::Value {
             "12",
             "--json",
         ])
+        .args(extra)
         .output()
         .expect("run skainet-kv");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -78,4 +83,25 @@ fn diverge_wants_two_backends() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("exactly two"));
+}
+
+/// Block-quantized weights (`--weights q8|q4`, the fixture re-quantized once): the IREE CPU
+/// graphs dequantize inside their matmuls exactly as the reference does on the host, so the
+/// tokens agree and the caches stay within the cross-backend tolerance (q8 on Gemma's shape, q4
+/// on Llama's grouped heads under contract 2).
+#[cfg(feature = "iree")]
+#[test]
+fn iree_cpu_tracks_the_reference_on_quantized_weights() {
+    check_report(
+        &diverge_with("tiny-gemma3:7", "reference,iree-cpu", &["--weights", "q8"]),
+        false,
+    );
+    check_report(
+        &diverge_with(
+            "tiny-llama:3",
+            "reference,iree-cpu",
+            &["--weights", "q4", "--contract", "2"],
+        ),
+        false,
+    );
 }

@@ -173,20 +173,60 @@ impl ExportOptions {
     /// Every `iree-compile` flag of `graph`'s module: the weight format's, then
     /// [`Self::compile_flags`], then `graph`'s own.
     pub fn flags_of(&self, graph: Graph) -> Vec<String> {
-        weight_compile_flags(self.weights)
+        self.flags_for(graph, false)
+    }
+
+    /// [`Self::flags_of`] for a source whose archive is block-quantized (`quantized`), which
+    /// also turns constant-expression hoisting off ([`QUANTIZED_COMPILE_FLAGS`]).
+    pub fn flags_for(&self, graph: Graph, quantized: bool) -> Vec<String> {
+        let mut flags: Vec<String> = weight_compile_flags(self.weights)
             .iter()
             .map(|f| f.to_string())
+            .collect();
+        if quantized {
+            for f in QUANTIZED_COMPILE_FLAGS {
+                if !flags.iter().any(|g| g == f) {
+                    flags.push(f.to_string());
+                }
+            }
+        }
+        flags
+            .into_iter()
             .chain(self.compile_flags.iter().cloned())
             .chain(self.graph_flags.get(&graph).into_iter().flatten().cloned())
             .collect()
     }
 }
 
+/// The `iree-compile` flags of modules over block-quantized weights: constant-expression hoisting
+/// off. With it IREE 3.13 evaluates the many-row graphs' dequantization of every weight (not
+/// fused into the matmul where aggressive fusion is off, v1's CPU flags) once at load and keeps
+/// the f32 result: Gemma 3 270M q8 compiled to 182 initializers, each storing a dequantized
+/// weight, i.e. an f32 copy of the model beside the archive.
+pub const QUANTIZED_COMPILE_FLAGS: &[&str] = &["--iree-opt-const-expr-hoisting=false"];
+
+/// Whether `iree-compile` with `flags` fuses aggressively (on from `--iree-opt-level=O2`, unless
+/// turned off), which fusing a dequantization into a many-row matmul needs.
+fn aggressive_fusion(flags: &[String]) -> bool {
+    let level = flags
+        .iter()
+        .rev()
+        .find_map(|f| f.strip_prefix("--iree-opt-level=O"))
+        .and_then(|l| l.parse::<u32>().ok())
+        .unwrap_or(0);
+    let off = flags
+        .iter()
+        .rev()
+        .find_map(|f| f.strip_prefix("--iree-dispatch-creation-enable-aggressive-fusion="))
+        .is_some_and(|v| v == "false");
+    level >= 2 && !off
+}
+
 /// `graphs` in groups of equal [`ExportOptions::flags_of`], in first-appearance order.
-fn flag_groups(graphs: &[Graph], options: &ExportOptions) -> Vec<(Vec<Graph>, Vec<String>)> {
+fn flag_groups(graphs: &[Graph], options: &ExportOptions, quantized: bool) -> Vec<(Vec<Graph>, Vec<String>)> {
     let mut groups: Vec<(Vec<Graph>, Vec<String>)> = Vec::new();
     for &g in graphs {
-        let flags = options.flags_of(g);
+        let flags = options.flags_for(g, quantized);
         match groups.iter_mut().find(|(_, f)| *f == flags) {
             Some((gs, _)) => gs.push(g),
             None => groups.push((vec![g], flags)),
@@ -241,6 +281,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         let mut fresh = Manifest::new(m.spec.clone(), Some(arch.clone()), &prefix).into_v2();
         fresh.parameter_scope = m.parameter_scope.clone();
         fresh.provenance = m.provenance.clone();
+        fresh.quantization = m.quantization.clone();
         m = fresh;
     }
     m.set_top_k((options.top_k > 0).then_some(options.top_k));
@@ -252,8 +293,19 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     m.validate()?;
 
     let table = parameter_table(&m.spec, &arch);
+    let quantization = src.quantization.clone();
+    let quantized = quantization.is_some();
     let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
+    // Scales of the quantized parameters, by the parameter's canonical name.
+    let mut scales: BTreeMap<String, &[u8]> = BTreeMap::new();
     for p in &table {
+        if let Some(format) = quantization.as_ref().and_then(|q| q.format_of(&p.name)) {
+            let (values, s) = kv_core::quant::entries(&archive, &p.name)?;
+            kv_core::quant::check_sizes(format, &p.name, p.numel(), values.len(), s.len())?;
+            data.insert(p.name.clone(), values);
+            scales.insert(p.name.clone(), s);
+            continue;
+        }
         let bytes = archive
             .data(&p.name)
             .map_err(|e| kv_core::Error::parameter(&p.name, e.to_string()))?;
@@ -274,7 +326,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     let mut key_maps: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     match options.layout {
         Layout::Shared => {
-            let groups = flag_groups(&graphs, options);
+            let groups = flag_groups(&graphs, options, quantized);
             let split = groups.len() > 1;
             for (graphs, flags) in groups {
                 plans.push(ModulePlan {
@@ -308,7 +360,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
                 plans.push(ModulePlan {
                     stem: format!("{prefix}-{}", g.key()),
                     graphs: vec![g],
-                    flags: options.flags_of(g),
+                    flags: options.flags_for(g, quantized),
                     archive,
                     keys: Some(keys),
                 });
@@ -317,7 +369,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             for &g in &redecode {
                 files.insert(g.key().into(), "weights.irpa".into());
             }
-            let groups = flag_groups(&redecode, options);
+            let groups = flag_groups(&redecode, options, quantized);
             let split = groups.len() > 1;
             for (graphs, flags) in groups {
                 plans.push(ModulePlan {
@@ -332,7 +384,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
                     keys: None,
                 });
             }
-            write_archive(&table, &data, None, &out_dir.join("weights.irpa"))?;
+            write_archive(&table, &data, &scales, None, &out_dir.join("weights.irpa"))?;
             m.parameters = Some(Parameters::PerGraph(files));
             if !kv.contains(&Graph::Step) {
                 m.embedding_parameter = Some(TOKEN_EMBD.into());
@@ -348,6 +400,8 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         redecode_seq: options.redecode_seq,
         keys: keys.clone(),
         tiled_softmax: !flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling")),
+        quantization: quantization.clone(),
+        fused_dequant: aggressive_fusion(flags),
     };
     let targets: Vec<Target> = options
         .targets
@@ -369,7 +423,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         // Each archive once per export (a shared `model.irpa` serves several modules when their
         // flags differ); the three layout's `weights.irpa` is written above.
         if plan.keys.is_some() || (options.layout == Layout::Shared && written.insert(plan.archive.clone())) {
-            write_archive(&table, &data, plan.keys.as_ref(), &archive_path)?;
+            write_archive(&table, &data, &scales, plan.keys.as_ref(), &archive_path)?;
         }
         for target in &targets {
             let file = format!("{}.{}.vmfb", plan.stem, target.key());
@@ -410,7 +464,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     );
     let per_graph: BTreeMap<String, String> = graphs
         .iter()
-        .map(|&g| (g.key().to_string(), options.flags_of(g).join(" ")))
+        .map(|&g| (g.key().to_string(), options.flags_for(g, quantized).join(" ")))
         .collect();
     let distinct: Vec<&String> = per_graph
         .values()
@@ -498,23 +552,31 @@ fn numbered_keys(table: &[ParamInfo], index: usize) -> BTreeMap<String, String> 
         .collect()
 }
 
+/// The archive of `table` under `keys` (canonical names when `None`); a quantized parameter's
+/// scales (in `scales`) follow as `KEY.scale` (`kv_core::quant::scale_name`).
 fn write_archive(
     table: &[ParamInfo],
     data: &BTreeMap<String, &[u8]>,
+    scales: &BTreeMap<String, &[u8]>,
     keys: Option<&BTreeMap<String, String>>,
     path: &Path,
 ) -> Result<()> {
-    let mut entries: Vec<(String, &[u8])> = table
-        .iter()
-        .map(|p| {
-            (
-                keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone()),
-                data[&p.name],
-            )
-        })
-        .collect();
+    let mut entries: Vec<(String, &[u8])> = Vec::new();
+    for p in table {
+        let key = keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone());
+        if let Some(s) = scales.get(&p.name) {
+            entries.push((kv_core::quant::scale_name(&key), s));
+        }
+        entries.push((key, data[&p.name]));
+    }
     if keys.is_some() {
-        entries.sort_by_key(|(k, _)| k[1..].parse::<usize>().unwrap_or(usize::MAX));
+        entries.sort_by_key(|(k, _)| {
+            k[1..]
+                .split('.')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(usize::MAX)
+        });
     }
     let mut w = IrpaWriter::new();
     for (k, bytes) in entries {

@@ -22,6 +22,12 @@ const EMITTER_REVISION: u32 = 5;
 /// 3: data-tiled CPU modules read their packed weights from an encoded archive (`encode`).
 const EMITTER_REVISION_V2: u32 = 3;
 
+/// The revision of the graphs and compile flags of block-quantized sources (part of their
+/// entries' fingerprints only). 3: the dequantization inside the contraction for one-row
+/// projections and wherever aggressive fusion is off, hoisting off; 4: i32 words with packed
+/// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets).
+const QUANTIZED_REVISION: u32 = 5;
+
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.
 fn source_fingerprint(model: &str) -> Result<String> {
@@ -32,6 +38,11 @@ fn source_fingerprint(model: &str) -> Result<String> {
         "emitter {EMITTER_REVISION}\ncompiler {}\n",
         crate::COMPILER_VERSION
     ));
+    if manifest.quantization.is_some() {
+        // Quantized sources' graphs and flags have a revision of their own, so a change there
+        // leaves every bf16 entry valid.
+        hasher.update(format!("quantized graphs {QUANTIZED_REVISION}\n"));
+    }
     let mut files = vec![dir.join(MANIFEST_FILE)];
     files.extend(manifest.weights_file().map(|w| dir.join(w)));
     for file in files {

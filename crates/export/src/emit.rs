@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 
 use kv_core::manifest::Name;
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::quant::{scale_name, QuantFormat, BLOCK};
 use kv_core::rope::RopeTable;
 use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
 
@@ -54,6 +55,17 @@ pub struct EmitOptions {
     /// Contract v2: reduce the softmax over the cache's keys in tiles
     /// ([`FuncEmitter::softmax_split`]); `false` = one row per query, as v1.
     pub tiled_softmax: bool,
+    /// The archive's block-quantized parameters (the source manifest's `quantization`): each is
+    /// declared as its values `[out, in/32, 32]` (`i8` or `i4`) and scales `[out, in/32]` f32
+    /// and dequantized inside the matmul that reads it ([`crate::mlir::Body::block_contract`]);
+    /// [`Self::weights`] declares the rest.
+    pub quantization: Option<kv_core::quant::Quantization>,
+    /// Many-row projections of quantized weights take a separate dequantization that IREE fuses
+    /// into the matmul ([`crate::mlir::Body::block_contract`]; only with aggressive fusion,
+    /// on from `--iree-opt-level=O2` unless turned off); `false` = every projection dequantizes
+    /// in its contraction's body ([`crate::mlir::Body::block_contract_q`]), which never
+    /// materialises a dequantized weight but is no matmul to IREE (slower for many rows).
+    pub fused_dequant: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -76,6 +88,19 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 "parameter `{}` {:?} has an odd last dimension; PackedI32 needs pairs of bf16 (use WeightFormat::Bf16)",
                 p.name, p.shape
             )));
+        }
+    }
+    if let Some(q) = &options.quantization {
+        for name in q.tensors.keys() {
+            match table.get(name) {
+                Some(p) if kv_core::quant::quantizable(p) => {}
+                other => {
+                    return Err(ExportError::Unsupported(format!(
+                        "quantized parameter `{name}` {:?}: only [out, in] matrices with in a multiple of {BLOCK} are",
+                        other.map(|p| &p.shape)
+                    )))
+                }
+            }
         }
     }
     let mut module_name: Option<String> = None;
@@ -159,6 +184,14 @@ fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> R
         }
     };
     Ok(ty)
+}
+
+/// Quantized elements per `i32` word.
+fn per_word(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q8 => 4,
+        QuantFormat::Q4 => 8,
+    }
 }
 
 /// Keys per tile of contract v2's softmax over the cache ([`FuncEmitter::softmax_split`]).
@@ -299,9 +332,7 @@ impl FuncEmitter<'_> {
             Graph::Redecode | Graph::RedecodeAt => {
                 let tokens = arg(Name::Tokens)?;
                 let flat = self.b.reshape_static(&tokens, &[rows]);
-                let raw = self.load_raw(TOKEN_EMBD);
-                let rows_raw = self.b.gather_rows(&raw, &flat);
-                let emb = self.widen(&rows_raw);
+                let emb = self.embedding_rows(&flat);
                 let mut x = self.embed_scale(&emb);
                 let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
                 for kind in spec.kinds_present() {
@@ -374,16 +405,7 @@ impl FuncEmitter<'_> {
                 Ty::fixed(&dims, Elem::I32)
             }
         };
-        let sym = symbol(name);
-        self.globals.entry(sym.clone()).or_insert_with(|| {
-            format!(
-                "util.global private @{sym} = #flow.parameter.named<\"{}\"::\"{key}\"> : {}",
-                self.scope,
-                ty.text()
-            )
-        });
-        self.b
-            .op(ty.clone(), format!("util.global.load @{sym} : {}", ty.text()))
+        self.load_global(symbol(name), &key, ty)
     }
 
     /// bf16 (or packed pairs of bf16) widened exactly to f32.
@@ -423,14 +445,162 @@ impl FuncEmitter<'_> {
         }
     }
 
+    fn quant_format(&self, name: &str) -> Option<QuantFormat> {
+        self.options.quantization.as_ref().and_then(|q| q.format_of(name))
+    }
+
+    /// The global of archive entry `key` (bound to parameter `sym_name`'s symbol) with type `ty`, loaded.
+    fn load_global(&mut self, sym: String, key: &str, ty: Ty) -> V {
+        self.globals.entry(sym.clone()).or_insert_with(|| {
+            format!(
+                "util.global private @{sym} = #flow.parameter.named<\"{}\"::\"{key}\"> : {}",
+                self.scope,
+                ty.text()
+            )
+        });
+        self.b
+            .op(ty.clone(), format!("util.global.load @{sym} : {}", ty.text()))
+    }
+
+    /// A block-quantized `[out, in]` parameter, loaded: values `[out, in/32, 32]` (`i8`, `i4`)
+    /// and scales `[out, in/32]` f32 (`kv_core::quant`).
+    fn load_quant(&mut self, name: &str, format: QuantFormat) -> (V, V) {
+        let info = self
+            .table
+            .get(name)
+            .unwrap_or_else(|| kv_core::error::invariant(&format!("no parameter `{name}`")));
+        let (out, inner) = (info.shape[0], info.shape[1]);
+        let nb = inner / BLOCK;
+        let key = self
+            .options
+            .keys
+            .as_ref()
+            .and_then(|k| k.get(name))
+            .cloned()
+            .unwrap_or_else(|| name.to_string());
+        let q = if self.packed_quant() {
+            let words = BLOCK / per_word(format);
+            self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, words], Elem::I32))
+        } else {
+            let elem = match format {
+                QuantFormat::Q8 => Elem::I8,
+                QuantFormat::Q4 => Elem::I4,
+            };
+            self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, BLOCK], elem))
+        };
+        let s = self.load_global(
+            format!("{}_scale", symbol(name)),
+            &scale_name(&key),
+            Ty::fixed(&[out, nb], Elem::F32),
+        );
+        (q, s)
+    }
+
+    /// Whether quantized values are declared as `i32` words: with the Vulkan weight formats
+    /// ([`WeightFormat::PackedI32`], [`WeightFormat::I16`]), so no 8- or 4-bit type reaches the
+    /// SPIR-V code generator; the CPU's ([`WeightFormat::Bf16`]) declares `i8` / `i4`.
+    fn packed_quant(&self) -> bool {
+        self.options.weights != WeightFormat::Bf16
+    }
+
+    /// Words `q [.., W] i32` of `format`'s values, unpacked (element `j` of word `w` is element
+    /// `w·E + j`): `[.., W·E]` as f32, with i32 shifts only.
+    fn unpack_words(&mut self, q: &V, format: QuantFormat) -> V {
+        let e = per_word(format);
+        let bits = (32 / e) as i32;
+        let mut dims = q.ty.static_dims();
+        let rank = dims.len();
+        dims.push(e);
+        let wide = Ty::fixed(&dims, Elem::I32);
+        let keep: Vec<usize> = (0..rank).collect();
+        let words = self.b.broadcast(q, &keep, &wide);
+        let j = self.b.iota(&dims, rank, Elem::I32);
+        let step = self.b.splat_i32(bits, &wide);
+        let top = self.b.splat_i32(32 - bits, &wide);
+        let sh = self.b.mul(&j, &step);
+        let left = self.b.sub(&top, &sh);
+        let up = self.b.binary("shift_left", &words, &left);
+        let v = self.b.binary("shift_right_arithmetic", &up, &top);
+        let f = self.b.convert(&v, Elem::F32);
+        let mut flat = q.ty.static_dims();
+        *flat.last_mut().unwrap() *= e;
+        self.b.reshape_static(&f, &flat)
+    }
+
+    /// `f32(q) * scale` of values `q [.., nb, 32]` and scales `s [.., nb]`: elementwise from a
+    /// narrower type with the scales broadcast from a lower rank, so IREE clones it into every
+    /// consumer dispatch instead of materialising it (a "bit-extend" op).
+    fn dequant_blocks(&mut self, q: &V, s: &V) -> V {
+        let wide = if q.ty.elem == Elem::I32 {
+            let format = if q.ty.static_dims().last() == Some(&(BLOCK / 4)) {
+                QuantFormat::Q8
+            } else {
+                QuantFormat::Q4
+            };
+            self.unpack_words(q, format)
+        } else {
+            self.b.convert(q, Elem::F32)
+        };
+        let keep: Vec<usize> = (0..s.ty.rank()).collect();
+        let sb = self.b.broadcast(s, &keep, &wide.ty);
+        self.b.mul(&wide, &sb)
+    }
+
+    /// The dequantized `[out, in/32, 32]` f32 weight of a quantized parameter (once per function).
+    fn quant_param(&mut self, name: &str, format: QuantFormat) -> V {
+        let key = format!("{name}#dequant");
+        if let Some(v) = self.loaded.get(&key) {
+            return v.clone();
+        }
+        let (q, s) = self.load_quant(name, format);
+        let w = self.dequant_blocks(&q, &s);
+        self.loaded.insert(key, w.clone());
+        w
+    }
+
     fn param(&mut self, name: &str) -> V {
         if let Some(v) = self.loaded.get(name) {
             return v.clone();
+        }
+        if let Some(format) = self.quant_format(name) {
+            // Only the projections read quantized parameters ([`Self::proj`]); a plain use gets
+            // the whole dequantized matrix.
+            let w = self.quant_param(name, format);
+            let info = &self.table[name];
+            let dims = info.shape.clone();
+            let v = self.b.reshape_static(&w, &dims);
+            self.loaded.insert(name.to_string(), v.clone());
+            return v;
         }
         let raw = self.load_raw(name);
         let v = self.widen(&raw);
         self.loaded.insert(name.to_string(), v.clone());
         v
+    }
+
+    /// The embedding rows of `tokens [n] i32`, f32 `[n, hidden]`, gathered in the graph.
+    fn embedding_rows(&mut self, tokens: &V) -> V {
+        match self.quant_format(TOKEN_EMBD) {
+            None => {
+                let raw = self.load_raw(TOKEN_EMBD);
+                let rows_raw = self.b.gather_rows(&raw, tokens);
+                self.widen(&rows_raw)
+            }
+            Some(format) => {
+                let (q, s) = self.load_quant(TOKEN_EMBD, format);
+                let [vocab, nb, blk] = q.ty.static_dims()[..] else {
+                    kv_core::error::invariant("quantized values are [out, nb, 32]")
+                };
+                let n = tokens.ty.static_dims()[0];
+                let q2 = self.b.reshape_static(&q, &[vocab, nb * blk]);
+                let rows_q = self.b.gather_rows(&q2, tokens);
+                let rows_q = self.b.reshape_static(&rows_q, &[n, nb, blk]);
+                // (words when packed: `blk` is then the words per block)
+                let rows_s = self.b.gather_rows(&s, tokens);
+                let rows = self.dequant_blocks(&rows_q, &rows_s);
+                self.b.reshape_static(&rows, &[n, nb * BLOCK])
+            }
+        }
     }
 
     // ---- building blocks -------------------------------------------------------------------
@@ -477,8 +647,31 @@ impl FuncEmitter<'_> {
 
     /// `x · Wᵀ (+ b)` for `x [R, in]`, `W [out, in]`.
     fn proj(&mut self, x: &V, weight: &str, bias: Option<&str>) -> V {
-        let w = self.param(weight);
-        let y = self.b.dot(x, &w, (&[], &[]), (&[1], &[1]));
+        let y = if let Some(format) = self.quant_format(weight) {
+            let [r, inner] = x.ty.static_dims()[..] else {
+                kv_core::error::invariant("a projection's input is [R, in]")
+            };
+            let x3 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK]);
+            if self.packed_quant() {
+                let e = per_word(format);
+                let x4 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK / e, e]);
+                let (q, s) = self.load_quant(weight, format);
+                self.b.block_contract_words(&x4, &q, &s, (32 / e) as u32)
+            } else if r == 1 || !self.options.fused_dequant {
+                // A vector-matrix product (the step, every head): the dequantization in the
+                // contraction's own body, one dispatch whatever the fusion flags.
+                let (q, s) = self.load_quant(weight, format);
+                self.b.block_contract_q(&x3, &q, &s)
+            } else {
+                // Many rows: a matmul to IREE, fed by a dequantization it fuses into the
+                // dispatch with aggressive fusion on (v2's CPU flags), else computes per call.
+                let w = self.quant_param(weight, format);
+                self.b.block_contract(&x3, &w)
+            }
+        } else {
+            let w = self.param(weight);
+            self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
+        };
         match bias {
             None => y,
             Some(bname) => {

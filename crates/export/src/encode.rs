@@ -31,12 +31,14 @@ use crate::compile::{find_compiler, Target};
 use crate::{ExportError, Result};
 
 /// Whether a module compiled with `flags` for `target` gets an encoded archive: CPU modules
-/// with data tiling (the only ones whose weights IREE re-lays out at load).
+/// with data tiling (the only ones whose weights IREE re-lays out at load) and hoisting on
+/// (without it nothing is laid out at load: block-quantized weights, `QUANTIZED_COMPILE_FLAGS`).
 pub fn wants_encoding(target: &Target, flags: &[String]) -> bool {
     matches!(target, Target::Cpu { .. })
         && flags
             .iter()
             .any(|f| f == "--iree-global-opt-data-tiling" || f == "--iree-opt-data-tiling")
+        && !flags.iter().any(|f| f == "--iree-opt-const-expr-hoisting=false")
 }
 
 /// What [`compile_encoded`] made.
@@ -326,5 +328,7 @@ mod tests {
         assert!(wants_encoding(&Target::cpu(), &tiled));
         assert!(!wants_encoding(&Target::vulkan(), &tiled));
         assert!(!wants_encoding(&Target::cpu(), &["--iree-opt-level=O3".to_string()]));
+        let unhoisted = [tiled.clone(), vec!["--iree-opt-const-expr-hoisting=false".to_string()]].concat();
+        assert!(!wants_encoding(&Target::cpu(), &unhoisted));
     }
 }

@@ -32,7 +32,7 @@ mod emit;
 pub mod encode;
 pub mod mlir;
 
-pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source};
+pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS};
 pub use cache::{
     cache_root, cached_export, cached_export_in, cached_export_with, entry_name, is_cached, runtime_options,
     runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,

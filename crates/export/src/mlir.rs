@@ -28,16 +28,20 @@ pub enum Elem {
     I16,
     Bf16,
     I1,
+    I8,
+    I4,
 }
 
 impl Elem {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Elem::F32 => "f32",
             Elem::I32 => "i32",
             Elem::I16 => "i16",
             Elem::Bf16 => "bf16",
             Elem::I1 => "i1",
+            Elem::I8 => "i8",
+            Elem::I4 => "i4",
         }
     }
 }
@@ -735,6 +739,149 @@ impl Body {
         );
         self.text.push_str(&s);
         results2(&name, out_f, out_i)
+    }
+
+    /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
+    /// `linalg.generic` with two reduction dimensions. A `stablehlo.dot_general` over two
+    /// contracting dimensions is rewritten by IREE into a transpose and a reshape of `w` to
+    /// `[in, O]`, which splits `w`'s producer (a block dequantization: its scales are indexed by
+    /// the block axis only) from the matmul and materialises an f32 copy of the weight per call;
+    /// against the generic, IREE clones the dequantization into the matmul's dispatch (one
+    /// `matvec_like_OxNBxBLK` dispatch reading the narrow values).
+    pub fn block_contract(&mut self, x: &V, w: &V) -> V {
+        let xd = x.ty.static_dims();
+        let wd = w.ty.static_dims();
+        let (r, o) = (xd[0], wd[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        // A scalar `f32` (not a tensor): the fill's operand.
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        let init = self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        );
+        let name = self.fresh();
+        let (a, b, acc) = (self.fresh(), self.fresh(), self.fresh());
+        let (p, q) = (self.fresh(), self.fresh());
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {b}: f32, {acc}: f32):\n      {p} = arith.mulf {a}, {b} : f32\n      {q} = arith.addf {acc}, {p} : f32\n      linalg.yield {q} : f32\n    }} -> {}",
+            x.name,
+            w.name,
+            x.ty.text(),
+            w.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
+    }
+
+    /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
+    /// (`i8`, `i4`) and scales `s [O, nb]`: `[R, O]` f32, one `linalg.generic` whose body
+    /// dequantizes (shark-ai's `mmt_block_scaled_q8_0` form). Nothing is left for IREE to fuse or
+    /// hoist, so it is one dispatch reading the narrow values whatever the fusion flags (v1's CPU
+    /// flags turn aggressive fusion off, which splits [`Self::block_contract`] from its
+    /// dequantization). As fast as the fused form for one row (Gemma's 262144 × 640 head, q8:
+    /// 12.8 against 12.2 ms here); for 32 rows 2.7× slower (it is not a matmul to IREE), so the
+    /// many-row graphs take [`Self::block_contract`].
+    pub fn block_contract_q(&mut self, x: &V, q: &V, s: &V) -> V {
+        let xd = x.ty.static_dims();
+        let qd = q.ty.static_dims();
+        let (r, o) = (xd[0], qd[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        let init = self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        );
+        let qe = q.ty.elem.name();
+        let name = self.fresh();
+        let (a, qv, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {qv}: {qe}, {sc}: f32, {acc}: f32):\n      {qf} = arith.sitofp {qv} : {qe} to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
+            x.name,
+            q.name,
+            s.name,
+            x.ty.text(),
+            q.ty.text(),
+            s.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
+    }
+
+    /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,
+    /// W]` (word `w` holds elements `w·E .. w·E + E` of its block, `bits` wide, two's complement,
+    /// little-endian: the archive's bytes viewed as words), `s [O, nb]`. The body takes element
+    /// `j` of a word with two shifts. For IREE 3.13's portable Vulkan target, which miscompiles
+    /// loads of 8-bit tensors of a few thousand elements or more (a 2048 × 640 q8 matvec was off
+    /// by up to 48 on lavapipe; the same product over `i32` words is exact).
+    pub fn block_contract_words(&mut self, x: &V, q: &V, s: &V, bits: u32) -> V {
+        let xd = x.ty.static_dims();
+        let qd = q.ty.static_dims();
+        let (r, o) = (xd[0], qd[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        let init = self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        );
+        let name = self.fresh();
+        let (a, word, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let (j, ji, cb, ctop, sh, left, up, qv) = (
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+        );
+        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let top = 32 - bits;
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d2, d3, d4)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {word}: i32, {sc}: f32, {acc}: f32):\n      {j} = linalg.index 4 : index\n      {ji} = arith.index_cast {j} : index to i32\n      {cb} = arith.constant {bits} : i32\n      {ctop} = arith.constant {top} : i32\n      {sh} = arith.muli {ji}, {cb} : i32\n      {left} = arith.subi {ctop}, {sh} : i32\n      {up} = arith.shli {word}, {left} : i32\n      {qv} = arith.shrsi {up}, {ctop} : i32\n      {qf} = arith.sitofp {qv} : i32 to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
+            x.name,
+            q.name,
+            s.name,
+            x.ty.text(),
+            q.ty.text(),
+            s.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
     }
 
     /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.

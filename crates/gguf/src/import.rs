@@ -17,12 +17,13 @@ use std::path::Path;
 
 use kv_core::irpa::IrpaWriter;
 use kv_core::manifest::{Manifest, Parameters};
-use kv_core::params::{parameter_table, OUTPUT, TOKEN_EMBD};
+use kv_core::params::{parameter_table, ParamInfo, OUTPUT, TOKEN_EMBD};
+use kv_core::quant::{QuantFormat, Quantization, BLOCK};
 use kv_core::{Architecture, Family, KvSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GgufError, Result};
-use crate::file::GgufFile;
+use crate::file::{GgmlType, GgufFile};
 
 /// The archive the importer writes, relative to the output directory.
 pub const WEIGHTS_FILE: &str = "model.irpa";
@@ -36,6 +37,32 @@ pub enum WeightFormat {
     Bf16,
     /// The dequantized f32 values unchanged: an exact FP32 reference of the checkpoint.
     F32,
+    /// Matrices as `kv_core::quant` q8 (i8, an f32 scale per block of 32): GGUF Q8_0 blocks
+    /// copied, any other type re-quantized from its dequantized values; vectors bf16.
+    Q8,
+    /// Matrices as `kv_core::quant` q4 (signed 4-bit, an f32 scale per block of 32): GGUF Q4_0
+    /// blocks copied, any other type re-quantized; vectors bf16.
+    Q4,
+}
+
+impl WeightFormat {
+    /// The block format of the matrices, if quantized.
+    pub fn quant(self) -> Option<QuantFormat> {
+        match self {
+            WeightFormat::Q8 => Some(QuantFormat::Q8),
+            WeightFormat::Q4 => Some(QuantFormat::Q4),
+            WeightFormat::Bf16 | WeightFormat::F32 => None,
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::F32 => "f32",
+            WeightFormat::Q8 => "q8",
+            WeightFormat::Q4 => "q4",
+        }
+    }
 }
 
 /// The graph geometry the GGUF file does not decide.
@@ -164,11 +191,16 @@ pub fn permute_rows(weights: &[f32], heads: usize, cols: usize) -> Vec<f32> {
 /// Copies whole rows between llama.cpp's adjacent-pair order and the split-half order: row
 /// `h·d + 2·(j mod d/2) + j div d/2` of the permuted matrix is row `h·d + j` of the standard one.
 /// `direction(permuted, standard)` returns `(source, destination)`.
-fn move_rows(weights: &[f32], heads: usize, cols: usize, direction: fn(usize, usize) -> (usize, usize)) -> Vec<f32> {
+fn move_rows<T: Copy + Default>(
+    weights: &[T],
+    heads: usize,
+    cols: usize,
+    direction: fn(usize, usize) -> (usize, usize),
+) -> Vec<T> {
     let rows = weights.len() / cols;
     let d = rows / heads;
     let half = d / 2;
-    let mut out = vec![0.0f32; weights.len()];
+    let mut out = vec![T::default(); weights.len()];
     for h in 0..heads {
         for j in 0..d {
             let (src, dst) = direction(h * d + 2 * (j % half) + j / half, h * d + j);
@@ -176,6 +208,68 @@ fn move_rows(weights: &[f32], heads: usize, cols: usize, direction: fn(usize, us
         }
     }
     out
+}
+
+/// The Q/K heads whose rows llama.cpp permuted in parameter `name` (Llama only).
+fn permuted_heads(name: &str, spec: &KvSpec, arch: &Architecture) -> Option<usize> {
+    if arch.family != Family::Llama {
+        None
+    } else if name.ends_with("attn_q.weight") {
+        Some(spec.n_heads)
+    } else if name.ends_with("attn_k.weight") {
+        Some(spec.n_kv_heads)
+    } else {
+        None
+    }
+}
+
+/// The signed values and f32 scales of a GGUF tensor whose blocks are `format`'s (Q8_0 for q8,
+/// Q4_0 for q4, whose `q - 8` they are), in our row order; `None` for any other type.
+fn gguf_blocks(
+    file: &GgufFile,
+    info: &ParamInfo,
+    format: QuantFormat,
+    spec: &KvSpec,
+    arch: &Architecture,
+) -> Result<Option<(Vec<i8>, Vec<f32>)>> {
+    let tensor = file.require_tensor(&info.name)?;
+    let (block_bytes, ty) = match format {
+        QuantFormat::Q8 => (34, GgmlType::Q8_0),
+        QuantFormat::Q4 => (18, GgmlType::Q4_0),
+    };
+    if tensor.ty != ty || info.shape.len() != 2 || info.shape[1] % BLOCK != 0 {
+        return Ok(None);
+    }
+    let bytes = file.tensor_data(tensor)?;
+    let n = info.numel();
+    if bytes.len() != n / BLOCK * block_bytes {
+        return Err(GgufError::corrupt(format!(
+            "tensor `{}`: {} bytes for {n} {} elements",
+            info.name,
+            bytes.len(),
+            ty.name()
+        )));
+    }
+    let mut q = vec![0i8; n];
+    let mut scales = Vec::with_capacity(n / BLOCK);
+    for (b, out) in bytes.chunks_exact(block_bytes).zip(q.chunks_exact_mut(BLOCK)) {
+        scales.push(half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32());
+        match format {
+            QuantFormat::Q8 => out.iter_mut().zip(&b[2..34]).for_each(|(o, &v)| *o = v as i8),
+            QuantFormat::Q4 => {
+                for j in 0..16 {
+                    out[j] = (b[2 + j] & 0x0f) as i8 - 8;
+                    out[j + 16] = (b[2 + j] >> 4) as i8 - 8;
+                }
+            }
+        }
+    }
+    if let Some(heads) = permuted_heads(&info.name, spec, arch) {
+        let cols = info.shape[1];
+        q = move_rows(&q, heads, cols, |permuted, standard| (permuted, standard));
+        scales = move_rows(&scales, heads, cols / BLOCK, |permuted, standard| (permuted, standard));
+    }
+    Ok(Some((q, scales)))
 }
 
 /// Every parameter of the model as f32 in our layout, in parameter-table order.
@@ -197,17 +291,8 @@ pub fn load_parameters(
             )));
         }
         let mut values = file.dequantize(tensor)?;
-        if arch.family == Family::Llama {
-            let heads = if info.name.ends_with("attn_q.weight") {
-                Some(spec.n_heads)
-            } else if info.name.ends_with("attn_k.weight") {
-                Some(spec.n_kv_heads)
-            } else {
-                None
-            };
-            if let Some(heads) = heads {
-                values = unpermute_rows(&values, heads, spec.hidden_size);
-            }
+        if let Some(heads) = permuted_heads(&info.name, spec, arch) {
+            values = unpermute_rows(&values, heads, spec.hidden_size);
         }
         each(&info.name, values)?;
     }
@@ -237,11 +322,44 @@ pub fn import_file_with(
     let total = parameter_table(&spec, &arch).len() as u64;
     let mut done = 0;
     let mut writer = IrpaWriter::new();
+    let mut quantization = opts.weights.quant().map(|_| Quantization::default());
+    let table: std::collections::HashMap<String, ParamInfo> = parameter_table(&spec, &arch)
+        .into_iter()
+        .map(|p| (p.name.clone(), p))
+        .collect();
     load_parameters(file, &spec, &arch, |name, values| {
-        match opts.weights {
-            WeightFormat::Bf16 => writer.add_bf16_from_f32(name, &values)?,
-            WeightFormat::F32 => writer.add_f32(name, &values)?,
-        };
+        let info = &table[name];
+        match (opts.weights.quant(), quantization.as_mut()) {
+            (Some(format), Some(quant)) if kv_core::quant::quantizable(info) => {
+                let source_ty = file.require_tensor(name)?.ty.name();
+                let (bytes, scales, origin) = match gguf_blocks(file, info, format, &spec, &arch)? {
+                    Some((q, scales)) => (
+                        kv_core::quant::pack(format, &q),
+                        scales,
+                        format!("gguf {source_ty} blocks"),
+                    ),
+                    None => {
+                        let (bytes, scales) = kv_core::quant::quantize(format, &values);
+                        (bytes, scales, format!("requantized from {source_ty}"))
+                    }
+                };
+                writer.add_data(name, bytes)?;
+                writer.add_data(
+                    kv_core::quant::scale_name(name),
+                    kv_core::quant::scales_to_bytes(&scales),
+                )?;
+                quant.tensors.insert(name.to_string(), format);
+                quant.origin.insert(name.to_string(), origin);
+            }
+            _ => match opts.weights {
+                WeightFormat::F32 => {
+                    writer.add_f32(name, &values)?;
+                }
+                _ => {
+                    writer.add_bf16_from_f32(name, &values)?;
+                }
+            },
+        }
         done += 1;
         progress(done, total);
         Ok(())
@@ -255,10 +373,12 @@ pub fn import_file_with(
 
     let mut manifest = Manifest::new(spec, Some(arch.clone()), arch.family.default_prefix());
     manifest.parameters = Some(Parameters::Shared(WEIGHTS_FILE.into()));
-    // The contract's embedding entry is bf16; an f32 archive is for the reference only.
-    if opts.weights == WeightFormat::Bf16 {
+    // The contract's embedding entry is bf16 (or, in a quantized archive, q8 / q4 with its
+    // scales); an f32 archive is for the reference only.
+    if opts.weights != WeightFormat::F32 {
         manifest.embedding_parameter = Some(TOKEN_EMBD.into());
     }
+    manifest.quantization = quantization;
     let p = &mut manifest.provenance;
     p.importer = Some("gguf".into());
     if let Some(path) = file.path().and_then(|p| p.file_name()) {
@@ -267,7 +387,7 @@ pub fn import_file_with(
     if let Ok(name) = file.get_str("general.name") {
         p.source_name = Some(name.into());
     }
-    p.weights = Some(format!("{:?}", opts.weights).to_lowercase());
+    p.weights = Some(opts.weights.key().into());
     manifest.save(out_dir)?;
     Ok(Manifest::load(out_dir)?)
 }

@@ -26,6 +26,12 @@ impl GgufWriter {
         self
     }
 
+    /// Drops the tensor `name` (to store it again in another type).
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|(n, ..)| n != name);
+        self
+    }
+
     /// An f32 tensor.
     pub fn tensor_f32(&mut self, name: impl Into<String>, dims: &[u64], values: &[f32]) -> &mut Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();

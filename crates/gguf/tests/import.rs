@@ -231,3 +231,113 @@ fn bad_checkpoints_are_errors() {
         Err(GgufError::MissingKey(_))
     ));
 }
+
+/// GGUF Q8_0 blocks of `v` (`d` = amax / 127 as f16).
+fn q8_0_blocks(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for x in v.chunks_exact(32) {
+        let amax = x.iter().fold(0.0f32, |m, a| m.max(a.abs()));
+        let d = half::f16::from_f32(amax / 127.0);
+        let id = if d.to_f32() != 0.0 { 1.0 / d.to_f32() } else { 0.0 };
+        out.extend(d.to_bits().to_le_bytes());
+        out.extend(x.iter().map(|a| (a * id).round().clamp(-127.0, 127.0) as i8 as u8));
+    }
+    out
+}
+
+/// GGUF Q4_0 blocks of `v`: element `j` in the low nibble of byte `j`, `j + 16` in its high one.
+fn q4_0_blocks(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for x in v.chunks_exact(32) {
+        let max = x.iter().fold(0.0f32, |m, &a| if a.abs() > m.abs() { a } else { m });
+        let d = half::f16::from_f32(max / -8.0);
+        let id = if d.to_f32() != 0.0 { 1.0 / d.to_f32() } else { 0.0 };
+        let q: Vec<u8> = x.iter().map(|a| ((a * id + 8.5) as i32).clamp(0, 15) as u8).collect();
+        out.extend(d.to_bits().to_le_bytes());
+        out.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+    }
+    out
+}
+
+/// q8 / q4 imports copy the GGUF blocks of their own type (Q8_0, Q4_0), un-permuting llama's
+/// Q/K rows, so the archive dequantizes to exactly the file's values; other types are
+/// re-quantized; the manifest records which; the reference loads the result.
+#[test]
+fn quantized_imports_copy_matching_blocks_and_requantize_the_rest() {
+    let spec = KvSpec {
+        hidden_size: 32,
+        ..small_spec()
+    };
+    let arch = Architecture::llama(&spec, 64);
+    let mut w = checkpoint("llama", &spec, &arch).0;
+    // Re-store Q (permuted, Q8_0) and K (permuted, Q4_0) of layer 0 as blocks.
+    let q_vals = permute_rows(&values(32 * 32, 101), spec.n_heads, 32);
+    let k_vals = permute_rows(&values(16 * 32, 102), spec.n_kv_heads, 32);
+    w.remove_tensor("blk.0.attn_q.weight")
+        .remove_tensor("blk.0.attn_k.weight");
+    w.tensor(
+        "blk.0.attn_q.weight",
+        &[32, 32],
+        gguf::GgmlType::Q8_0,
+        q8_0_blocks(&q_vals),
+    );
+    w.tensor(
+        "blk.0.attn_k.weight",
+        &[32, 16],
+        gguf::GgmlType::Q4_0,
+        q4_0_blocks(&k_vals),
+    );
+    let src = tempfile::tempdir().unwrap();
+    let gguf_path = src.path().join("m.gguf");
+    std::fs::write(&gguf_path, w.to_bytes()).unwrap();
+    let file = gguf::GgufFile::open(&gguf_path).unwrap();
+    let file_values = |name: &str, heads: usize| {
+        let t = file.require_tensor(name).unwrap();
+        unpermute_rows(&file.dequantize(t).unwrap(), heads, 32)
+    };
+    let q_want = file_values("blk.0.attn_q.weight", spec.n_heads);
+    let k_want = file_values("blk.0.attn_k.weight", spec.n_kv_heads);
+
+    for (weights, format, direct, requantized) in [
+        (
+            WeightFormat::Q8,
+            kv_core::quant::QuantFormat::Q8,
+            "blk.0.attn_q.weight",
+            "blk.0.attn_k.weight",
+        ),
+        (
+            WeightFormat::Q4,
+            kv_core::quant::QuantFormat::Q4,
+            "blk.0.attn_k.weight",
+            "blk.0.attn_q.weight",
+        ),
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let opts = ImportOptions {
+            chunk: 4,
+            seq: 8,
+            max_positions: 16,
+            weights,
+        };
+        let manifest = import(&gguf_path, out.path(), opts).unwrap();
+        let q = manifest.quantization.as_ref().unwrap();
+        assert_eq!(q.format_of(direct), Some(format));
+        assert_eq!(q.format_of("token_embd.weight"), Some(format));
+        assert_eq!(q.format_of("blk.0.attn_norm.weight"), None, "vectors stay bf16");
+        let origin = |n: &str| q.origin[n].clone();
+        assert!(origin(direct).starts_with("gguf"), "{}", origin(direct));
+        assert!(
+            origin(requantized).starts_with("requantized from"),
+            "{}",
+            origin(requantized)
+        );
+        let archive = IrpaArchive::open(out.path().join("model.irpa")).unwrap();
+        let (bytes, scales) = kv_core::quant::entries(&archive, direct).unwrap();
+        let n = if direct.contains("attn_q") { 32 * 32 } else { 16 * 32 };
+        let got = kv_core::quant::dequantize(format, direct, n, bytes, scales).unwrap();
+        let want = if direct.contains("attn_q") { &q_want } else { &k_want };
+        assert_eq!(&got, want, "{direct}: the file's values exactly");
+        assert_eq!(Manifest::load(out.path()).unwrap(), manifest);
+        ReferenceModel::open(out.path()).unwrap();
+    }
+}

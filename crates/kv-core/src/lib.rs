@@ -32,6 +32,7 @@ pub mod irpa;
 pub mod manifest;
 pub mod mask;
 pub mod params;
+pub mod quant;
 pub mod rope;
 pub mod sampling;
 pub mod snapshot_file;

@@ -347,6 +347,9 @@ pub struct Manifest {
     /// Ours: what a forward (the reference, the exporter) needs beyond the geometry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<Architecture>,
+    /// Ours: which parameters of the archive are block-quantized (`crate::quant`); absent: all bf16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<crate::quant::Quantization>,
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
@@ -504,6 +507,7 @@ impl Manifest {
             embedding_parameter: None,
             top_k: None,
             architecture,
+            quantization: None,
             modules: BTreeMap::new(),
             encoded_parameters: BTreeMap::new(),
             provenance: Provenance::default(),
@@ -559,6 +563,9 @@ impl Manifest {
             ));
         }
         self.spec.validate()?;
+        if let Some(q) = &self.quantization {
+            q.validate()?;
+        }
         if let Some(arch) = &self.architecture {
             arch.validate()?;
         }

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use gguf::import::WEIGHTS_FILE;
-use gguf::{GgufError, GgufFile, ImportOptions, WeightFormat};
+use gguf::{GgufError, GgufFile, ImportOptions};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -381,10 +381,7 @@ impl Store {
         let dir = if *opts == ImportOptions::default() {
             name.to_string()
         } else {
-            let w = match opts.weights {
-                WeightFormat::Bf16 => "bf16",
-                WeightFormat::F32 => "f32",
-            };
+            let w = opts.weights.key();
             format!("{name}-{w}-c{}-s{}-p{}", opts.chunk, opts.seq, opts.max_positions)
         };
         self.root.join(dir)

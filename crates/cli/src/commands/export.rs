@@ -14,9 +14,16 @@ pub enum LayoutChoice {
     Three,
 }
 
-/// How the weights are declared in the graphs (the archive holds bf16 either way).
+/// How the weights are stored and declared in the graphs.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum WeightChoice {
+    /// Matrices block-quantized to int8 (an f32 scale per 32), dequantized inside the matmuls;
+    /// the model is quantized first (a real model imported so, a fixture or directory
+    /// re-quantized into the cache); norms stay bf16, declared as `bf16` for CPU-only exports
+    /// and packed otherwise.
+    Q8,
+    /// As `q8` with signed 4-bit values.
+    Q4,
     /// `bf16` tensors (CPU only: IREE 3.13 miscompiles bf16 on Vulkan).
     Bf16,
     /// Pairs of bf16 in `i32` words.
@@ -85,6 +92,25 @@ pub fn run(args: ExportArgs) -> Result<()> {
             other => bail!("--targets: unknown target `{other}` (cpu, vulkan)"),
         });
     }
+    let quant = match args.weights {
+        WeightChoice::Q8 => Some(crate::model::WeightsChoice::Q8),
+        WeightChoice::Q4 => Some(crate::model::WeightsChoice::Q4),
+        _ => None,
+    };
+    let source = match quant {
+        Some(w) => Source::Dir(crate::model::resolve_with(&args.model, w)?),
+        None => Source::parse(&args.model),
+    };
+    let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
+    if matches!(args.weights, WeightChoice::Q4)
+        && args.vulkan_target.is_some()
+        && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
+    {
+        bail!(
+            "--weights q4 with --vulkan-target: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
+             tokens on the H200 (docs/quantized-weights.md); export Vulkan q4 for IREE's portable target or use q8"
+        );
+    }
     if matches!(args.weights, WeightChoice::Bf16) && targets.iter().any(|t| matches!(t, Target::Vulkan { .. })) {
         bail!("--weights bf16: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; export Vulkan with packed weights");
     }
@@ -112,13 +138,15 @@ pub fn run(args: ExportArgs) -> Result<()> {
             WeightChoice::Bf16 => WeightFormat::Bf16,
             WeightChoice::Packed => WeightFormat::PackedI32,
             WeightChoice::I16 => WeightFormat::I16,
+            WeightChoice::Q8 | WeightChoice::Q4 if cpu_only => WeightFormat::Bf16,
+            WeightChoice::Q8 | WeightChoice::Q4 => WeightFormat::PackedI32,
         },
         compile_flags: args.compile_flags,
         top_k: args.top_k,
         contract: args.contract,
         ..ExportOptions::default()
     };
-    let manifest = export::export_artifacts(&Source::parse(&args.model), &args.out, &options)?;
+    let manifest = export::export_artifacts(&source, &args.out, &options)?;
     println!("exported {} to {}", args.model, args.out.display());
     for (target, modules) in &manifest.modules {
         println!(

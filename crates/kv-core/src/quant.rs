@@ -1,0 +1,380 @@
+//! Block-quantized weights in `.irpa` archives (`q8`, `q4`), shared by the importer, the exporter,
+//! the reference backend and the host-side embedding gather, so that every reader computes with
+//! exactly the same dequantized values.
+//!
+//! A quantized `[out, in]` matrix `name` (`in` a multiple of [`BLOCK`]) is two archive entries:
+//! - `name`: the values, row-major. [`QuantFormat::Q8`]: one `i8` per element (GGUF Q8_0's).
+//!   [`QuantFormat::Q4`]: signed 4-bit (`-8..=7`), two per byte, element `2k` in the low nibble
+//!   and `2k + 1` in the high one (IREE's packing of `i4` tensors; GGUF Q4_0's `q - 8`, its
+//!   nibbles re-ordered: Q4_0 puts element `j` and `j + 16` of a block in one byte).
+//! - `name.scale` ([`scale_name`]): one little-endian `f32` per block of [`BLOCK`] consecutive
+//!   elements of a row, `[out, in / BLOCK]`.
+//!
+//! The value of element `i` is `f32(q[i]) * scale[i / BLOCK]`: one rounding (the product), so the
+//! graphs (`convert` + `multiply`, fused into the matmul) and the host agree bit for bit on
+//! every weight. Vectors (norms, biases) stay bf16. Which parameters are quantized, and from what,
+//! is the manifest's `quantization` ([`Quantization`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::irpa::{IrpaArchive, IrpaWriter};
+use crate::manifest::Manifest;
+use crate::params::{parameter_table, ParamInfo};
+
+/// Elements per block (one scale each), along the input dimension.
+pub const BLOCK: usize = 32;
+
+/// The archive entry holding the scales of quantized parameter `name`.
+pub fn scale_name(name: &str) -> String {
+    format!("{name}.scale")
+}
+
+/// A weight format of the archive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantFormat {
+    /// `i8` values, an `f32` scale per block of 32 (GGUF Q8_0 with its f16 scale widened).
+    Q8,
+    /// Signed 4-bit values, an `f32` scale per block of 32 (GGUF Q4_0).
+    Q4,
+}
+
+impl QuantFormat {
+    pub fn key(self) -> &'static str {
+        match self {
+            QuantFormat::Q8 => "q8",
+            QuantFormat::Q4 => "q4",
+        }
+    }
+
+    /// Bytes of the values of `numel` elements.
+    pub fn value_bytes(self, numel: usize) -> usize {
+        match self {
+            QuantFormat::Q8 => numel,
+            QuantFormat::Q4 => numel / 2,
+        }
+    }
+
+    /// Bytes of the scales of `numel` elements.
+    pub fn scale_bytes(numel: usize) -> usize {
+        numel / BLOCK * 4
+    }
+}
+
+impl std::str::FromStr for QuantFormat {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "q8" => Ok(QuantFormat::Q8),
+            "q4" => Ok(QuantFormat::Q4),
+            other => Err(Error::manifest(
+                "quantization.format",
+                format!("`{other}` is not a weight format (q8, q4)"),
+            )),
+        }
+    }
+}
+
+/// The manifest's `quantization`: which parameters of the archive are block-quantized.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Quantization {
+    /// Elements per scale, along the input dimension: always [`BLOCK`].
+    pub block: usize,
+    /// Element type of the scales: always `f32`.
+    pub scale_type: String,
+    /// Each quantized parameter: its format.
+    pub tensors: BTreeMap<String, QuantFormat>,
+    /// Each quantized parameter: where its values came from, e.g. `gguf Q8_0` (the file's blocks
+    /// copied), `requantized from Q4_K`, `requantized from bf16`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub origin: BTreeMap<String, String>,
+}
+
+impl Default for Quantization {
+    fn default() -> Self {
+        Quantization {
+            block: BLOCK,
+            scale_type: "f32".into(),
+            tensors: BTreeMap::new(),
+            origin: BTreeMap::new(),
+        }
+    }
+}
+
+impl Quantization {
+    pub fn format_of(&self, name: &str) -> Option<QuantFormat> {
+        self.tensors.get(name).copied()
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.block != BLOCK {
+            return Err(Error::manifest(
+                "quantization.block",
+                format!("{} (only {BLOCK} is supported)", self.block),
+            ));
+        }
+        if self.scale_type != "f32" {
+            return Err(Error::manifest(
+                "quantization.scaleType",
+                format!("`{}` (only f32 is supported)", self.scale_type),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a parameter of this shape is quantized by [`quantize_dir`] and the importer: matrices
+/// whose rows are whole blocks.
+pub fn quantizable(info: &ParamInfo) -> bool {
+    info.shape.len() == 2 && info.shape[1] % BLOCK == 0
+}
+
+/// `values` quantized: (value bytes, scales). Q8 follows ggml's `quantize_row_q8_0_ref`
+/// (`d = amax / 127`, `q = round(x / d)`), Q4 its `quantize_row_q4_0_ref` (`d = max / -8`, the
+/// signed value of largest magnitude, `q = min(15, trunc(x / d + 8.5)) - 8`), with `d` kept in f32.
+pub fn quantize(format: QuantFormat, values: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    assert!(values.len() % BLOCK == 0, "quantize: whole blocks only");
+    let blocks = values.len() / BLOCK;
+    let mut scales = Vec::with_capacity(blocks);
+    let mut q = vec![0i8; values.len()];
+    for (x, out) in values.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK)) {
+        match format {
+            QuantFormat::Q8 => {
+                let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                for (o, v) in out.iter_mut().zip(x) {
+                    *o = (v * id).round().clamp(-127.0, 127.0) as i8;
+                }
+                scales.push(d);
+            }
+            QuantFormat::Q4 => {
+                let (mut amax, mut max) = (0.0f32, 0.0f32);
+                for &v in x {
+                    if v.abs() > amax {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                for (o, v) in out.iter_mut().zip(x) {
+                    let u = ((v * id + 8.5) as i32).clamp(0, 15);
+                    *o = (u - 8) as i8;
+                }
+                scales.push(d);
+            }
+        }
+    }
+    (pack(format, &q), scales)
+}
+
+/// Signed values (`-128..=127` for Q8, `-8..=7` for Q4) as the archive stores them.
+pub fn pack(format: QuantFormat, q: &[i8]) -> Vec<u8> {
+    match format {
+        QuantFormat::Q8 => q.iter().map(|&v| v as u8).collect(),
+        QuantFormat::Q4 => q
+            .chunks_exact(2)
+            .map(|p| ((p[0] as u8) & 0x0f) | (((p[1] as u8) & 0x0f) << 4))
+            .collect(),
+    }
+}
+
+/// The signed value of element `i` of `bytes`.
+#[inline]
+fn value(format: QuantFormat, bytes: &[u8], i: usize) -> i8 {
+    match format {
+        QuantFormat::Q8 => bytes[i] as i8,
+        QuantFormat::Q4 => {
+            let b = bytes[i / 2];
+            let nibble = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+            (nibble as i8) >> 4
+        }
+    }
+}
+
+/// Little-endian f32 scales.
+pub fn scales_from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+pub fn scales_to_bytes(scales: &[f32]) -> Vec<u8> {
+    scales.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// Elements `first..first + out.len()` dequantized into `out` (`first` and the length whole
+/// blocks): `f32(q) * scale`, exactly what the graphs compute.
+pub fn dequantize_range(format: QuantFormat, bytes: &[u8], scales: &[u8], first: usize, out: &mut [f32]) {
+    debug_assert!(first % BLOCK == 0 && out.len() % BLOCK == 0);
+    for (b, block) in out.chunks_exact_mut(BLOCK).enumerate() {
+        let bi = first / BLOCK + b;
+        let s = f32::from_le_bytes([
+            scales[bi * 4],
+            scales[bi * 4 + 1],
+            scales[bi * 4 + 2],
+            scales[bi * 4 + 3],
+        ]);
+        for (j, o) in block.iter_mut().enumerate() {
+            *o = f32::from(value(format, bytes, bi * BLOCK + j)) * s;
+        }
+    }
+}
+
+/// Every element of a quantized parameter, checked against its size.
+pub fn dequantize(format: QuantFormat, name: &str, numel: usize, bytes: &[u8], scales: &[u8]) -> Result<Vec<f32>> {
+    check_sizes(format, name, numel, bytes.len(), scales.len())?;
+    let mut out = vec![0.0f32; numel];
+    dequantize_range(format, bytes, scales, 0, &mut out);
+    Ok(out)
+}
+
+/// Errs unless the value and scale entries have the sizes `numel` elements need.
+pub fn check_sizes(format: QuantFormat, name: &str, numel: usize, values: usize, scales: usize) -> Result<()> {
+    if numel % BLOCK != 0 {
+        return Err(Error::parameter(
+            name,
+            format!("{numel} elements are not whole blocks of {BLOCK}"),
+        ));
+    }
+    let (want_v, want_s) = (format.value_bytes(numel), QuantFormat::scale_bytes(numel));
+    if values != want_v || scales != want_s {
+        return Err(Error::parameter(
+            name,
+            format!(
+                "{} of {numel} elements needs {want_v} value bytes and {want_s} scale bytes, found {values} and {scales}",
+                format.key()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The values and scale entries of quantized parameter `name` in `archive`.
+pub fn entries<'a>(archive: &'a IrpaArchive, name: &str) -> Result<(&'a [u8], &'a [u8])> {
+    let values = archive.data(name).map_err(|e| Error::parameter(name, e.to_string()))?;
+    let scale = scale_name(name);
+    let scales = archive
+        .data(&scale)
+        .map_err(|e| Error::parameter(&scale, e.to_string()))?;
+    Ok((values, scales))
+}
+
+/// Adds `name` quantized from `values` to `writer`.
+pub fn add_quantized(writer: &mut IrpaWriter, format: QuantFormat, name: &str, values: &[f32]) -> Result<()> {
+    let (bytes, scales) = quantize(format, values);
+    writer.add_data(name, bytes)?;
+    writer.add_data(scale_name(name), scales_to_bytes(&scales))?;
+    Ok(())
+}
+
+/// Writes into `dst` the model of `src` (a directory with `manifest.json` and its bf16 or f32
+/// weights archive) with every [`quantizable`] matrix re-quantized to `format` from its stored
+/// values; the manifest records the choice (`quantization`, `provenance.weights`). A source that
+/// is already quantized is refused.
+pub fn quantize_dir(src: &Path, dst: &Path, format: QuantFormat) -> Result<Manifest> {
+    let manifest = Manifest::load(src)?;
+    if manifest.quantization.is_some() {
+        return Err(Error::manifest(
+            "quantization",
+            format!("{} is already quantized", src.display()),
+        ));
+    }
+    let arch = manifest.require_architecture()?.clone();
+    let file = manifest
+        .weights_file()
+        .ok_or_else(|| Error::manifest("parameters", "the source manifest names no weights archive"))?;
+    let archive = IrpaArchive::open(src.join(file))?;
+    let mut writer = IrpaWriter::new();
+    let mut quant = Quantization::default();
+    for info in parameter_table(&manifest.spec, &arch) {
+        let bytes = archive
+            .data(&info.name)
+            .map_err(|e| Error::parameter(&info.name, e.to_string()))?;
+        let numel = info.numel();
+        let (values, from) = if bytes.len() == numel * 2 {
+            (
+                crate::bf16::bf16_bytes_to_f32(bytes).map_err(|e| Error::parameter(&info.name, e.to_string()))?,
+                "bf16",
+            )
+        } else if bytes.len() == numel * 4 {
+            (
+                crate::bf16::f32_bytes_to_vec(bytes).map_err(|e| Error::parameter(&info.name, e.to_string()))?,
+                "f32",
+            )
+        } else {
+            return Err(Error::parameter(
+                &info.name,
+                format!("{} bytes are neither bf16 nor f32 of {:?}", bytes.len(), info.shape),
+            ));
+        };
+        if quantizable(&info) {
+            add_quantized(&mut writer, format, &info.name, &values)?;
+            quant.tensors.insert(info.name.clone(), format);
+            quant
+                .origin
+                .insert(info.name.clone(), format!("requantized from {from}"));
+        } else {
+            writer.add_bf16_from_f32(info.name.as_str(), &values)?;
+        }
+    }
+    std::fs::create_dir_all(dst).map_err(|source| Error::Io {
+        what: "creating",
+        path: dst.display().to_string(),
+        source,
+    })?;
+    writer.write(dst.join(file))?;
+    let mut out = manifest;
+    out.quantization = Some(quant);
+    out.provenance.weights = Some(format.key().into());
+    out.save(dst)?;
+    Manifest::load(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3).collect()
+    }
+
+    #[test]
+    fn q8_round_trip_is_within_half_a_step() {
+        let x = sample(4 * BLOCK);
+        let (bytes, scales) = quantize(QuantFormat::Q8, &x);
+        let y = dequantize(QuantFormat::Q8, "w", x.len(), &bytes, &scales_to_bytes(&scales)).unwrap();
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            assert!((a - b).abs() <= scales[i / BLOCK] * 0.5 + 1e-7, "{i}: {a} {b}");
+        }
+    }
+
+    #[test]
+    fn q4_packs_low_nibble_first_and_round_trips() {
+        assert_eq!(pack(QuantFormat::Q4, &[-8, 7, 1, -1]), vec![0x78, 0xf1]);
+        let bytes = pack(QuantFormat::Q4, &[-8, 7, 1, -1]);
+        let got: Vec<i8> = (0..4).map(|i| value(QuantFormat::Q4, &bytes, i)).collect();
+        assert_eq!(got, vec![-8, 7, 1, -1]);
+        let x = sample(2 * BLOCK);
+        let (bytes, scales) = quantize(QuantFormat::Q4, &x);
+        let y = dequantize(QuantFormat::Q4, "w", x.len(), &bytes, &scales_to_bytes(&scales)).unwrap();
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            // Half a step, except on the side opposite the largest magnitude, which clips at +7·|d|.
+            assert!((a - b).abs() <= scales[i / BLOCK].abs() + 1e-6, "{i}: {a} {b}");
+        }
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        assert!(dequantize(QuantFormat::Q8, "w", 64, &[0; 63], &[0; 8]).is_err());
+        assert!(dequantize(QuantFormat::Q4, "w", 64, &[0; 32], &[0; 4]).is_err());
+        assert!(dequantize(QuantFormat::Q4, "w", 64, &[0; 32], &[0; 8]).is_ok());
+    }
+}
