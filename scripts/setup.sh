@@ -69,3 +69,7 @@ if [ "$(.tools/cargo/bin/cargo-fuzz --version 2>/dev/null | awk '{print $2}')" !
     echo "setup: cargo install cargo-fuzz@$CARGO_FUZZ_VERSION"
     cargo install -q --locked --root .tools/cargo "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
+
+# IREE runtime tools the compiler wheel lacks (iree-encode-parameters, for data-tiled CPU exports),
+# built from our runtime's own IREE sources into .tools/bin.
+scripts/build-iree-tools.sh

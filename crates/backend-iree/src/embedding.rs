@@ -1,4 +1,4 @@
-//! The embedding table, gathered on the host from the memory-mapped archive.
+//! The embedding table, gathered on the host from the archive.
 
 use std::path::Path;
 
@@ -18,7 +18,7 @@ fn well_known(pattern: &str, name: &str) -> bool {
     }
 }
 
-/// The `vocab × hidden` bf16 table of an archive, mapped, never copied as a whole.
+/// The `vocab × hidden` bf16 table of an archive, read row by row, never copied as a whole.
 ///
 /// The archive must not be truncated or rewritten while the table is open (it is mapped; see
 /// [`IrpaArchive`]); [`Self::gather`] checks the file's length and identity first and refuses a
@@ -178,12 +178,16 @@ impl Embedding {
     /// Errs, before reading, when the archive file changed since it was opened.
     pub fn gather(&self, tokens: &[i32]) -> Result<Vec<f32>> {
         self.archive.check_unchanged()?;
-        let table = self.archive.data(&self.name)?;
-        let scales = match self.format {
-            Some(_) => Some(self.archive.data(&kv_core::quant::scale_name(&self.name))?),
-            None => None,
+        // The row's bytes (and its block scales) are read, not borrowed from the mapping: see
+        // IrpaArchive::read_into.
+        let scale_name = self.format.map(|_| kv_core::quant::scale_name(&self.name));
+        let row_bytes = match self.format {
+            Some(format) => format.value_bytes(self.hidden),
+            None => self.hidden * 2,
         };
-        let row_bytes = self.hidden * 2;
+        let mut bytes = vec![0u8; row_bytes];
+        let scale_bytes = kv_core::quant::QuantFormat::scale_bytes(self.hidden);
+        let mut scales = vec![0u8; if self.format.is_some() { scale_bytes } else { 0 }];
         let len = tokens.len().checked_mul(self.hidden).ok_or_else(|| {
             Error::parameter(
                 &self.name,
@@ -196,12 +200,15 @@ impl Embedding {
             if t >= self.vocab {
                 kv_core::error::invariant("embedding gather of an unchecked token id");
             }
-            match (self.format, scales) {
+            self.archive.read_into(&self.name, (t * row_bytes) as u64, &mut bytes)?;
+            match (self.format, &scale_name) {
                 // The same values as the graphs' dequantization (`f32(q) * scale`).
-                (Some(format), Some(scales)) => {
-                    kv_core::quant::dequantize_range(format, table, scales, t * self.hidden, row)
+                (Some(format), Some(scale_name)) => {
+                    self.archive
+                        .read_into(scale_name, (t * scale_bytes) as u64, &mut scales)?;
+                    kv_core::quant::dequantize_range(format, &bytes, &scales, 0, row)
                 }
-                _ => kv_core::bf16::bf16_bytes_to_f32_into(&table[t * row_bytes..(t + 1) * row_bytes], row)
+                _ => kv_core::bf16::bf16_bytes_to_f32_into(&bytes, row)
                     .unwrap_or_else(|_| kv_core::error::invariant("embedding row length")),
             }
         }

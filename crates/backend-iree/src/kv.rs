@@ -88,7 +88,7 @@ pub struct IreeKvBackend {
     device: Device,
     sessions: Vec<Option<Arc<SharedModule>>>,
     /// Each session's parameter archive as it was at open (checked before each call).
-    archives: Vec<FileStamp>,
+    archives: Vec<Vec<FileStamp>>,
     functions: HashMap<Graph, (usize, Function)>,
     args: HashMap<Graph, Vec<Name>>,
     outputs: HashMap<Graph, Vec<Name>>,
@@ -311,7 +311,9 @@ impl IreeKvBackend {
             })
             .collect::<Result<_>>()?;
         let refs: Vec<&BufferView> = ordered.iter().collect();
-        self.archives[*index].check()?;
+        for archive in &self.archives[*index] {
+            archive.check()?;
+        }
         let session = self.sessions[*index]
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));

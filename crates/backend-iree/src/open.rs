@@ -94,7 +94,8 @@ pub(crate) struct Opened {
     pub sessions: Vec<Option<Arc<SharedModule>>>,
     /// The parameter archive of each session as it was at open: IREE maps it, so a call on a
     /// session whose archive changed could raise SIGBUS; callers check before each call.
-    pub archives: Vec<FileStamp>,
+    /// The archives each session reads (its own and its encoded one), by session index.
+    pub archives: Vec<Vec<FileStamp>>,
     /// Graph → (index into `sessions`, function).
     pub functions: HashMap<Graph, (usize, Function)>,
     pub target: String,
@@ -231,13 +232,25 @@ pub(crate) fn open_sessions(
         let irpa = manifest
             .parameter_file(graph)
             .ok_or_else(|| Error::manifest("parameters", format!("no archive for `{}`", graph.key())))?;
+        let encoded = manifest.encoded_parameter_file(vmfb).map(|e| dir.join(e));
         let (vmfb, irpa) = (dir.join(vmfb), dir.join(irpa));
         let index = match by_files.get(&(vmfb.clone(), irpa.clone())) {
             Some(&i) => i,
             None => {
-                let module = shared::module(&device, &device_key, &vmfb, &irpa, &manifest.parameter_scope)?;
+                let module = shared::module(
+                    &device,
+                    &device_key,
+                    &vmfb,
+                    &irpa,
+                    &manifest.parameter_scope,
+                    encoded.as_deref(),
+                )?;
                 sessions.push(Some(module));
-                archives.push(FileStamp::open(&irpa)?);
+                let mut stamps = vec![FileStamp::open(&irpa)?];
+                if let Some(encoded) = &encoded {
+                    stamps.push(FileStamp::open(encoded)?);
+                }
+                archives.push(stamps);
                 by_files.insert((vmfb, irpa), sessions.len() - 1);
                 sessions.len() - 1
             }

@@ -18,7 +18,7 @@ pub struct IreeRedecodeBackend {
     device: Device,
     session: Arc<SharedModule>,
     /// The session's parameter archive as it was at open (checked before each call).
-    archive: FileStamp,
+    archives: Vec<FileStamp>,
     function: Function,
     seq: usize,
     vocab: usize,
@@ -44,11 +44,11 @@ impl IreeRedecodeBackend {
         let session = sessions[index]
             .take()
             .unwrap_or_else(|| kv_core::error::invariant("opened session"));
-        let archive = archives.swap_remove(index);
+        let archives = archives.swap_remove(index);
         Ok(IreeRedecodeBackend {
             device,
             session,
-            archive,
+            archives,
             function,
             seq,
             vocab: manifest.spec.vocab_size,
@@ -103,7 +103,7 @@ impl IreeRedecodeBackend {
         let session = sessions[index]
             .take()
             .unwrap_or_else(|| kv_core::error::invariant("opened session"));
-        let archive = archives.swap_remove(index);
+        let archives = archives.swap_remove(index);
         let seq = seq
             .or_else(|| match crate::open::declared_input_dims(&function, 0).as_deref() {
                 Some(&[Some(1), Some(seq)]) => Some(seq),
@@ -113,7 +113,7 @@ impl IreeRedecodeBackend {
         Ok(IreeRedecodeBackend {
             device,
             session,
-            archive,
+            archives,
             function,
             seq,
             vocab,
@@ -146,7 +146,9 @@ impl RedecodeBackend for IreeRedecodeBackend {
                 max: self.seq,
             });
         }
-        self.archive.check()?;
+        for archive in &self.archives {
+            archive.check()?;
+        }
         let input = BufferView::from_i32(&self.device, &[1, self.seq], tokens).map_err(iree_err("upload tokens"))?;
         let results = self
             .session

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use iree_runtime::{Device, Instance, Session};
+use kv_core::manifest::ENCODED_SCOPE;
 use kv_core::{Error, Result};
 
 use crate::convert::iree_err;
@@ -51,6 +52,7 @@ struct ModuleKey {
     vmfb: FileKey,
     archive: FileKey,
     scope: String,
+    encoded: Option<FileKey>,
 }
 
 /// An IREE context shared by every session that opened the same module, archive and device.
@@ -110,20 +112,23 @@ fn open_device(key: &DeviceKey) -> Result<Device> {
     .map_err(iree_err(format!("open device `{}`", key.name)))
 }
 
-/// The live context of `vmfb` with `archive` on `device`, or a new one. The registry stays
-/// locked while a new context opens, so two sessions opening the same model at once get one.
+/// The live context of `vmfb` with `archive` (under `scope`) and its `encoded` archive (under
+/// [`ENCODED_SCOPE`], if it has one) on `device`, or a new one. The registry stays locked while a
+/// new context opens, so two sessions opening the same model at once get one.
 pub(crate) fn module(
     device: &Device,
     device_key: &DeviceKey,
     vmfb: &Path,
     archive: &Path,
     scope: &str,
+    encoded: Option<&Path>,
 ) -> Result<Arc<SharedModule>> {
     let key = ModuleKey {
         device: device_key.clone(),
         vmfb: FileKey::of(vmfb)?,
         archive: FileKey::of(archive)?,
         scope: scope.to_string(),
+        encoded: encoded.map(FileKey::of).transpose()?,
     };
     let mut open = live();
     // The device too: two threads opening at once may each have made a device for one key.
@@ -134,14 +139,13 @@ pub(crate) fn module(
     {
         return Ok(module);
     }
-    // A block-quantized archive (`kv_core::quant`: `NAME.scale` entries) is read in place by
-    // the matmuls, so the CPU drivers map it instead of copying every weight.
-    let quantized = kv_core::irpa::IrpaArchive::open(archive)
-        .is_ok_and(|a| a.entries().iter().any(|e| e.name().ends_with(".scale")));
-    let session = Session::open_with(device, vmfb, &[(scope, archive)], quantized).map_err(iree_err(format!(
-        "open `{}` with parameters `{}`",
+    let mut parameters = vec![(scope, archive)];
+    parameters.extend(encoded.map(|e| (ENCODED_SCOPE, e)));
+    let session = Session::open(device, vmfb, &parameters).map_err(iree_err(format!(
+        "open `{}` with parameters `{}`{}",
         vmfb.display(),
-        archive.display()
+        archive.display(),
+        encoded.map(|e| format!(" and `{}`", e.display())).unwrap_or_default()
     )))?;
     let module = Arc::new(SharedModule {
         key,

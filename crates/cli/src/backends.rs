@@ -140,7 +140,7 @@ impl PrefillChoice {
 
 /// What an export made on demand is compiled for (each choice has its own cache entry), and how
 /// its prefill runs.
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Args, Clone, Debug, Default)]
 pub struct TargetArgs {
     /// How an IREE session runs a prompt from position 0: a short prompt need not pay for the
     /// prefill graph's SEQ rows.
@@ -158,26 +158,18 @@ pub struct TargetArgs {
     pub vulkan_target: Option<String>,
     /// The graph contract of an export made on demand: 1 (dynamic past, a prefill graph) or 2
     /// (static shapes over caches the runtime owns, prefills as chunk calls;
-    /// docs/contract-v2.md). Artifacts given with `--artifacts` say their own.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
-    pub contract: u32,
+    /// docs/contract-v2.md). Default: 2 on the CPU (2.4× faster decode and utterances than 1
+    /// on Gemma 3 270M here, for a prefix prefill 1.2× slower: docs/benchmarks.md), 1 on Vulkan
+    /// (its v2 prefill is chunk calls only, far slower on GPUs) and under the seed's window rule
+    /// (which contract 2 does not run) or with `--prefill graph` (contract 2 has none). Artifacts
+    /// given with `--artifacts` say their own.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub contract: Option<u32>,
     /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
     /// model imported so from its GGUF, a fixture or directory re-quantized once; every backend
     /// computes with the same dequantized values).
     #[arg(long, value_enum, default_value = "bf16")]
     pub weights: crate::model::WeightsChoice,
-}
-
-impl Default for TargetArgs {
-    fn default() -> Self {
-        TargetArgs {
-            prefill: PrefillChoice::default(),
-            cpu: CpuChoice::default(),
-            vulkan_target: None,
-            contract: kv_core::manifest::CONTRACT_VERSION,
-            weights: crate::model::WeightsChoice::default(),
-        }
-    }
 }
 
 /// Where the model and its compiled artifacts are.
@@ -192,8 +184,9 @@ pub struct ModelSource {
     pub redecode_seq: Option<usize>,
     /// Top-k results an export made on demand must have (sampling); 0 = none needed.
     pub top_k: usize,
-    /// The graph contract of an export made on demand (1, or 2: `docs/contract-v2.md`).
-    pub contract: u32,
+    /// The graph contract of an export made on demand (1, or 2: `docs/contract-v2.md`); `None`:
+    /// chosen per device ([`Self::contract_for`]).
+    pub contract: Option<u32>,
 }
 
 impl ModelSource {
@@ -204,7 +197,7 @@ impl ModelSource {
             target: TargetArgs::default(),
             redecode_seq: None,
             top_k: 0,
-            contract: kv_core::manifest::CONTRACT_VERSION,
+            contract: None,
         }
     }
 
@@ -226,10 +219,24 @@ impl ModelSource {
         }
     }
 
+    /// The contract of an export made on demand for `device` under `rule`: `--contract`, else
+    /// 2 on the CPU drivers and 1 on Vulkan, under the seed's window rule or with `--prefill
+    /// graph` (contract 2 has no prefill graph; see [`TargetArgs::contract`]).
+    pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
+        let needs_v1 = device == "vulkan" || rule == RuleChoice::Seed || self.target.prefill == PrefillChoice::Graph;
+        self.contract.unwrap_or(if needs_v1 {
+            kv_core::manifest::CONTRACT_VERSION
+        } else {
+            kv_core::manifest::CONTRACT_V2
+        })
+    }
+
     /// The artifact directory for an IREE device: `--artifacts`, a `--model` directory that has
-    /// modules for the device, or a cached export of the model (made now if missing).
+    /// modules for the device, or a cached export of the model (made now if missing), of the
+    /// contract [`Self::contract_for`] `device` and `rule`.
     #[cfg(feature = "iree")]
-    pub fn artifacts_for(&self, device: &str) -> Result<PathBuf> {
+    pub fn artifacts_for(&self, device: &str, rule: RuleChoice) -> Result<PathBuf> {
+        let contract = self.contract_for(device, rule);
         if let Some(dir) = &self.artifacts {
             return Ok(dir.clone());
         }
@@ -256,7 +263,7 @@ impl ModelSource {
             && kv_core::Manifest::load(&dir).is_ok_and(|m| {
                 m.modules.contains_key(&target.key())
                     && m.top_k.unwrap_or(0) >= self.top_k
-                    && m.contract_version == self.contract
+                    && m.contract_version == contract
             })
         {
             return Ok(dir);
@@ -278,7 +285,7 @@ impl ModelSource {
             targets: vec![target.clone()],
             redecode_seq,
             top_k: self.top_k,
-            ..export::runtime_options_for(&target, self.contract)
+            ..export::runtime_options_for(&target, contract)
         };
         if !export::is_cached(&model, &options)? {
             eprintln!(
@@ -303,7 +310,7 @@ pub fn open_reference(dir: &Path) -> Result<std::sync::Arc<ReferenceModel>> {
 pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) -> Result<(AnyKv, Duration)> {
     #[cfg(feature = "iree")]
     if let Some(device) = choice.device() {
-        let dir = source.artifacts_for(device)?;
+        let dir = source.artifacts_for(device, rule)?;
         let t = Instant::now();
         let options = backend_iree::IreeOptions {
             rule: rule.into(),
@@ -327,7 +334,7 @@ pub fn open_redecode(choice: BackendChoice, source: &ModelSource, seq: Option<us
             seq.is_none(),
             "--seq: an IREE redecode graph has the SEQ it was exported with; re-export with --redecode-seq"
         );
-        let dir = source.artifacts_for(device)?;
+        let dir = source.artifacts_for(device, RuleChoice::Exact)?;
         return Ok(AnyRedecode::Iree(Box::new(backend_iree::IreeRedecodeBackend::open(
             &dir,
             backend_iree::IreeOptions::new(device),
@@ -339,4 +346,25 @@ pub fn open_redecode(choice: BackendChoice, source: &ModelSource, seq: Option<us
         Some(seq) => ReferenceRedecode::with_seq(model, seq)?,
         None => ReferenceRedecode::new(model),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_defaults_to_2_on_the_cpu_only() {
+        let mut source = ModelSource::new("tiny-gemma3:7", None);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
+        assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), 2);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        // Contract 2 does not run the seed's step rule.
+        assert_eq!(source.contract_for("local-task", RuleChoice::Seed), 1);
+        source.target.prefill = PrefillChoice::Graph;
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 1);
+        source.contract = Some(1);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 1);
+        source.contract = Some(2);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2);
+    }
 }

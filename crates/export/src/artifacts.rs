@@ -30,6 +30,7 @@ use kv_core::{Graph, Manifest};
 
 use crate::compile::{compile_with, Target, COMPILER_VERSION};
 use crate::emit::{emit_module, EmitOptions, WeightFormat};
+use crate::encode::{compile_encoded, wants_encoding};
 use crate::{ExportError, Result};
 
 /// Where the model comes from.
@@ -288,6 +289,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         m.functions = Functions::with_prefix(&prefix);
     }
     m.modules.clear();
+    m.encoded_parameters.clear();
     m.validate()?;
 
     let table = parameter_table(&m.spec, &arch);
@@ -425,14 +427,25 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         }
         for target in &targets {
             let file = format!("{}.{}.vmfb", plan.stem, target.key());
-            jobs.push((mlir.clone(), target.clone(), out_dir.join(&file), plan.flags.clone()));
+            let encoded = wants_encoding(target, &plan.flags).then(|| {
+                let encoded = format!("{}.{}.irpa", plan.stem, target.key());
+                m.encoded_parameters.insert(file.clone(), encoded.clone());
+                (archive_path.clone(), out_dir.join(encoded))
+            });
+            jobs.push(CompileJob {
+                mlir: mlir.clone(),
+                target: target.clone(),
+                out: out_dir.join(&file),
+                flags: plan.flags.clone(),
+                encoded,
+            });
             let entry = m.modules.entry(target.key()).or_default();
             for g in &plan.graphs {
                 entry.insert(g.key().to_string(), file.clone());
             }
         }
     }
-    compile_all(&jobs)?;
+    compile_all(&jobs, &m.parameter_scope)?;
 
     let source_name = src.provenance.source.clone().unwrap_or_else(|| source.describe());
     let p = &mut m.provenance;
@@ -471,19 +484,45 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     Ok(m)
 }
 
-/// Runs the compilations (module, target, output, flags) on as many threads as the machine has
-/// cores; the first failure (in job order) is the error.
-fn compile_all(jobs: &[(PathBuf, Target, PathBuf, Vec<String>)]) -> Result<()> {
+/// One `iree-compile` of a module for a target.
+struct CompileJob {
+    mlir: PathBuf,
+    target: Target,
+    out: PathBuf,
+    flags: Vec<String>,
+    /// (model archive, encoded archive to write) when the module reads encoded weights
+    /// ([`crate::encode`]).
+    encoded: Option<(PathBuf, PathBuf)>,
+}
+
+impl CompileJob {
+    fn run(&self, scope: &str) -> Result<()> {
+        match &self.encoded {
+            None => compile_with(&self.mlir, &self.target, &self.out, &self.flags),
+            Some((archive, encoded)) => compile_encoded(
+                &self.mlir,
+                &self.target,
+                &self.out,
+                &self.flags,
+                archive,
+                scope,
+                encoded,
+            )
+            .map(|_| ()),
+        }
+    }
+}
+
+/// Runs the compilations on as many threads as the machine has cores; the first failure (in job
+/// order) is the error.
+fn compile_all(jobs: &[CompileJob], scope: &str) -> Result<()> {
     let width = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
         .max(1);
     for batch in jobs.chunks(width) {
         let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch
-                .iter()
-                .map(|(mlir, target, out, flags)| s.spawn(move || compile_with(mlir, target, out, flags)))
-                .collect();
+            let handles: Vec<_> = batch.iter().map(|job| s.spawn(move || job.run(scope))).collect();
             handles
                 .into_iter()
                 .map(|h| {

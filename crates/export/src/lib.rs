@@ -29,6 +29,7 @@ mod artifacts;
 mod cache;
 mod compile;
 mod emit;
+pub mod encode;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS};
@@ -62,6 +63,13 @@ pub enum ExportError {
         mlir: PathBuf,
         diagnostic: String,
     },
+    #[error(
+        "iree-encode-parameters not found (searched: {searched}); build it with `scripts/build-iree-tools.sh` \
+         (run by `scripts/setup.sh`), or set IREE_ENCODE_PARAMETERS"
+    )]
+    EncoderMissing { searched: String },
+    #[error("encoding the parameters of {module}: {diagnostic}")]
+    Encode { module: PathBuf, diagnostic: String },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,

@@ -35,7 +35,7 @@ fn module(rows: usize, n: usize, tiles: Option<usize>) -> String {
 
 fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f32]) -> Vec<i32> {
     let input = Array::F32(vec![rows, n], values.to_vec());
-    run_module(dir, device, vmfb, None, "argmax", &[input], 1)[0]
+    run_module(dir, device, vmfb, &[], "argmax", &[input], 1)[0]
         .i32()
         .to_vec()
 }

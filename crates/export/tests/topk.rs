@@ -38,7 +38,7 @@ fn module(rows: usize, n: usize, k: usize) -> String {
 
 fn run(dir: &Path, vmfb: &Path, device: &str, rows: usize, n: usize, values: &[f32]) -> (Vec<f32>, Vec<i32>) {
     let input = Array::F32(vec![rows, n], values.to_vec());
-    let [values, ids] = &run_module(dir, device, vmfb, None, "topk", &[input], 2)[..] else {
+    let [values, ids] = &run_module(dir, device, vmfb, &[], "topk", &[input], 2)[..] else {
         unreachable!("two outputs asked for")
     };
     (values.f32().to_vec(), ids.i32().to_vec())

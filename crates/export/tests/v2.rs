@@ -441,6 +441,14 @@ fn cpu_runtime_options() {
     for flag in &options.compile_flags {
         assert!(flags.contains(flag.as_str()), "{flag} in {flags}");
     }
+    // Data tiling: the packed weights are read from an encoded archive (export::encode).
+    for vmfb in m.modules["llvm-cpu"].values() {
+        let encoded = m
+            .encoded_parameter_file(vmfb)
+            .unwrap_or_else(|| panic!("{vmfb} has no encoded archive"));
+        let archive = kv_core::irpa::IrpaArchive::open(out.join(encoded)).unwrap();
+        assert!(archive.live_count() > 0, "{encoded} is empty");
+    }
     let model = ReferenceModel::open(out).unwrap();
     let spec = m.spec.clone();
     let mut s = V2Session::open(out, "llvm-cpu", "local-task", 5);

@@ -35,7 +35,7 @@ pub use buffer_view::{BufferView, ElementType};
 pub use device::{Device, DEVICE_NAMES};
 pub use error::{Error, Result, StatusCode};
 pub use instance::Instance;
-pub use parameters::{FileHandle, ParameterProvider};
+pub use parameters::{FileHandle, ParameterIo, ParameterProvider};
 pub use session::{Function, Session};
 pub use transfer::Transfer;
 

@@ -6,7 +6,34 @@ use iree_runtime_sys as sys;
 use crate::error::{check, Error, Result};
 use crate::{path_str, string_view};
 
-/// An open parameter file (`iree_io_file_handle_t`), opened `READ | SHARE_READ | ASYNC`.
+/// How a parameter file reaches the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParameterIo {
+    /// Read through the file descriptor into device allocations: a second, private copy of
+    /// every parameter the module loads. What Vulkan needs (see [`FileHandle::open_read`]).
+    File,
+    /// The file mapped read-only and each parameter imported as a buffer over the mapping (IREE's
+    /// host-allocation import): no copy, pages come in as the kernels touch them, stay
+    /// reclaimable page cache, and are shared by every process mapping the same file. For the
+    /// CPU drivers, whose device memory is host memory.
+    Mapped,
+}
+
+impl ParameterIo {
+    /// [`ParameterIo::Mapped`] for the CPU drivers (`local-task`, `local-sync`), otherwise
+    /// [`ParameterIo::File`].
+    pub fn for_driver(driver: &str) -> ParameterIo {
+        if driver.starts_with("local-") {
+            ParameterIo::Mapped
+        } else {
+            ParameterIo::File
+        }
+    }
+}
+
+/// An open parameter file (`iree_io_file_handle_t`): a descriptor opened
+/// `READ | SHARE_READ | ASYNC` ([`FileHandle::open_read`]) or a read-only mapping
+/// ([`FileHandle::map_read`]).
 ///
 /// `ASYNC` is what lets the Vulkan driver stream parameters from the file (a plain `READ` handle
 /// fails there with "Vulkan fd file transfers require a proactor-backed async file handle");
@@ -51,71 +78,76 @@ impl FileHandle {
             raw: NonNull::new(raw).expect("iree_io_file_handle_open: OK and null"),
         })
     }
-}
 
-impl FileHandle {
-    /// The file memory-mapped (read-only) and wrapped as a host allocation. IREE's parameter
-    /// provider *imports* entries of such a handle as device buffers on the CPU drivers (no
-    /// copy: the weights stay file-backed pages, shared with the page cache and reclaimable),
-    /// where an fd handle's entries are read into fresh anonymous allocations: Gemma 3 270M q8
-    /// on `local-task` held 366 MB anonymous and 14 MB of the mapped archive before this, the
-    /// reverse after. Not for Vulkan (its import of host memory is not what its parameter
-    /// streaming expects; [`Self::open_read`] there).
-    pub fn open_mapped(path: &Path) -> Result<FileHandle> {
+    /// Maps `path` read-only and wraps the mapping as a host allocation, which the parameter
+    /// provider imports as device buffers without copying ([`ParameterIo::Mapped`]). The mapping
+    /// lives until IREE releases the last reference to the handle (buffers imported from it
+    /// included). Like every read-only mapping it assumes the file is not truncated while mapped;
+    /// the export cache replaces entries by renaming new files in, never by rewriting.
+    pub fn map_read(path: &Path) -> Result<FileHandle> {
         const OP: &str = "map parameter file";
-        let fd = Self::open_read(path)?;
-        // SAFETY: the system allocator is always valid.
-        let allocator = unsafe { sys::iree_allocator_system() };
-        let mut mapping = std::ptr::null_mut();
-        // SAFETY: `fd` is live; the mapping keeps its own reference to the file while it lives.
-        let status = unsafe {
-            sys::iree_io_file_map_view(
-                fd.raw.as_ptr(),
-                sys::IREE_IO_FILE_ACCESS_READ as sys::iree_io_file_access_t,
-                0,
-                usize::MAX,
-                0,
-                allocator,
-                &mut mapping,
-            )
-        };
-        check(status, format!("{OP} {}", path.display()))?;
-        // SAFETY: `mapping` is live until released by the callback below.
-        let contents = unsafe { sys::iree_io_file_mapping_contents_ro(mapping) };
-        let span = sys::iree_byte_span_t {
-            // Read access only: IREE never writes through a READ handle.
-            data: contents.data as *mut u8,
-            data_length: contents.data_length,
-        };
-        unsafe extern "C" fn release(user_data: *mut std::ffi::c_void, _: sys::iree_io_file_handle_primitive_t) {
-            // SAFETY: `user_data` is the mapping this handle owns, released exactly once here.
-            unsafe { sys::iree_io_file_mapping_release(user_data as *mut sys::iree_io_file_mapping_t) };
+        if !path.is_file() {
+            return Err(Error::FileNotFound {
+                op: OP,
+                path: path.to_owned(),
+            });
         }
-        let callback = sys::iree_io_file_handle_release_callback_t {
-            fn_: Some(release),
-            user_data: mapping as *mut std::ffi::c_void,
+        let io_err = |e: std::io::Error| Error::InvalidArgument {
+            op: OP,
+            reason: format!("{}: {e}", path.display()),
+        };
+        let file = std::fs::File::open(path).map_err(io_err)?;
+        // SAFETY: read-only mapping of a file the caller does not modify while it is mapped (see
+        // above); nothing in this process writes through it (IREE is given READ access only).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
+        let map = Box::new(map);
+        let span = sys::iree_byte_span_t {
+            // IREE's span type is mutable; the handle's access is READ, so nothing writes.
+            data: map.as_ptr().cast_mut(),
+            data_length: map.len(),
+        };
+        let release = sys::iree_io_file_handle_release_callback_t {
+            fn_: Some(release_mapping),
+            user_data: Box::into_raw(map).cast(),
         };
         let mut raw = std::ptr::null_mut();
-        // SAFETY: the span lives as long as the mapping, which the handle now owns (released
-        // through the callback when the handle's last reference goes).
+        // SAFETY: the span stays valid until `release_mapping` runs, which IREE calls exactly
+        // once when the handle's last reference goes (also when this call fails, see below).
         let status = unsafe {
             sys::iree_io_file_handle_wrap_host_allocation(
                 sys::IREE_IO_FILE_ACCESS_READ as sys::iree_io_file_access_t,
                 span,
-                callback,
-                allocator,
+                release,
+                sys::iree_allocator_system(),
                 &mut raw,
             )
         };
         if let Err(e) = check(status, format!("{OP} {}", path.display())) {
-            // SAFETY: the handle was not created, so the mapping is still ours.
-            unsafe { sys::iree_io_file_mapping_release(mapping) };
+            // On failure IREE never took ownership: free the mapping ourselves.
+            // SAFETY: `user_data` came from Box::into_raw above and was not released by IREE.
+            drop(unsafe { Box::from_raw(release.user_data.cast::<memmap2::Mmap>()) });
             return Err(e);
         }
         Ok(FileHandle {
             raw: NonNull::new(raw).expect("iree_io_file_handle_wrap_host_allocation: OK and null"),
         })
     }
+
+    fn open(path: &Path, io: ParameterIo) -> Result<FileHandle> {
+        match io {
+            ParameterIo::File => FileHandle::open_read(path),
+            ParameterIo::Mapped => FileHandle::map_read(path),
+        }
+    }
+}
+
+/// Unmaps a [`FileHandle::map_read`] mapping once IREE drops the handle.
+unsafe extern "C" fn release_mapping(
+    user_data: *mut std::ffi::c_void,
+    _primitive: sys::iree_io_file_handle_primitive_t,
+) {
+    // SAFETY: `user_data` is the Box<Mmap> leaked in `map_read`; IREE calls this once.
+    drop(unsafe { Box::from_raw(user_data.cast::<memmap2::Mmap>()) });
 }
 
 /// A parameter provider (`iree_io_parameter_provider_t`) serving every parameter of some
@@ -141,23 +173,14 @@ impl Drop for ParameterProvider {
 }
 
 impl ParameterProvider {
-    /// Indexes every parameter of `files` under `scope`. Later files win on duplicate names.
-    pub fn open(scope: &str, files: &[&Path]) -> Result<ParameterProvider> {
-        Self::open_with(scope, files, false)
-    }
-
-    /// [`Self::open`] over memory-mapped files ([`FileHandle::open_mapped`]) when `mapped`: the
-    /// CPU drivers then use the archive's pages instead of a copy of every weight.
-    pub fn open_with(scope: &str, files: &[&Path], mapped: bool) -> Result<ParameterProvider> {
+    /// Indexes every parameter of `files` under `scope`, each file opened as `io` says. Later
+    /// files win on duplicate names.
+    pub fn open(scope: &str, files: &[&Path], io: ParameterIo) -> Result<ParameterProvider> {
         // SAFETY: the system allocator is always valid.
         let allocator = unsafe { sys::iree_allocator_system() };
         let index = ParameterIndex::new()?;
         for file in files {
-            let handle = if mapped {
-                FileHandle::open_mapped(file)?
-            } else {
-                FileHandle::open_read(file)?
-            };
+            let handle = FileHandle::open(file, io)?;
             let path_utf8 = path_str(file, "index parameter file")?;
             // SAFETY: index and handle are live; the index retains the handle for each entry.
             let status = unsafe {

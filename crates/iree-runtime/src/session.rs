@@ -6,7 +6,7 @@ use iree_runtime_sys as sys;
 use crate::buffer_view::BufferView;
 use crate::device::Device;
 use crate::error::{check, Error, Result};
-use crate::parameters::ParameterProvider;
+use crate::parameters::{ParameterIo, ParameterProvider};
 use crate::{from_string_view, path_str, string_view};
 
 /// Modules the runtime adds by itself; their exports are not listed in lookup errors.
@@ -90,19 +90,11 @@ unsafe impl Sync for Function {}
 
 impl Session {
     /// Creates a session on `device`, appends an `io_parameters` module serving
-    /// `parameters` (`(scope, file)` pairs; files of the same scope share one provider) and
-    /// then the bytecode module at `vmfb`. The parameters module must come first so the
+    /// `parameters` (`(scope, file)` pairs; files of the same scope share one provider; mapped
+    /// on the CPU drivers, read on the others: [`ParameterIo::for_driver`]) and then the
+    /// bytecode module at `vmfb`. The parameters module must come first so the
     /// bytecode module's imports resolve against it.
     pub fn open(device: &Device, vmfb: &Path, parameters: &[(&str, &Path)]) -> Result<Session> {
-        Self::open_with(device, vmfb, parameters, false)
-    }
-
-    /// [`Session::open`]; with `mapped`, on the CPU drivers, the parameter files are
-    /// memory-mapped and their entries imported as buffers in place
-    /// ([`ParameterProvider::open_with`]). That pays when the module reads the weights as
-    /// stored (block-quantized ones); where it relays them out at load (hoisted bf16 relayouts)
-    /// the copy IREE reads them into is freed after, while mapped pages stay resident.
-    pub fn open_with(device: &Device, vmfb: &Path, parameters: &[(&str, &Path)], mapped: bool) -> Result<Session> {
         let mut scopes: Vec<(&str, Vec<&Path>)> = Vec::new();
         for (scope, path) in parameters {
             match scopes.iter_mut().find(|(s, _)| s == scope) {
@@ -110,11 +102,9 @@ impl Session {
                 None => scopes.push((scope, vec![path])),
             }
         }
-        // The CPU drivers import a mapped file's entries as buffers instead of copying them.
-        let mapped = mapped && device.name().starts_with("local");
         let providers = scopes
             .iter()
-            .map(|(scope, files)| ParameterProvider::open_with(scope, files, mapped))
+            .map(|(scope, files)| ParameterProvider::open(scope, files, ParameterIo::for_driver(device.name())))
             .collect::<Result<Vec<_>>>()?;
         Session::open_with_providers(device, vmfb, &providers)
     }

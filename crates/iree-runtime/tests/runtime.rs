@@ -9,7 +9,7 @@
 mod common;
 
 use common::{assert_close, fixture, instance, open_session, W};
-use iree_runtime::{BufferView, Device, ElementType, Error, Session, Transfer};
+use iree_runtime::{BufferView, Device, ElementType, Error, ParameterIo, ParameterProvider, Session, Transfer};
 
 /// Expands each test function of a device name into one `#[test]` per device.
 macro_rules! device_tests {
@@ -223,6 +223,29 @@ fn unknown_device_lists_valid_names() {
     for name in ["cuda", "local-task", "local-sync", "vulkan"] {
         assert!(message.contains(name), "{message}");
     }
+}
+
+/// Both ways of serving a parameter file give the same numbers on the CPU drivers (the sessions
+/// of local-task/local-sync map theirs by default), and a mapped file outlives the provider and
+/// session that imported buffers from it until the last buffer goes.
+#[test]
+fn mapped_and_read_parameters_agree() {
+    let device = Device::open(&instance(), "local-task").unwrap();
+    let mut results = Vec::new();
+    for io in [ParameterIo::File, ParameterIo::Mapped] {
+        let provider = ParameterProvider::open("model", &[fixture().irpa.as_path()], io).unwrap();
+        let mut session = Session::open_with_providers(&device, &fixture().cpu_vmfb, &[provider]).unwrap();
+        let x = BufferView::from_f32(&device, &[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let y = BufferView::from_f32(&device, &[4], &[10.0, 20.0, 30.0, 40.0]).unwrap();
+        let out = session.call("module.forward", &[&x, &y]).unwrap();
+        drop(session);
+        results.push(out[0].to_f32_vec().unwrap());
+    }
+    let expected: Vec<f32> = (0..4).map(|i| (i + 1) as f32 * W[i] + 10.0 * (i + 1) as f32).collect();
+    assert_close(&results[0], &expected);
+    assert_eq!(results[0], results[1], "mapped parameters differ from read ones");
+    assert_eq!(ParameterIo::for_driver("local-sync"), ParameterIo::Mapped);
+    assert_eq!(ParameterIo::for_driver("vulkan"), ParameterIo::File);
 }
 
 #[test]

@@ -329,6 +329,29 @@ impl IrpaArchive {
         self.entry_data(entry)
     }
 
+    /// Copies `buf.len()` bytes of entry `name`, from `offset` within it, into `buf`. From a file,
+    /// a positioned read (`pread`) rather than through the mapping: reading scattered rows
+    /// (embedding lookups) through the mapping leaves every page they touched, and the pages
+    /// the kernel faults in around them, in the process's resident set; page-cache reads do not.
+    pub fn read_into(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), IrpaError> {
+        let data = self.data(name)?;
+        let what = || format!("{} bytes at {offset} of entry {name:?}", buf.len());
+        let range = checked_slice(data, offset, buf.len() as u64, what)?;
+        #[cfg(unix)]
+        if let (Some(stamp), Backing::Mmap(map)) = (&self.stamp, &self.backing) {
+            use std::os::unix::fs::FileExt;
+            // The entry's position in the file is its position in the mapping.
+            let at = range.as_ptr() as u64 - map.as_ptr() as u64;
+            return stamp.file.read_exact_at(buf, at).map_err(|source| IrpaError::Io {
+                op: "read",
+                path: stamp.path.clone(),
+                source,
+            });
+        }
+        buf.copy_from_slice(range);
+        Ok(())
+    }
+
     /// The stored bytes of `entry` (one of [`Self::entries`]), borrowed from the archive.
     pub fn entry_data(&self, entry: &IrpaEntry) -> Result<&[u8], IrpaError> {
         match entry.kind {

@@ -300,6 +300,9 @@ impl Functions {
     }
 }
 
+/// The parameter scope of a module's encoded archive ([`Manifest::encoded_parameters`]).
+pub const ENCODED_SCOPE: &str = "encoded";
+
 /// Archive file(s): one shared by every graph, or one per graph key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -350,6 +353,11 @@ pub struct Manifest {
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
+    /// Ours: `.vmfb file → .irpa file` of the modules that read some weights already in the
+    /// layout their kernels want (IREE's parameter encoder ran at export), under the scope
+    /// [`ENCODED_SCOPE`], beside the archive of [`Self::parameters`] under [`Self::parameter_scope`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub encoded_parameters: BTreeMap<String, String>,
     /// Ours: where the artifacts come from (compiler version, source checkpoint, ...).
     #[serde(default, skip_serializing_if = "Provenance::is_empty")]
     pub provenance: Provenance,
@@ -501,6 +509,7 @@ impl Manifest {
             architecture,
             quantization: None,
             modules: BTreeMap::new(),
+            encoded_parameters: BTreeMap::new(),
             provenance: Provenance::default(),
         }
     }
@@ -587,6 +596,19 @@ impl Manifest {
         }
         if self.parameter_scope.is_empty() {
             return Err(Error::manifest("parameterScope", "must not be empty"));
+        }
+        if self.parameter_scope == ENCODED_SCOPE && !self.encoded_parameters.is_empty() {
+            return Err(Error::manifest(
+                "parameterScope",
+                format!("`{ENCODED_SCOPE}` is the scope of the encoded archives"),
+            ));
+        }
+        let vmfbs: std::collections::BTreeSet<&String> = self.modules.values().flat_map(|m| m.values()).collect();
+        if let Some(stray) = self.encoded_parameters.keys().find(|v| !vmfbs.contains(v)) {
+            return Err(Error::manifest(
+                "encodedParameters",
+                format!("`{stray}` is not a module of `modules`"),
+            ));
         }
         Ok(())
     }
@@ -684,6 +706,12 @@ impl Manifest {
                 list.extend([Name::TopKLogits, Name::TopKIds]);
             }
         }
+    }
+
+    /// The encoded archive `vmfb` (a file name of [`Self::modules`]) reads under [`ENCODED_SCOPE`],
+    /// if it has one.
+    pub fn encoded_parameter_file(&self, vmfb: &str) -> Option<&str> {
+        self.encoded_parameters.get(vmfb).map(String::as_str)
     }
 
     /// The archive file holding a graph's parameters, if the manifest names one.

@@ -152,13 +152,13 @@ pub fn iree_tool(name: &str) -> PathBuf {
     p
 }
 
-/// Runs `function` of `vmfb` on `device`, with parameters `irpa` (scope `model`) where the module
-/// has any; returns the results.
+/// Runs `function` of `vmfb` on `device`, with `parameters` (`(scope, archive)`) where the
+/// module has any; returns the results.
 pub fn run_module(
     work: &Path,
     device: &str,
     vmfb: &Path,
-    irpa: Option<&Path>,
+    parameters: &[(&str, &Path)],
     function: &str,
     inputs: &[Array],
     n_out: usize,
@@ -171,8 +171,8 @@ pub fn run_module(
     cmd.arg(format!("--device={device}"))
         .arg(format!("--module={}", vmfb.display()))
         .arg(format!("--function={function}"));
-    if let Some(irpa) = irpa {
-        cmd.arg(format!("--parameters=model={}", irpa.display()));
+    for (scope, irpa) in parameters {
+        cmd.arg(format!("--parameters={scope}={}", irpa.display()));
     }
     for (i, a) in inputs.iter().enumerate() {
         let p = work.join(format!("in{i}.npy"));
@@ -259,8 +259,13 @@ impl GraphSession {
     }
 
     pub fn call(&self, graph: Graph, named: &dyn Fn(Name) -> Array) -> std::collections::HashMap<Name, Array> {
-        let vmfb = self.dir.join(&self.m.modules[&self.target][graph.key()]);
+        let vmfb_file = &self.m.modules[&self.target][graph.key()];
+        let vmfb = self.dir.join(vmfb_file);
         let irpa = self.dir.join(self.m.parameter_file(graph).unwrap());
+        // A data-tiled CPU module reads its packed weights from its encoded archive too.
+        let encoded = self.m.encoded_parameter_file(vmfb_file).map(|e| self.dir.join(e));
+        let mut parameters = vec![(self.m.parameter_scope.as_str(), irpa.as_path())];
+        parameters.extend(encoded.as_deref().map(|e| (kv_core::manifest::ENCODED_SCOPE, e)));
         // iree-run-module looks functions up inside its one module: no `module.` qualifier.
         let qualified = self.m.functions.get(graph).unwrap();
         let function = qualified.rsplit_once('.').map_or(qualified, |(_, f)| f);
@@ -279,7 +284,7 @@ impl GraphSession {
             &self.work,
             &self.device,
             &vmfb,
-            Some(&irpa),
+            &parameters,
             function,
             &inputs,
             outs.len(),
