@@ -22,7 +22,15 @@ pub enum ParameterIo {
 impl ParameterIo {
     /// [`ParameterIo::Mapped`] for the CPU drivers (`local-task`, `local-sync`), otherwise
     /// [`ParameterIo::File`].
+    ///
+    /// `SKAINET_KV_PARAMETER_IO=file|mapped` overrides the choice (for measuring one against the
+    /// other).
     pub fn for_driver(driver: &str) -> ParameterIo {
+        match std::env::var("SKAINET_KV_PARAMETER_IO").as_deref() {
+            Ok("file") => return ParameterIo::File,
+            Ok("mapped") => return ParameterIo::Mapped,
+            _ => {}
+        }
         if driver.starts_with("local-") {
             ParameterIo::Mapped
         } else {
