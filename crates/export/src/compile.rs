@@ -68,31 +68,33 @@ impl Target {
 /// `IREE_COMPILE`, else `iree-compile` on `PATH`, else `venv/bin/iree-compile` in the tools root
 /// ([`kv_paths::Root::Tools`]: `$SKAINET_KV_TOOLS`, else the platform's data directory).
 pub fn find_compiler() -> Result<PathBuf> {
+    find_tool("IREE_COMPILE", "iree-compile", "venv/bin/iree-compile")
+        .map_err(|searched| ExportError::CompilerMissing { searched })
+}
+
+/// The tool `name`: the file `env` names, else `name` on `PATH`, else `in_tools` under the tools
+/// root. Errs with the places searched.
+pub(crate) fn find_tool(env: &str, name: &str, in_tools: &str) -> std::result::Result<PathBuf, String> {
     let mut searched = Vec::new();
-    if let Some(p) = std::env::var_os("IREE_COMPILE") {
+    if let Some(p) = std::env::var_os(env) {
         let p = PathBuf::from(p);
         if p.is_file() {
             return Ok(p);
         }
-        searched.push(format!("IREE_COMPILE={}", p.display()));
+        searched.push(format!("{env}={}", p.display()));
     }
     if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join("iree-compile");
-            if p.is_file() {
-                return Ok(p);
-            }
+        if let Some(p) = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()) {
+            return Ok(p);
         }
     }
     searched.push("PATH".into());
-    match kv_paths::Root::Tools.join("venv/bin/iree-compile") {
+    match kv_paths::Root::Tools.join(in_tools) {
         Ok(p) if p.is_file() => return Ok(p),
         Ok(p) => searched.push(p.display().to_string()),
         Err(e) => searched.push(e.to_string()),
     }
-    Err(ExportError::CompilerMissing {
-        searched: searched.join(", "),
-    })
+    Err(searched.join(", "))
 }
 
 /// Compiles `mlir` for `target` into `out`. A failure names the function holding the first

@@ -27,7 +27,7 @@ use std::process::Command;
 
 use kv_core::manifest::ENCODED_SCOPE;
 
-use crate::compile::{find_compiler, Target};
+use crate::compile::{find_compiler, find_tool, Target};
 use crate::{ExportError, Result};
 
 /// Whether a module compiled with `flags` for `target` gets an encoded archive: CPU modules
@@ -154,29 +154,12 @@ fn last_lines(stderr: &[u8]) -> String {
 /// root ([`kv_paths::Root::Tools`]), where `scripts/build-iree-tools.sh` puts it. The pinned
 /// compiler wheel does not ship this tool.
 pub fn find_encoder() -> Result<PathBuf> {
-    const NAME: &str = "iree-encode-parameters";
-    let mut searched = Vec::new();
-    if let Some(p) = std::env::var_os("IREE_ENCODE_PARAMETERS") {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
-        }
-        searched.push(format!("IREE_ENCODE_PARAMETERS={}", p.display()));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        if let Some(p) = std::env::split_paths(&path).map(|d| d.join(NAME)).find(|p| p.is_file()) {
-            return Ok(p);
-        }
-    }
-    searched.push("PATH".into());
-    match kv_paths::Root::Tools.join(format!("bin/{NAME}")) {
-        Ok(p) if p.is_file() => return Ok(p),
-        Ok(p) => searched.push(p.display().to_string()),
-        Err(e) => searched.push(e.to_string()),
-    }
-    Err(ExportError::EncoderMissing {
-        searched: searched.join(", "),
-    })
+    find_tool(
+        "IREE_ENCODE_PARAMETERS",
+        "iree-encode-parameters",
+        "bin/iree-encode-parameters",
+    )
+    .map_err(|searched| ExportError::EncoderMissing { searched })
 }
 
 /// Merges the hoisted globals of `text` (IREE's global-optimization output) whose declaration
