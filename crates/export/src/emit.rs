@@ -383,19 +383,23 @@ impl FuncEmitter<'_> {
 
     // ---- weights ---------------------------------------------------------------------------
 
+    /// The archive key of the canonical parameter `name` (the three-archive layout numbers them).
+    fn archive_key(&self, name: &str) -> String {
+        self.options
+            .keys
+            .as_ref()
+            .and_then(|k| k.get(name))
+            .cloned()
+            .unwrap_or_else(|| name.to_string())
+    }
+
     /// The parameter as declared (bf16 or packed i32), loaded from its global.
     fn load_raw(&mut self, name: &str) -> V {
         let info = self
             .table
             .get(name)
             .unwrap_or_else(|| kv_core::error::invariant(&format!("no parameter `{name}`")));
-        let key = self
-            .options
-            .keys
-            .as_ref()
-            .and_then(|k| k.get(name))
-            .cloned()
-            .unwrap_or_else(|| name.to_string());
+        let key = self.archive_key(name);
         let ty = match self.options.weights {
             WeightFormat::Bf16 => Ty::fixed(&info.shape, Elem::Bf16),
             WeightFormat::I16 => Ty::fixed(&info.shape, Elem::I16),
@@ -471,13 +475,7 @@ impl FuncEmitter<'_> {
             .unwrap_or_else(|| kv_core::error::invariant(&format!("no parameter `{name}`")));
         let (out, inner) = (info.shape[0], info.shape[1]);
         let nb = inner / BLOCK;
-        let key = self
-            .options
-            .keys
-            .as_ref()
-            .and_then(|k| k.get(name))
-            .cloned()
-            .unwrap_or_else(|| name.to_string());
+        let key = self.archive_key(name);
         let q = if self.packed_quant() {
             let words = BLOCK / per_word(format);
             self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, words], Elem::I32))

@@ -27,7 +27,7 @@ use std::process::Command;
 
 use kv_core::manifest::ENCODED_SCOPE;
 
-use crate::compile::{find_compiler, find_tool, Target};
+use crate::compile::{compile_with, find_tool, Target};
 use crate::{ExportError, Result};
 
 /// Whether a module compiled with `flags` for `target` gets an encoded archive: CPU modules
@@ -41,13 +41,6 @@ pub fn wants_encoding(target: &Target, flags: &[String]) -> bool {
         && !flags.iter().any(|f| f == "--iree-opt-const-expr-hoisting=false")
 }
 
-/// What [`compile_encoded`] made.
-#[derive(Debug)]
-pub struct Encoded {
-    /// Hoisted initializers before and after [`dedupe_hoisted`].
-    pub initializers: (usize, usize),
-}
-
 /// Compiles `mlir` (StableHLO) for `target` with `flags` into `out`, whose packed weights are
 /// read from `encoded_out` (written here from `archive`, scope `scope`) under [`ENCODED_SCOPE`].
 /// Intermediate files go to a folder beside `out`, removed on success.
@@ -59,7 +52,7 @@ pub fn compile_encoded(
     archive: &Path,
     scope: &str,
     encoded_out: &Path,
-) -> Result<Encoded> {
+) -> Result<()> {
     let work = out.with_extension("encode");
     std::fs::create_dir_all(&work).map_err(ExportError::io("creating", &work))?;
     let global_opt = work.join("global-opt.mlir");
@@ -67,39 +60,32 @@ pub fn compile_encoded(
     let encoder_mlir = work.join("encoder.mlir");
     let encoder_vmfb = work.join("encoder.vmfb");
 
-    let mut args: Vec<String> = vec!["--iree-input-type=stablehlo".into()];
-    args.extend(target.flags());
-    args.extend(flags.iter().cloned());
-    run_compiler(
+    let phase = |extra: &[String]| [flags, extra].concat();
+    compile_with(
         mlir,
         target,
-        &args,
-        &["--compile-to=global-optimization".into()],
         &global_opt,
+        &phase(&["--compile-to=global-optimization".into()]),
     )?;
 
     let text = std::fs::read_to_string(&global_opt).map_err(ExportError::io("reading", &global_opt))?;
-    let (text, initializers) = dedupe_hoisted(&text);
-    std::fs::write(&deduped, text).map_err(ExportError::io("writing", &deduped))?;
+    std::fs::write(&deduped, dedupe_hoisted(&text).0).map_err(ExportError::io("writing", &deduped))?;
 
-    let mut main: Vec<String> = target.flags();
-    main.extend(flags.iter().cloned());
-    run_compiler(
+    compile_with(
         &deduped,
         target,
-        &main,
-        &[
+        out,
+        &phase(&[
             "--compile-from=global-optimization".into(),
             format!("--iree-parameter-encoder-output-file={}", encoder_mlir.display()),
             "--iree-parameter-encoder-mode=overlay".into(),
             format!("--iree-parameter-encoder-output-scope={ENCODED_SCOPE}"),
-        ],
-        out,
+        ]),
     )?;
     // The packs are plain data movement: compiled for any x86/ARM host (`generic`), so an export
     // for another CPU than this one still encodes here. The layout itself was fixed in step 3.
     let host = Target::Cpu { cpu: "generic".into() };
-    run_compiler(&encoder_mlir, &host, &host.flags(), &[], &encoder_vmfb)?;
+    compile_with(&encoder_mlir, &host, &encoder_vmfb, &[])?;
 
     let tool = find_encoder()?;
     let output = Command::new(&tool)
@@ -112,36 +98,14 @@ pub fn compile_encoded(
     if !output.status.success() {
         return Err(ExportError::Encode {
             module: out.to_path_buf(),
-            diagnostic: last_lines(&output.stderr),
+            diagnostic: first_error_line(&output.stderr),
         });
     }
-    std::fs::remove_dir_all(&work).map_err(ExportError::io("removing", &work))?;
-    Ok(Encoded { initializers })
+    std::fs::remove_dir_all(&work).map_err(ExportError::io("removing", &work))
 }
 
-fn run_compiler(input: &Path, target: &Target, args: &[String], extra: &[String], out: &Path) -> Result<()> {
-    let compiler = find_compiler()?;
-    let output = Command::new(&compiler)
-        .args(args)
-        .args(extra)
-        .arg(input)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .map_err(ExportError::io("running iree-compile", &compiler))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    Err(ExportError::Compile {
-        function: "<parameter encoding>".into(),
-        target: target.key(),
-        mlir: input.to_path_buf(),
-        diagnostic: last_lines(&output.stderr),
-    })
-}
-
-/// The first `error:` line of a tool's stderr, else its last line.
-fn last_lines(stderr: &[u8]) -> String {
+/// The first error line of a tool's stderr, else its last line.
+fn first_error_line(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
     text.lines()
         .find(|l| l.contains("error") || l.contains("ERROR") || l.contains("NOT_FOUND"))

@@ -741,6 +741,24 @@ impl Body {
         results2(&name, out_f, out_i)
     }
 
+    /// A zero-filled f32 tensor of type `ty` (`linalg.fill` of a scalar `arith.constant`): the
+    /// accumulator of a `linalg.generic` contraction.
+    fn zeros(&mut self, ty: &Ty) -> V {
+        // A scalar `f32` (not a tensor): the fill's operand.
+        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
+        self.op(
+            ty.clone(),
+            format!(
+                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
+                zero.name,
+                empty.name,
+                ty.text(),
+                ty.text()
+            ),
+        )
+    }
+
     /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
     /// `linalg.generic` with two reduction dimensions. A `stablehlo.dot_general` over two
     /// contracting dimensions is rewritten by IREE into a transpose and a reshape of `w` to
@@ -753,19 +771,7 @@ impl Body {
         let wd = w.ty.static_dims();
         let (r, o) = (xd[0], wd[0]);
         let ty = Ty::fixed(&[r, o], Elem::F32);
-        // A scalar `f32` (not a tensor): the fill's operand.
-        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
-        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
-        let init = self.op(
-            ty.clone(),
-            format!(
-                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
-                zero.name,
-                empty.name,
-                ty.text(),
-                ty.text()
-            ),
-        );
+        let init = self.zeros(&ty);
         let name = self.fresh();
         let (a, b, acc) = (self.fresh(), self.fresh(), self.fresh());
         let (p, q) = (self.fresh(), self.fresh());
@@ -797,18 +803,7 @@ impl Body {
         let qd = q.ty.static_dims();
         let (r, o) = (xd[0], qd[0]);
         let ty = Ty::fixed(&[r, o], Elem::F32);
-        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
-        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
-        let init = self.op(
-            ty.clone(),
-            format!(
-                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
-                zero.name,
-                empty.name,
-                ty.text(),
-                ty.text()
-            ),
-        );
+        let init = self.zeros(&ty);
         let qe = q.ty.elem.name();
         let name = self.fresh();
         let (a, qv, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
@@ -841,18 +836,7 @@ impl Body {
         let qd = q.ty.static_dims();
         let (r, o) = (xd[0], qd[0]);
         let ty = Ty::fixed(&[r, o], Elem::F32);
-        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
-        let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
-        let init = self.op(
-            ty.clone(),
-            format!(
-                "linalg.fill ins({} : f32) outs({} : {}) -> {}",
-                zero.name,
-                empty.name,
-                ty.text(),
-                ty.text()
-            ),
-        );
+        let init = self.zeros(&ty);
         let name = self.fresh();
         let (a, word, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
         let (j, ji, cb, ctop, sh, left, up, qv) = (
