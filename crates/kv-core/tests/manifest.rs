@@ -292,3 +292,32 @@ fn provenance_keeps_its_spellings() {
     assert!(Manifest::new(small(), None, "gemma").provenance == Provenance::default());
     assert!(!Manifest::new(small(), None, "gemma").to_json().contains("provenance"));
 }
+
+/// `encodedParameters` names modules of `modules`, and the model archive's scope is not the
+/// encoded archives' one: anything else is refused at load with the key named.
+#[test]
+fn encoded_parameters_must_name_a_module() {
+    let mut m = Manifest::new(small(), None, "gemma");
+    m.modules
+        .entry("llvm-cpu".into())
+        .or_default()
+        .insert("withPast".into(), "gemma.llvm-cpu.vmfb".into());
+    m.encoded_parameters
+        .insert("gemma.llvm-cpu.vmfb".into(), "gemma.llvm-cpu.irpa".into());
+    let back = Manifest::from_json(&m.to_json()).unwrap();
+    assert_eq!(
+        back.encoded_parameter_file("gemma.llvm-cpu.vmfb"),
+        Some("gemma.llvm-cpu.irpa")
+    );
+    assert_eq!(back.encoded_parameter_file("other.vmfb"), None);
+
+    let mut stray = m.clone();
+    stray.encoded_parameters.insert("other.vmfb".into(), "x.irpa".into());
+    let err = Manifest::from_json(&stray.to_json()).unwrap_err().to_string();
+    assert!(err.contains("encodedParameters") && err.contains("other.vmfb"), "{err}");
+
+    let mut clash = m.clone();
+    clash.parameter_scope = kv_core::manifest::ENCODED_SCOPE.into();
+    let err = Manifest::from_json(&clash.to_json()).unwrap_err().to_string();
+    assert!(err.contains("parameterScope"), "{err}");
+}
