@@ -12,7 +12,7 @@ use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
-    Error, Graph, KvBackend, KvSpec, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result, SessionId, TopK,
+    Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result, SessionId, TopK,
     WindowRule,
 };
 
@@ -149,22 +149,33 @@ impl IreeKvBackend {
                     ));
                 }
                 manifest = manifest.into_v2();
-                let capacity = match declared(&opened, Graph::Step, Name::K(0), &manifest) {
-                    Some((_, Some(dims))) => match dims.as_slice() {
-                        &[Some(p), Some(kv), Some(d)]
-                            if kv == manifest.spec.n_kv_heads && d == manifest.spec.head_dim =>
-                        {
-                            p
-                        }
-                        other => {
-                            return Err(contract_err(
+                let rows_of = |layer: usize, manifest: &Manifest| -> Result<usize> {
+                    match declared(&opened, Graph::Step, Name::K(layer), manifest) {
+                        Some((_, Some(dims))) => match dims.as_slice() {
+                            &[Some(p), Some(kv), Some(d)]
+                                if kv == manifest.spec.n_kv_heads && d == manifest.spec.head_dim =>
+                            {
+                                Ok(p)
+                            }
+                            other => Err(contract_err(
                                 "open",
                                 format!("a v2 step's cache is declared {other:?}, expected [P, nKvHeads, headDim]"),
-                            ))
-                        }
-                    },
-                    _ => return Err(contract_err("open", "cannot read the v2 step's declared cache shape")),
+                            )),
+                        },
+                        _ => Err(contract_err("open", "cannot read the v2 step's declared cache shape")),
+                    }
                 };
+                // Global layers hold every position; sliding ones may read a view of theirs.
+                let spec = &manifest.spec;
+                let global = spec.first_layer_of(LayerKind::Global).ok_or_else(|| {
+                    contract_err("open", "a v2 step without a global layer does not declare its cache capacity")
+                })?;
+                let capacity = rows_of(global, &manifest)?;
+                let sliding = match spec.first_layer_of(LayerKind::Sliding) {
+                    Some(l) => rows_of(l, &manifest)?,
+                    None => capacity,
+                };
+                manifest.spec.sliding_cache_rows = if sliding == capacity { 0 } else { sliding };
                 manifest.spec.max_positions = capacity;
                 manifest.spec.seq = capacity;
                 manifest.validate()?;

@@ -163,6 +163,8 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
         let spec = KvSpec {
             seq: real.spec.chunk,
             max_positions: i32::MAX as usize,
+            // Kotlin's IreeKvSpec knows neither: both come from the declared cache shapes.
+            sliding_cache_rows: 0,
             ..real.spec.clone()
         };
         let mut m = kv_core::Manifest::new(spec, None, "jni");
@@ -194,6 +196,9 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
         IreeKvBackend::open_manifest_learning_seq(std::path::Path::new(""), built(false), options.clone()).unwrap();
     assert!(s.manifest().is_v2());
     assert_eq!(s.spec().max_positions, real.spec.max_positions);
+    // The sliding layers' views, from their declared cache shape.
+    assert!(real.spec.sliding_cache_rows > 0);
+    assert_eq!(s.spec().sliding_cache_rows, real.spec.sliding_cache_rows);
     let mut want = open(&dir);
     let p = prompt(30);
     assert_eq!(s.prefill(&p).unwrap(), want.prefill(&p).unwrap());

@@ -275,6 +275,9 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .prefix
         .clone()
         .unwrap_or_else(|| arch.family.default_prefix().to_string());
+    // Sliding layers' v2 graphs read a view of their cache that holds the window, not all
+    // `maxPositions` rows (`docs/contract-v2.md`).
+    m.spec.sliding_cache_rows = if v2 { m.spec.default_sliding_cache_rows() } else { 0 };
     if v2 {
         // v2's argument lists are its own (the source's, if reordered, are v1 lists): canonical
         // ones, with what the source says beyond the graphs kept.

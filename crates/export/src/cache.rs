@@ -20,7 +20,8 @@ const EMITTER_REVISION: u32 = 5;
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
 /// 3: data-tiled CPU modules read their packed weights from an encoded archive (`encode`).
-const EMITTER_REVISION_V2: u32 = 3;
+/// 4: sliding layers read a view of their cache that holds the window (`slidingCacheRows`).
+const EMITTER_REVISION_V2: u32 = 4;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row

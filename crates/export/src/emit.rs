@@ -165,7 +165,7 @@ fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> R
     let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
     let ty = match name {
         Name::Pos if v2 => Ty::fixed(&[1], Elem::I32),
-        Name::K(_) | Name::V(_) if v2 => Ty::fixed(&[spec.max_positions, nkv, d], Elem::F32),
+        Name::K(l) | Name::V(l) if v2 => Ty::fixed(&[spec.cache_rows(spec.layer_kind(l)), nkv, d], Elem::F32),
         Name::Tokens if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
         Name::Tokens | Name::Token => Ty::fixed(&[rows], Elem::I32),
         Name::Emb => Ty::fixed(&[rows, h], Elem::F32),
@@ -286,7 +286,7 @@ impl FuncEmitter<'_> {
                     };
                     tables.insert(kind, t);
                     if let Some(pos) = &pos {
-                        masks_v2.insert(kind, self.v2_masks(pos, rows, spec.window(kind)));
+                        masks_v2.insert(kind, self.v2_masks(pos, rows, kind));
                     } else if graph == Graph::Chunk {
                         masks.insert(kind, arg(Name::Mask(kind))?);
                     }
@@ -848,20 +848,52 @@ impl FuncEmitter<'_> {
         (self.b.div(&ec, &sbc), self.b.div(&en, &sbn))
     }
 
+    /// The first cache row of a layer kind's cache argument at position `at` (`[]` i32):
+    /// `KvSpec::cache_view_base` in the graph, `None` where the argument is the whole cache.
+    fn view_base(&mut self, at: &V, kind: LayerKind) -> Option<V> {
+        let spec = self.spec;
+        let rows = spec.cache_rows(kind);
+        if rows == spec.max_positions {
+            return None;
+        }
+        let step = spec.view_step();
+        let mut constant = |x: usize| self.b.splat_i32(x as i32, &at.ty);
+        let (window, zero, step_v, top) = (
+            constant(spec.sliding_window),
+            constant(0),
+            constant(step),
+            constant(spec.max_positions - rows),
+        );
+        let back = self.b.sub(at, &window);
+        let back = self.b.binary("maximum", &back, &zero);
+        // Non-negative, so the truncating division rounds down.
+        let steps = self.b.binary("divide", &back, &step_v);
+        let start = self.b.binary("multiply", &steps, &step_v);
+        Some(self.b.binary("minimum", &start, &top))
+    }
+
     /// Contract v2's masks of one layer kind for a call of `r` rows at position `pos [1]`: query
-    /// row `i` (position `pos + i`) sees cache row `j` iff `j < pos` and, with a window,
-    /// `pos + i - j < window`, and the call's own row `i'` iff `i' <= i` and, with a window,
-    /// `i - i' < window` (only binding when a chunk is longer than the window). Laid out for
-    /// [`Self::attention_v2`]'s stacked query rows: `[group·R, P]` and `[group·R, R]`, `i1`. The
-    /// cache rows at or after `pos` are masked by this alone: their contents are never read.
-    fn v2_masks(&mut self, pos: &V, r: usize, window: Option<usize>) -> (V, V) {
+    /// row `i` (position `pos + i`) sees the cache row holding position `j` iff `j < pos` and,
+    /// with a window, `pos + i - j < window`, and the call's own row `i'` iff `i' <= i` and,
+    /// with a window, `i - i' < window` (only binding when a chunk is longer than the window).
+    /// Row `j` of the cache argument holds position `base + j` ([`Self::view_base`]). Laid out
+    /// for [`Self::attention_v2`]'s stacked query rows: `[group·R, rows]` and `[group·R, R]`,
+    /// `i1`. The cache rows at or after `pos` are masked by this alone: their contents are never
+    /// read.
+    fn v2_masks(&mut self, pos: &V, r: usize, kind: LayerKind) -> (V, V) {
+        let window = self.spec.window(kind);
         let group = self.spec.n_heads / self.spec.n_kv_heads;
-        let p = self.spec.max_positions;
+        let p = self.spec.cache_rows(kind);
         let cache_dims = [group, r, p];
         let at = self.b.reshape_static(pos, &[]);
+        let base = self.view_base(&at, kind);
         let at = self.b.broadcast(&at, &[], &Ty::fixed(&cache_dims, Elem::I32));
         let row = self.b.iota(&cache_dims, 1, Elem::I32);
-        let key = self.b.iota(&cache_dims, 2, Elem::I32);
+        let mut key = self.b.iota(&cache_dims, 2, Elem::I32);
+        if let Some(base) = base {
+            let base = self.b.broadcast(&base, &[], &key.ty);
+            key = self.b.add(&key, &base);
+        }
         let mut cache = self.b.compare("LT", &key, &at);
         if let Some(w) = window {
             let query = self.b.add(&row, &at);
@@ -886,8 +918,8 @@ impl FuncEmitter<'_> {
         )
     }
 
-    /// Contract v2's attention of `q [R, nHeads, d]` (scaled, rotated) over a layer's whole
-    /// caches `[P, nKV, d]` and the call's own rows `[R, nKV, d]`: `[R, nHeads·d]`. Per KV head,
+    /// Contract v2's attention of `q [R, nHeads, d]` (scaled, rotated) over a layer's cache
+    /// arguments `[rows, nKV, d]` and the call's own rows `[R, nKV, d]`: `[R, nHeads·d]`. Per KV head,
     /// its query heads are stacked as rows `[group·R, d]` against that head's keys, so no KV head
     /// is repeated per query head (Gemma's single KV head included). The scores over the cache
     /// and over the new rows are masked with `select` (not an added `-1e30`: a cache row past
@@ -898,7 +930,7 @@ impl FuncEmitter<'_> {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let group = nh / nkv;
         let r = q.ty.static_dims()[0];
-        let p = self.spec.max_positions;
+        let p = cache.0.ty.static_dims()[0];
         let qh = self.b.transpose(q, &[1, 0, 2]);
         let head = |b: &mut Body, x: &V, j: usize| {
             let rows = x.ty.static_dims()[0];

@@ -86,7 +86,14 @@ impl V2Session {
         assert!((1..=rows).contains(&n), "{n} tokens for {rows} rows");
         let mut padded = toks.to_vec();
         padded.resize(rows, 0);
-        let (d, p, nkv) = (spec.head_dim, spec.max_positions, spec.n_kv_heads);
+        let (d, nkv) = (spec.head_dim, spec.n_kv_heads);
+        // A sliding layer reads the view of its cache the runtime hands it, the others all rows.
+        let view = |l: usize, cache: &[f32]| {
+            let kind = spec.layer_kind(l);
+            let (base, rows) = (spec.cache_view_base(kind, pos), spec.cache_rows(kind));
+            let row = nkv * d;
+            Array::F32(vec![rows, nkv, d], cache[base * row..(base + rows) * row].to_vec())
+        };
         let named = |name: Name| -> Array {
             match name {
                 Name::Tokens | Name::Token => Array::I32(vec![rows], padded.clone()),
@@ -94,8 +101,8 @@ impl V2Session {
                 Name::Pos => Array::I32(vec![1], vec![pos as i32]),
                 Name::Cos(kind) => Array::F32(vec![rows, d], RopeTable::new(pos, rows, d, spec.rope_base(kind)).cos),
                 Name::Sin(kind) => Array::F32(vec![rows, d], RopeTable::new(pos, rows, d, spec.rope_base(kind)).sin),
-                Name::K(l) => Array::F32(vec![p, nkv, d], caches[l].0.clone()),
-                Name::V(l) => Array::F32(vec![p, nkv, d], caches[l].1.clone()),
+                Name::K(l) => view(l, &caches[l].0),
+                Name::V(l) => view(l, &caches[l].1),
                 Name::Select => {
                     let mut s = vec![0.0; rows];
                     s[n - 1] = 1.0;
@@ -303,6 +310,9 @@ fn tiny_gemma3_small_window() {
     assert_eq!(loaded, m);
     assert!(m.is_v2());
     assert_eq!((m.spec.n_kv_heads, m.spec.sliding_window, m.spec.chunk), (1, 5, 8));
+    // Sliding layers read 64 rows of their 1024, from a multiple of 4 (4 rows of 64 bytes are
+    // 256): the calls below pass position 9, where the view starts moving.
+    assert_eq!((m.spec.sliding_cache_rows, m.spec.view_step()), (64, 4));
     assert_eq!(m.functions.prefill, None);
     assert_eq!((&m.prefill_args, &m.prefill_outputs), (&None, &None));
     for modules in m.modules.values() {

@@ -69,6 +69,7 @@ fn small_spec() -> KvSpec {
         sliding_rope_base: 10_000.0,
         global_rope_base: 10_000.0,
         mask_heads: 0,
+        sliding_cache_rows: 0,
     }
 }
 

@@ -46,7 +46,19 @@ pub struct KvSpec {
     pub global_rope_base: f32,
     /// Head dimension of the chunk mask: 0 = `nHeads`, 1 = broadcast over heads.
     pub mask_heads: usize,
+    /// Contract v2: the rows of a sliding layer's cache that its graph argument holds, a view
+    /// of the `maxPositions` rows starting at [`Self::cache_view_base`]; 0 = all of them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sliding_cache_rows: usize,
 }
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// Byte alignment of a cache view's start: the largest `minStorageBufferOffsetAlignment` Vulkan
+/// devices report, so a view of a device buffer can be bound as it is.
+const VIEW_ALIGNMENT: usize = 256;
 
 impl Default for KvSpec {
     /// FunctionGemma-270M, the seed's model.
@@ -66,6 +78,7 @@ impl Default for KvSpec {
             sliding_rope_base: 10_000.0,
             global_rope_base: 1_000_000.0,
             mask_heads: 0,
+            sliding_cache_rows: 0,
         }
     }
 }
@@ -134,7 +147,87 @@ impl KvSpec {
         if self.vocab_size > i32::MAX as usize {
             return Err(Error::manifest("vocabSize", "exceeds the i32 token range"));
         }
-        Ok(())
+        self.validate_sliding_view()
+    }
+
+    fn validate_sliding_view(&self) -> Result<()> {
+        let rows = self.sliding_cache_rows;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (w, g, p) = (self.sliding_window, self.view_step(), self.max_positions);
+        let problem = if w == 0 {
+            Some("set without a sliding window".to_string())
+        } else if rows < w + g || rows >= p {
+            Some(format!(
+                "{rows} is outside [slidingWindow + {g}, maxPositions) = [{}, {p}) ({g}: rows per {VIEW_ALIGNMENT}-byte view step)",
+                w + g
+            ))
+        } else if (p - rows) % g != 0 {
+            Some(format!(
+                "maxPositions {p} - {rows} is not a multiple of the view step {g} (rows per {VIEW_ALIGNMENT} bytes)"
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => Err(Error::manifest("slidingCacheRows", problem)),
+            None => Ok(()),
+        }
+    }
+
+    /// Rows per step of a cache view's start: the fewest whole f32 rows (`nKV · d`) whose bytes
+    /// are a multiple of [`VIEW_ALIGNMENT`].
+    pub fn view_step(&self) -> usize {
+        let row = (self.n_kv_heads * self.head_dim * 4).max(1);
+        let gcd = |mut a: usize, mut b: usize| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        VIEW_ALIGNMENT / gcd(VIEW_ALIGNMENT, row)
+    }
+
+    /// The `slidingCacheRows` an export chooses for a window: room for the window, one view
+    /// step and rounding up to 64 rows (the GPU's softmax tiles), or 0 (views off) when that is
+    /// not below `maxPositions` or does not divide its rows evenly.
+    pub fn default_sliding_cache_rows(&self) -> usize {
+        if self.sliding_window == 0 {
+            return 0;
+        }
+        let rows = (self.sliding_window + self.view_step()).div_ceil(64) * 64;
+        let candidate = KvSpec {
+            sliding_cache_rows: rows,
+            ..self.clone()
+        };
+        if candidate.validate_sliding_view().is_ok() {
+            rows
+        } else {
+            0
+        }
+    }
+
+    /// Contract v2: the rows of a layer kind's cache argument (`[rows, nKV, d]`).
+    pub fn cache_rows(&self, kind: LayerKind) -> usize {
+        match kind {
+            LayerKind::Sliding if self.sliding_cache_rows > 0 => self.sliding_cache_rows,
+            _ => self.max_positions,
+        }
+    }
+
+    /// Contract v2: the first cache row of a layer kind's cache argument on a call at
+    /// `position`. Global layers, and sliding ones without views, get every row (0). A sliding
+    /// view starts at `position - window` rounded down to a [`Self::view_step`] (0 before
+    /// that), at most `maxPositions - slidingCacheRows`: it holds every row any query of a
+    /// call at `position` may see (`position - window + 1 .. position`).
+    pub fn cache_view_base(&self, kind: LayerKind, position: usize) -> usize {
+        let rows = self.cache_rows(kind);
+        if rows == self.max_positions {
+            return 0;
+        }
+        let g = self.view_step();
+        (position.saturating_sub(self.sliding_window) / g * g).min(self.max_positions - rows)
     }
 
     /// Layer `l` is global iff `l % period == period - 1`; without a window every layer is global.

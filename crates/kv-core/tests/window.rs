@@ -3,6 +3,7 @@
 use kv_core::mask::{attends, chunk_mask, MASKED};
 use kv_core::window::{past_rows, plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, step_keys, PastCall};
 use kv_core::{Error, KvSpec, LayerKind, WindowRule};
+use proptest::prelude::*;
 
 fn spec(window: usize) -> KvSpec {
     KvSpec {
@@ -20,6 +21,7 @@ fn spec(window: usize) -> KvSpec {
         sliding_rope_base: 10_000.0,
         global_rope_base: 1_000_000.0,
         mask_heads: 0,
+        sliding_cache_rows: 0,
     }
 }
 
@@ -161,5 +163,87 @@ fn chunked_prefill_is_chunk_calls_from_an_empty_cache() {
     for bad in [&[][..], &[1; 9][..], &[1, 10][..], &[-1][..]] {
         let chunked = plan_chunked_prefill(&s, bad).unwrap_err().to_string();
         assert_eq!(chunked, plan_prefill(&s, bad).unwrap_err().to_string());
+    }
+}
+
+/// Contract v2's sliding views by hand: window 4, maxPositions 20, rows of 4 f32 (16 bytes), so a
+/// view starts on a multiple of 16 rows (256 bytes) and holds 64 rows: more than 20. With
+/// 64-byte rows (4 rows per step) a view of 12 rows fits.
+#[test]
+fn sliding_views_by_hand() {
+    let s = spec(4);
+    assert_eq!(s.view_step(), 16);
+    assert_eq!(s.default_sliding_cache_rows(), 0, "a 64-row view does not fit under 20 rows");
+    let wide = KvSpec { head_dim: 16, ..spec(4) };
+    assert_eq!(wide.view_step(), 4);
+    // Window 4 + step 4 = 8 rows, rounded to the 64-row tile: 64 >= 20, so no view either.
+    assert_eq!(wide.default_sliding_cache_rows(), 0);
+    let v = KvSpec {
+        sliding_cache_rows: 12,
+        ..wide.clone()
+    };
+    v.validate().unwrap();
+    assert_eq!(v.cache_rows(LayerKind::Sliding), 12);
+    assert_eq!(v.cache_rows(LayerKind::Global), 20);
+    // (position, base): 0 until position - window reaches a step of 4, then clamped at 20 - 12.
+    for (position, base) in [(0, 0), (4, 0), (7, 0), (8, 4), (11, 4), (12, 8), (15, 8), (19, 8)] {
+        assert_eq!(v.cache_view_base(LayerKind::Sliding, position), base, "position {position}");
+        assert_eq!(v.cache_view_base(LayerKind::Global, position), 0);
+    }
+    // Too few rows for the window and a step, too many, a clamp off the step, no window.
+    for (rows, window) in [(7, 4), (20, 4), (13, 4), (12, 0)] {
+        let bad = KvSpec {
+            sliding_cache_rows: rows,
+            sliding_window: window,
+            ..wide.clone()
+        };
+        match bad.validate() {
+            Err(Error::Manifest { key, .. }) => assert_eq!(key, "slidingCacheRows", "rows {rows}"),
+            other => panic!("rows {rows}, window {window}: {other:?}"),
+        }
+    }
+    // FunctionGemma: 1 KiB rows, so a view may start on any row; 512 + 1 rounded to 576.
+    let gemma = KvSpec::default();
+    assert_eq!((gemma.view_step(), gemma.default_sliding_cache_rows()), (1, 576));
+}
+
+proptest! {
+    /// Every key a query of a call at `position` (chunk rows included) may see in the cache
+    /// (`attends`, rows before `position`) lies in the sliding view, the view lies inside the
+    /// cache, and it starts on a whole view step (so its bytes stay aligned).
+    #[test]
+    fn sliding_views_hold_every_visible_key(
+        window in 2usize..40,
+        head_dim in prop::sample::select(vec![2usize, 4, 8, 16, 64, 256]),
+        n_kv_heads in 1usize..4,
+        extra in 0usize..3,
+        max_positions in 32usize..400,
+        position in 0usize..400,
+        chunk in 1usize..40,
+    ) {
+        let base = KvSpec {
+            head_dim,
+            n_kv_heads,
+            n_heads: n_kv_heads,
+            sliding_window: window,
+            max_positions,
+            seq: 8.min(max_positions),
+            ..spec(window)
+        };
+        let g = base.view_step();
+        // Every valid row count from the least one up.
+        let rows = window + g + extra * g + (max_positions.saturating_sub(window + g + extra * g)) % g;
+        let v = KvSpec { sliding_cache_rows: rows, ..base };
+        prop_assume!(v.validate().is_ok() && position < max_positions);
+        let start = v.cache_view_base(LayerKind::Sliding, position);
+        prop_assert_eq!(start % g, 0);
+        prop_assert!(start + rows <= max_positions);
+        for i in 0..chunk {
+            for key in 0..position {
+                if attends(position + i, key, Some(window)) {
+                    prop_assert!((start..start + rows).contains(&key), "key {} outside {}..{}", key, start, start + rows);
+                }
+            }
+        }
     }
 }

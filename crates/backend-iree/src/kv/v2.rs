@@ -205,8 +205,17 @@ impl IreeKvBackend {
             .unwrap_or_else(|| kv_core::error::invariant("a v2 call past position 0 without caches"));
         inputs.insert(Name::Pos, self.i32_view(&[1], &[position as i32])?);
         for l in 0..spec.n_layers {
-            inputs.insert(Name::K(l), set.k[l].clone());
-            inputs.insert(Name::V(l), set.v[l].clone());
+            let kind = spec.layer_kind(l);
+            let rows = spec.cache_rows(kind);
+            let view = |whole: &BufferView| -> Result<BufferView> {
+                if rows == spec.max_positions {
+                    return Ok(whole.clone());
+                }
+                let base = spec.cache_view_base(kind, position);
+                whole.leading_rows(base, base + rows).map_err(iree_err("view a sliding cache"))
+            };
+            inputs.insert(Name::K(l), view(&set.k[l])?);
+            inputs.insert(Name::V(l), view(&set.v[l])?);
         }
         let results = self.call(graph, inputs, &|name| match name {
             Name::Token => (vec![1], ElementType::I32),
