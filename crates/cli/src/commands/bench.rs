@@ -165,6 +165,8 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
     let mut prefill = Vec::new();
     let mut snapshot = None;
     for _ in 0..args.repeat.max(1) {
+        // Each repeat replaces the last: an app holds one prefix, not one per try.
+        drop(snapshot.take());
         let t = Instant::now();
         snapshot = Some(decoder.prefill_prefix(&prefix)?);
         prefill.push(t.elapsed().as_secs_f64() * 1e3);
@@ -239,9 +241,12 @@ fn snapshot_file_stage<B: PersistSnapshot>(
             (path, Some(ms(t.elapsed())))
         }
     };
+    // From here on the file is the prefix, as after an app's restart.
+    drop(prefilled);
     let mut loads = Vec::new();
     let mut loaded = None;
     for _ in 0..args.repeat.max(1) {
+        drop(loaded.take());
         let (snapshot, took) = crate::commands::snapshot::load(backend, &path)?;
         loads.push(ms(took));
         loaded = Some(snapshot);
