@@ -210,3 +210,40 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
     };
     assert!(err.to_string().contains("no prefill graph"), "{err}");
 }
+
+/// A ring of 16 rows on the sliding layers (window 12 and a slack of 4): the same tokens and
+/// caches as v1 while the ring wraps many times, an utterance of up to 4 tokens after the prefix
+/// snapshot written in place, a longer one forking (it would overwrite the prefix's window), and
+/// the snapshot still right afterwards.
+#[test]
+fn ring_wraps_and_forks_only_past_its_slack() {
+    let options = ExportOptions {
+        targets: vec![Target::cpu()],
+        layout: Layout::Shared,
+        contract: 2,
+        ring_slack: Some(4),
+        ..ExportOptions::default()
+    };
+    let dir = cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)");
+    let (mut one, mut two) = (open(&v1()), open(&dir));
+    assert_eq!(two.spec().sliding_cache_rows, 16);
+    let prefix = prompt(45);
+    assert_eq!(one.prefill(&prefix).unwrap(), two.prefill(&prefix).unwrap());
+    same_caches(&one, &two);
+    let (p1, p2) = (one.snapshot().unwrap(), two.snapshot().unwrap());
+
+    let short = [5, 17, 99];
+    assert_eq!(utterance(&mut two, &p2, &short, 1), utterance(&mut one, &p1, &short, 1));
+    assert!(two.holds_views_of(&p2), "4 rows after the prefix forked the ring");
+    same_caches(&one, &two);
+
+    let long = [5, 17, 99, 42, 7];
+    assert_eq!(utterance(&mut two, &p2, &long, 30), utterance(&mut one, &p1, &long, 30));
+    assert!(!two.holds_views_of(&p2), "a write over the prefix's window did not fork");
+    same_caches(&one, &two);
+
+    two.restore(&p2).unwrap();
+    one.restore(&p1).unwrap();
+    same_caches(&one, &two);
+    assert_eq!(utterance(&mut two, &p2, &short, 20), utterance(&mut one, &p1, &short, 20));
+}

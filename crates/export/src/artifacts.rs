@@ -113,6 +113,11 @@ pub struct ExportOptions {
     /// static-shape chunk and step graphs over caches the runtime owns). Contract 2 has no
     /// prefill graph: [`Self::graphs`]' prefill is skipped; the redecode graphs are v1's.
     pub contract: u32,
+    /// Contract 2: rows a sliding layer's ring holds beyond its window (`KvSpec::ring_rows`):
+    /// how far a session may write past a snapshot before a write copies the ring. `None`: the
+    /// default ([`kv_core::spec::DEFAULT_RING_SLACK`], rounded up to 64 rows); a slack that
+    /// leaves the ring no smaller than `maxPositions`: a linear cache.
+    pub ring_slack: Option<usize>,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -154,6 +159,7 @@ impl Default for ExportOptions {
             graph_flags: BTreeMap::new(),
             top_k: 0,
             contract: kv_core::manifest::CONTRACT_VERSION,
+            ring_slack: None,
         }
     }
 }
@@ -275,9 +281,8 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .prefix
         .clone()
         .unwrap_or_else(|| arch.family.default_prefix().to_string());
-    // Sliding layers' v2 graphs read a view of their cache that holds the window, not all
-    // `maxPositions` rows (`docs/contract-v2.md`).
-    m.spec.sliding_cache_rows = if v2 { m.spec.default_sliding_cache_rows() } else { 0 };
+    // v2's sliding layers keep a ring of rows, not `maxPositions` (`docs/contract-v2.md`).
+    m.spec.sliding_cache_rows = if v2 { m.spec.ring_rows(options.ring_slack) } else { 0 };
     if v2 {
         // v2's argument lists are its own (the source's, if reordered, are v1 lists): canonical
         // ones, with what the source says beyond the graphs kept.

@@ -20,8 +20,9 @@ const EMITTER_REVISION: u32 = 5;
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
 /// 3: data-tiled CPU modules read their packed weights from an encoded archive (`encode`).
-/// 4: sliding layers read a view of their cache that holds the window (`slidingCacheRows`).
-const EMITTER_REVISION_V2: u32 = 4;
+/// 5: sliding layers keep a ring of rows (`slidingCacheRows`, `kv_core::ring`), not
+/// `maxPositions` (4, a view of a linear cache, was never released).
+const EMITTER_REVISION_V2: u32 = 5;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row
@@ -308,6 +309,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     // Absent for contract 1, for the same reason.
     if options.contract != CONTRACT_VERSION {
         settings["contract"] = serde_json::json!(options.contract);
+    }
+    if let Some(slack) = options.ring_slack {
+        settings["ringSlack"] = serde_json::json!(slack);
     }
     // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
     // with) another machine never runs code built for instructions that one lacks.

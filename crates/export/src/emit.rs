@@ -848,53 +848,38 @@ impl FuncEmitter<'_> {
         (self.b.div(&ec, &sbc), self.b.div(&en, &sbn))
     }
 
-    /// The first cache row of a layer kind's cache argument at position `at` (`[]` i32):
-    /// `KvSpec::cache_view_base` in the graph, `None` where the argument is the whole cache.
-    fn view_base(&mut self, at: &V, kind: LayerKind) -> Option<V> {
-        let spec = self.spec;
-        let rows = spec.cache_rows(kind);
-        if rows == spec.max_positions {
-            return None;
-        }
-        let step = spec.view_step();
-        let mut constant = |x: usize| self.b.splat_i32(x as i32, &at.ty);
-        let (window, zero, step_v, top) = (
-            constant(spec.sliding_window),
-            constant(0),
-            constant(step),
-            constant(spec.max_positions - rows),
-        );
-        let back = self.b.sub(at, &window);
-        let back = self.b.binary("maximum", &back, &zero);
-        // Non-negative, so the truncating division rounds down.
-        let steps = self.b.binary("divide", &back, &step_v);
-        let start = self.b.binary("multiply", &steps, &step_v);
-        Some(self.b.binary("minimum", &start, &top))
-    }
-
     /// Contract v2's masks of one layer kind for a call of `r` rows at position `pos [1]`: query
     /// row `i` (position `pos + i`) sees the cache row holding position `j` iff `j < pos` and,
     /// with a window, `pos + i - j < window`, and the call's own row `i'` iff `i' <= i` and,
     /// with a window, `i - i' < window` (only binding when a chunk is longer than the window).
-    /// Row `j` of the cache argument holds position `base + j` ([`Self::view_base`]). Laid out
+    /// Row `k` of a linear cache holds position `k`; of a ring of `n` rows, the latest position
+    /// before `pos` congruent to `k` mod `n` (`kv_core::ring::position_of`), if any. Laid out
     /// for [`Self::attention_v2`]'s stacked query rows: `[group·R, rows]` and `[group·R, R]`,
-    /// `i1`. The cache rows at or after `pos` are masked by this alone: their contents are never
-    /// read.
+    /// `i1`. Rows holding no position before `pos` are masked by this alone: their contents are
+    /// never read.
     fn v2_masks(&mut self, pos: &V, r: usize, kind: LayerKind) -> (V, V) {
         let window = self.spec.window(kind);
         let group = self.spec.n_heads / self.spec.n_kv_heads;
         let p = self.spec.cache_rows(kind);
         let cache_dims = [group, r, p];
         let at = self.b.reshape_static(pos, &[]);
-        let base = self.view_base(&at, kind);
         let at = self.b.broadcast(&at, &[], &Ty::fixed(&cache_dims, Elem::I32));
         let row = self.b.iota(&cache_dims, 1, Elem::I32);
         let mut key = self.b.iota(&cache_dims, 2, Elem::I32);
-        if let Some(base) = base {
-            let base = self.b.broadcast(&base, &[], &key.ty);
-            key = self.b.add(&key, &base);
-        }
-        let mut cache = self.b.compare("LT", &key, &at);
+        let mut cache = if self.spec.is_ring(kind) {
+            // key = pos - 1 - ((pos - 1 - k + n) mod n); the dividend is never negative (k < n).
+            let one = self.b.splat_i32(1, &key.ty);
+            let n = self.b.splat_i32(p as i32, &key.ty);
+            let last = self.b.sub(&at, &one);
+            let t = self.b.sub(&last, &key);
+            let t = self.b.add(&t, &n);
+            let back = self.b.binary("remainder", &t, &n);
+            key = self.b.sub(&last, &back);
+            let zero = self.b.splat_i32(0, &key.ty);
+            self.b.compare("GE", &key, &zero)
+        } else {
+            self.b.compare("LT", &key, &at)
+        };
         if let Some(w) = window {
             let query = self.b.add(&row, &at);
             let wv = self.b.splat_i32(w as i32, &key.ty);

@@ -18,7 +18,7 @@ use kv_core::irpa::IrpaArchive;
 use kv_core::manifest::{Name, Parameters};
 use kv_core::rope::RopeTable;
 use kv_core::tolerance::{assert_layers_close, Tolerance};
-use kv_core::{Graph, KvBackend, LayerKv, Manifest, RedecodeBackend, WindowRule};
+use kv_core::{ring, Graph, KvBackend, LayerKv, Manifest, RedecodeBackend, WindowRule};
 
 /// A fixture as a model directory, materialized here: `export` reads fixture names only with its
 /// `fixtures` feature, which `cargo test -p export` does not turn on.
@@ -87,12 +87,24 @@ impl V2Session {
         let mut padded = toks.to_vec();
         padded.resize(rows, 0);
         let (d, nkv) = (spec.head_dim, spec.n_kv_heads);
-        // A sliding layer reads the view of its cache the runtime hands it, the others all rows.
+        // The caches here are linear (`[P, nKV, d]`, position p in row p); a ring layer's
+        // argument holds in row k the position `ring::position_of` says, as the runtime's ring
+        // would, and a row holding none keeps the garbage of the linear row k.
         let view = |l: usize, cache: &[f32]| {
             let kind = spec.layer_kind(l);
-            let (base, rows) = (spec.cache_view_base(kind, pos), spec.cache_rows(kind));
+            let rows = spec.cache_rows(kind);
+            if !spec.is_ring(kind) {
+                return Array::F32(vec![rows, nkv, d], cache.to_vec());
+            }
             let row = nkv * d;
-            Array::F32(vec![rows, nkv, d], cache[base * row..(base + rows) * row].to_vec())
+            let ring = (0..rows)
+                .flat_map(|k| {
+                    let p = ring::position_of(rows, pos, k).unwrap_or(k);
+                    &cache[p * row..(p + 1) * row]
+                })
+                .copied()
+                .collect();
+            Array::F32(vec![rows, nkv, d], ring)
         };
         let named = |name: Name| -> Array {
             match name {
@@ -303,6 +315,7 @@ fn tiny_gemma3_small_window() {
     let options = ExportOptions {
         contract: 2,
         graphs: vec![Graph::Chunk, Graph::Step],
+        ring_slack: Some(3),
         ..ExportOptions::default()
     };
     let m = export_artifacts(&fixture_source("tiny-gemma3:7:w5"), out, &options).unwrap();
@@ -310,9 +323,9 @@ fn tiny_gemma3_small_window() {
     assert_eq!(loaded, m);
     assert!(m.is_v2());
     assert_eq!((m.spec.n_kv_heads, m.spec.sliding_window, m.spec.chunk), (1, 5, 8));
-    // Sliding layers read 64 rows of their 1024, from a multiple of 4 (4 rows of 64 bytes are
-    // 256): the calls below pass position 9, where the view starts moving.
-    assert_eq!((m.spec.sliding_cache_rows, m.spec.view_step()), (64, 4));
+    // Sliding layers keep a ring of the window and 3 rows more (the chunk's 8 then, at least):
+    // the calls below wrap it twice.
+    assert_eq!(m.spec.sliding_cache_rows, 8);
     assert_eq!(m.functions.prefill, None);
     assert_eq!((&m.prefill_args, &m.prefill_outputs), (&None, &None));
     for modules in m.modules.values() {

@@ -367,46 +367,6 @@ impl BufferView {
         view_of(&buffer, &new_shape, element_type, encoding, &self.device, OP)
     }
 
-    /// Rows `r0..r1` of the leading axis, as a view sharing this one's buffer (a subspan: no
-    /// copy; rows of the leading axis are contiguous).
-    pub fn leading_rows(&self, r0: usize, r1: usize) -> Result<BufferView> {
-        const OP: &str = "take leading rows of buffer view";
-        let mut shape = self.shape();
-        let rows = shape.first().copied().unwrap_or(0);
-        if r0 > r1 || r1 > rows {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: format!("rows {r0}..{r1} out of 0..{rows} of a {shape:?} view"),
-            });
-        }
-        let row_bytes = (self.byte_length() / rows.max(1)) as sys::iree_device_size_t;
-        shape[0] = r1 - r0;
-        // SAFETY: the view is live; its buffer is borrowed (not retained) for this call.
-        let source = unsafe { sys::iree_hal_buffer_view_buffer(self.as_ptr()) };
-        let mut buffer = std::ptr::null_mut();
-        // SAFETY: the range lies inside the buffer (checked above); the subspan retains the
-        // source buffer and its reference goes to `buffer`.
-        let status = unsafe {
-            sys::iree_hal_buffer_subspan(
-                source,
-                r0 as sys::iree_device_size_t * row_bytes,
-                (r1 - r0) as sys::iree_device_size_t * row_bytes,
-                self.device.host_allocator(),
-                &mut buffer,
-            )
-        };
-        check(status, OP)?;
-        let buffer = OwnedBuffer(buffer);
-        // SAFETY: the view is live.
-        let (element_type, encoding) = unsafe {
-            (
-                sys::iree_hal_buffer_view_element_type(self.as_ptr()),
-                sys::iree_hal_buffer_view_encoding_type(self.as_ptr()),
-            )
-        };
-        view_of(&buffer, &shape, element_type, encoding, &self.device, OP)
-    }
-
     pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_buffer_view_t {
         self.raw.as_ptr()
     }

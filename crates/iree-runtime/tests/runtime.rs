@@ -32,7 +32,6 @@ device_tests!(
     function_of_another_session_is_refused,
     function_outlives_its_session,
     transfers_copy_and_zero_in_one_submission,
-    leading_rows_share_the_buffer,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -329,33 +328,6 @@ fn views_outlive_session_and_device_handles() {
     assert_close(&out.to_f32_vec().unwrap(), &[2.0, 4.0, 6.0]);
     let moved = std::thread::spawn(move || out.to_f32_vec().unwrap()).join().unwrap();
     assert_close(&moved, &[2.0, 4.0, 6.0]);
-}
-
-/// A contract v2 sliding layer's view of its cache: rows of the leading axis, no copy, so a
-/// later write into the whole buffer shows through the view.
-fn leading_rows_share_the_buffer(device_name: &str) {
-    let session = open_session(device_name);
-    let device = session.device().clone();
-    let data: Vec<f32> = (0..24).map(|x| x as f32).collect();
-    let cache = BufferView::from_f32(&device, &[8, 3], &data).unwrap();
-    let view = cache.leading_rows(2, 6).unwrap();
-    assert_eq!(view.shape(), vec![4, 3]);
-    assert_close(&view.to_f32_vec().unwrap(), &data[6..18]);
-    device
-        .transfer(&[Transfer::Zero {
-            target: &cache,
-            offset: 3 * 3 * 4,
-            length: 3 * 4,
-        }])
-        .unwrap();
-    let mut want = data[6..18].to_vec();
-    want[3..6].fill(0.0);
-    assert_close(&view.to_f32_vec().unwrap(), &want);
-    assert_eq!(cache.leading_rows(8, 8).unwrap().shape(), vec![0, 3]);
-    for (r0, r1) in [(5, 9), (4, 3)] {
-        let err = cache.leading_rows(r0, r1).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument { .. }), "{r0}..{r1}: {err}");
-    }
 }
 
 /// What a contract v2 session does per call: copy a call's new rows into rows of a

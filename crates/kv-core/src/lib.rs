@@ -33,6 +33,7 @@ pub mod manifest;
 pub mod mask;
 pub mod params;
 pub mod quant;
+pub mod ring;
 pub mod rope;
 pub mod sampling;
 pub mod snapshot_file;

@@ -46,8 +46,9 @@ pub struct KvSpec {
     pub global_rope_base: f32,
     /// Head dimension of the chunk mask: 0 = `nHeads`, 1 = broadcast over heads.
     pub mask_heads: usize,
-    /// Contract v2: the rows of a sliding layer's cache that its graph argument holds, a view
-    /// of the `maxPositions` rows starting at [`Self::cache_view_base`]; 0 = all of them.
+    /// Contract v2: a sliding layer's cache is a ring of this many rows (position `p` in row
+    /// `p mod rows`, [`crate::ring`]); 0 = a linear cache of `maxPositions` rows like a global
+    /// layer's.
     #[serde(skip_serializing_if = "is_zero")]
     pub sliding_cache_rows: usize,
 }
@@ -56,9 +57,10 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
-/// Byte alignment of a cache view's start: the largest `minStorageBufferOffsetAlignment` Vulkan
-/// devices report, so a view of a device buffer can be bound as it is.
-const VIEW_ALIGNMENT: usize = 256;
+/// Rows a default ring holds beyond the window (before rounding up to 64): how far a session may
+/// write past a snapshot before it must copy the ring (an utterance and its answer, for
+/// FunctionGemma's tool calls).
+pub const DEFAULT_RING_SLACK: usize = 128;
 
 impl Default for KvSpec {
     /// FunctionGemma-270M, the seed's model.
@@ -155,17 +157,12 @@ impl KvSpec {
         if rows == 0 {
             return Ok(());
         }
-        let (w, g, p) = (self.sliding_window, self.view_step(), self.max_positions);
+        let (w, c, p) = (self.sliding_window, self.chunk, self.max_positions);
         let problem = if w == 0 {
             Some("set without a sliding window".to_string())
-        } else if rows < w + g || rows >= p {
+        } else if rows <= w || rows < c || rows >= p {
             Some(format!(
-                "{rows} is outside [slidingWindow + {g}, maxPositions) = [{}, {p}) ({g}: rows per {VIEW_ALIGNMENT}-byte view step)",
-                w + g
-            ))
-        } else if (p - rows) % g != 0 {
-            Some(format!(
-                "maxPositions {p} - {rows} is not a multiple of the view step {g} (rows per {VIEW_ALIGNMENT} bytes)"
+                "a ring of {rows} rows must exceed slidingWindow {w}, hold a chunk ({c}) and stay below maxPositions {p}"
             ))
         } else {
             None
@@ -176,39 +173,26 @@ impl KvSpec {
         }
     }
 
-    /// Rows per step of a cache view's start: the fewest whole f32 rows (`nKV · d`) whose bytes
-    /// are a multiple of [`VIEW_ALIGNMENT`].
-    pub fn view_step(&self) -> usize {
-        let row = (self.n_kv_heads * self.head_dim * 4).max(1);
-        let gcd = |mut a: usize, mut b: usize| {
-            while b != 0 {
-                (a, b) = (b, a % b);
-            }
-            a
-        };
-        VIEW_ALIGNMENT / gcd(VIEW_ALIGNMENT, row)
-    }
-
-    /// The `slidingCacheRows` an export chooses for a window: room for the window, one view
-    /// step and rounding up to 64 rows (the GPU's softmax tiles), or 0 (views off) when that is
-    /// not below `maxPositions` or does not divide its rows evenly.
-    pub fn default_sliding_cache_rows(&self) -> usize {
+    /// The `slidingCacheRows` of a ring holding the window and `slack` rows more (`None`:
+    /// [`DEFAULT_RING_SLACK`], rounded up to 64 rows, the GPU's softmax tiles), at least a
+    /// chunk; 0 (a linear cache) without a window or when the ring would not be smaller.
+    pub fn ring_rows(&self, slack: Option<usize>) -> usize {
         if self.sliding_window == 0 {
             return 0;
         }
-        let rows = (self.sliding_window + self.view_step()).div_ceil(64) * 64;
-        let candidate = KvSpec {
-            sliding_cache_rows: rows,
-            ..self.clone()
-        };
-        if candidate.validate_sliding_view().is_ok() {
+        let rows = match slack {
+            Some(slack) => self.sliding_window.saturating_add(slack.max(1)),
+            None => (self.sliding_window + DEFAULT_RING_SLACK).div_ceil(64) * 64,
+        }
+        .max(self.chunk);
+        if rows < self.max_positions {
             rows
         } else {
             0
         }
     }
 
-    /// Contract v2: the rows of a layer kind's cache argument (`[rows, nKV, d]`).
+    /// Contract v2: the rows of a layer kind's cache (`[rows, nKV, d]`).
     pub fn cache_rows(&self, kind: LayerKind) -> usize {
         match kind {
             LayerKind::Sliding if self.sliding_cache_rows > 0 => self.sliding_cache_rows,
@@ -216,18 +200,9 @@ impl KvSpec {
         }
     }
 
-    /// Contract v2: the first cache row of a layer kind's cache argument on a call at
-    /// `position`. Global layers, and sliding ones without views, get every row (0). A sliding
-    /// view starts at `position - window` rounded down to a [`Self::view_step`] (0 before
-    /// that), at most `maxPositions - slidingCacheRows`: it holds every row any query of a
-    /// call at `position` may see (`position - window + 1 .. position`).
-    pub fn cache_view_base(&self, kind: LayerKind, position: usize) -> usize {
-        let rows = self.cache_rows(kind);
-        if rows == self.max_positions {
-            return 0;
-        }
-        let g = self.view_step();
-        (position.saturating_sub(self.sliding_window) / g * g).min(self.max_positions - rows)
+    /// Contract v2: whether a layer kind's cache is a ring ([`crate::ring`]).
+    pub fn is_ring(&self, kind: LayerKind) -> bool {
+        self.cache_rows(kind) != self.max_positions
     }
 
     /// Layer `l` is global iff `l % period == period - 1`; without a window every layer is global.

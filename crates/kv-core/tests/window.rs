@@ -2,7 +2,7 @@
 
 use kv_core::mask::{attends, chunk_mask, MASKED};
 use kv_core::window::{past_rows, plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, step_keys, PastCall};
-use kv_core::{Error, KvSpec, LayerKind, WindowRule};
+use kv_core::{ring, Error, KvSpec, LayerKind, WindowRule};
 use proptest::prelude::*;
 
 fn spec(window: usize) -> KvSpec {
@@ -166,84 +166,92 @@ fn chunked_prefill_is_chunk_calls_from_an_empty_cache() {
     }
 }
 
-/// Contract v2's sliding views by hand: window 4, maxPositions 20, rows of 4 f32 (16 bytes), so a
-/// view starts on a multiple of 16 rows (256 bytes) and holds 64 rows: more than 20. With
-/// 64-byte rows (4 rows per step) a view of 12 rows fits.
+/// Contract v2's ring sizes: window 4, chunk 4, maxPositions 20.
 #[test]
-fn sliding_views_by_hand() {
+fn ring_rows_and_their_checks() {
     let s = spec(4);
-    assert_eq!(s.view_step(), 16);
-    assert_eq!(s.default_sliding_cache_rows(), 0, "a 64-row view does not fit under 20 rows");
-    let wide = KvSpec { head_dim: 16, ..spec(4) };
-    assert_eq!(wide.view_step(), 4);
-    // Window 4 + step 4 = 8 rows, rounded to the 64-row tile: 64 >= 20, so no view either.
-    assert_eq!(wide.default_sliding_cache_rows(), 0);
+    // 4 + 128 rounded to 64 is 192 >= 20: no ring; a slack of 3: 7 rows; of 0: 5 (one more than
+    // the window); without a window: none.
+    assert_eq!(s.ring_rows(None), 0);
+    assert_eq!(s.ring_rows(Some(3)), 7);
+    assert_eq!(s.ring_rows(Some(0)), 5);
+    assert_eq!(spec(0).ring_rows(Some(3)), 0);
+    assert_eq!(KvSpec::default().ring_rows(None), 640);
     let v = KvSpec {
-        sliding_cache_rows: 12,
-        ..wide.clone()
+        sliding_cache_rows: 7,
+        ..s.clone()
     };
     v.validate().unwrap();
-    assert_eq!(v.cache_rows(LayerKind::Sliding), 12);
-    assert_eq!(v.cache_rows(LayerKind::Global), 20);
-    // (position, base): 0 until position - window reaches a step of 4, then clamped at 20 - 12.
-    for (position, base) in [(0, 0), (4, 0), (7, 0), (8, 4), (11, 4), (12, 8), (15, 8), (19, 8)] {
-        assert_eq!(v.cache_view_base(LayerKind::Sliding, position), base, "position {position}");
-        assert_eq!(v.cache_view_base(LayerKind::Global, position), 0);
-    }
-    // Too few rows for the window and a step, too many, a clamp off the step, no window.
-    for (rows, window) in [(7, 4), (20, 4), (13, 4), (12, 0)] {
+    assert_eq!((v.cache_rows(LayerKind::Sliding), v.cache_rows(LayerKind::Global)), (7, 20));
+    assert!(v.is_ring(LayerKind::Sliding) && !v.is_ring(LayerKind::Global));
+    // No more rows than the window, fewer than a chunk, not below maxPositions, no window.
+    for (rows, window, chunk) in [(4, 4, 4), (5, 4, 6), (20, 4, 4), (7, 0, 4)] {
         let bad = KvSpec {
             sliding_cache_rows: rows,
             sliding_window: window,
-            ..wide.clone()
+            chunk,
+            ..s.clone()
         };
         match bad.validate() {
             Err(Error::Manifest { key, .. }) => assert_eq!(key, "slidingCacheRows", "rows {rows}"),
             other => panic!("rows {rows}, window {window}: {other:?}"),
         }
     }
-    // FunctionGemma: 1 KiB rows, so a view may start on any row; 512 + 1 rounded to 576.
-    let gemma = KvSpec::default();
-    assert_eq!((gemma.view_step(), gemma.default_sliding_cache_rows()), (1, 576));
 }
 
 proptest! {
-    /// Every key a query of a call at `position` (chunk rows included) may see in the cache
-    /// (`attends`, rows before `position`) lies in the sliding view, the view lies inside the
-    /// cache, and it starts on a whole view step (so its bytes stay aligned).
+    /// The ring against a linear cache: after writing positions `0..position` in calls of up to
+    /// `chunk` rows, every row holds `ring::position_of`, every key a query of the next call may
+    /// see (`attends`) is held, and `overwrites` says exactly whether a write destroyed a
+    /// position a snapshot keeps.
     #[test]
-    fn sliding_views_hold_every_visible_key(
-        window in 2usize..40,
-        head_dim in prop::sample::select(vec![2usize, 4, 8, 16, 64, 256]),
-        n_kv_heads in 1usize..4,
-        extra in 0usize..3,
-        max_positions in 32usize..400,
-        position in 0usize..400,
-        chunk in 1usize..40,
+    fn ring_matches_a_linear_cache(
+        window in 2usize..24,
+        slack in 0usize..20,
+        position in 0usize..120,
+        chunk in 1usize..12,
+        kept_at in 0usize..120,
+        write_len in 1usize..12,
     ) {
-        let base = KvSpec {
-            head_dim,
-            n_kv_heads,
-            n_heads: n_kv_heads,
-            sliding_window: window,
-            max_positions,
-            seq: 8.min(max_positions),
-            ..spec(window)
+        let rows = window + slack.max(1);
+        prop_assume!(chunk <= rows && write_len <= rows);
+        let written = |position: usize| {
+            let mut ring = vec![None; rows];
+            let mut at = 0;
+            while at < position {
+                let end = (at + chunk).min(position);
+                for q in at..end {
+                    ring[ring::row(rows, q)] = Some(q);
+                }
+                at = end;
+            }
+            ring
         };
-        let g = base.view_step();
-        // Every valid row count from the least one up.
-        let rows = window + g + extra * g + (max_positions.saturating_sub(window + g + extra * g)) % g;
-        let v = KvSpec { sliding_cache_rows: rows, ..base };
-        prop_assume!(v.validate().is_ok() && position < max_positions);
-        let start = v.cache_view_base(LayerKind::Sliding, position);
-        prop_assert_eq!(start % g, 0);
-        prop_assert!(start + rows <= max_positions);
+        let ring = written(position);
+        for (r, held) in ring.iter().enumerate() {
+            prop_assert_eq!(*held, ring::position_of(rows, position, r));
+        }
         for i in 0..chunk {
             for key in 0..position {
                 if attends(position + i, key, Some(window)) {
-                    prop_assert!((start..start + rows).contains(&key), "key {} outside {}..{}", key, start, start + rows);
+                    prop_assert_eq!(ring[ring::row(rows, key)], Some(key));
                 }
             }
         }
+        // A snapshot at kept_at <= position keeps its window; then a write of write_len.
+        let s = kept_at.min(position);
+        let kept = ring::kept(window, s);
+        let writes = s..s + write_len;
+        let mut after = written(s);
+        for q in writes.clone() {
+            after[ring::row(rows, q)] = Some(q);
+        }
+        // Positions in `kept` stay intact iff their rows still hold them and were not rewritten.
+        let destroyed = kept.clone().any(|p| after[ring::row(rows, p)] != Some(p) || writes.contains(&p));
+        prop_assert_eq!(ring::overwrites(rows, kept, writes.clone()), destroyed);
+        let taken = ring::runs(rows, writes.clone());
+        let rest = ring::complement(rows, &taken);
+        let covered: usize = taken.iter().chain(&rest).map(|r| r.len()).sum();
+        prop_assert_eq!(covered, rows);
     }
 }

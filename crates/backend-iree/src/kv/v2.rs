@@ -1,12 +1,16 @@
 //! Contract v2 sessions (`docs/contract-v2.md`): the runtime owns fixed-capacity caches, the
 //! graphs read them whole and return only the new rows, and the session copies those rows in.
+//! Global layers keep `maxPositions` rows (position `p` in row `p`); sliding layers a ring of
+//! `slidingCacheRows` rows (`kv_core::ring`), where a write wraps around.
 //!
 //! A snapshot is the cache set (shared) plus the position it was taken at, so taking and
-//! restoring one is O(1). A write at row `r` goes into the set in place unless a live snapshot
-//! of the same set still needs rows at or after `r`; then the session first forks the set (one
-//! device copy of the rows before `r`) and writes into its fork. The app's pattern (snapshot the
-//! prefix, then restore → chunk → steps per utterance) never forks: each utterance overwrites
-//! only rows after the prefix, which the prefix snapshot does not need.
+//! restoring one is O(1). A write goes into the set in place unless it would overwrite a
+//! position a live snapshot of the same set keeps (every position before it on global layers,
+//! its window on sliding ones); then the session first forks the set (one device copy of what
+//! the write leaves) and writes into its fork. The app's pattern (snapshot the prefix, then
+//! restore → chunk → steps per utterance) does not fork while an utterance stays within the
+//! ring's slack: it overwrites only positions after the prefix, and ring rows older than the
+//! prefix's window.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -15,17 +19,17 @@ use iree_runtime::{BufferView, Device, ElementType, Transfer};
 use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, ChunkPlan};
-use kv_core::{Error, Graph, KvSpec, LayerKv, Result, WindowRule};
+use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, WindowRule};
 
 use super::{IreeKvBackend, IreeSnapshot};
 use crate::convert::{contract_err, iree_err};
 
-/// Every layer's K and V buffer, `[maxPositions, nKV, d]` f32, on one device.
+/// Every layer's K and V buffer, `[rows, nKV, d]` f32 (`KvSpec::cache_rows`), on one device.
 pub(crate) struct CacheSet {
     k: Vec<BufferView>,
     v: Vec<BufferView>,
-    /// Per layer, the first row that holds data (0, except for sliding layers loaded from a
-    /// snapshot file, which keeps only their window). Rows before it are zeros.
+    /// Per layer, the first position that holds data (0, except for sliding layers loaded from
+    /// a snapshot file, which keeps only their window).
     first: Vec<usize>,
     /// The positions of the live snapshots of this set.
     pins: Mutex<Vec<Weak<usize>>>,
@@ -54,13 +58,12 @@ impl CacheSet {
     /// weight 0, and 0 × NaN would poison the sum).
     fn zeroed(device: &Device, spec: &KvSpec) -> Result<Arc<CacheSet>> {
         let set = Self::allocate(device, spec, vec![0; spec.n_layers])?;
-        let bytes = spec.max_positions * row_elems(spec) * 4;
         let ops: Vec<Transfer<'_>> = set
             .buffers()
             .map(|target| Transfer::Zero {
                 target,
                 offset: 0,
-                length: bytes,
+                length: target.byte_length(),
             })
             .collect();
         device.transfer(&ops).map_err(iree_err("zero the v2 caches"))?;
@@ -68,8 +71,10 @@ impl CacheSet {
     }
 
     fn allocate(device: &Device, spec: &KvSpec, first: Vec<usize>) -> Result<CacheSet> {
-        let shape = [spec.max_positions, spec.n_kv_heads, spec.head_dim];
-        let buffers = |_| BufferView::allocate_f32(device, &shape).map_err(iree_err("allocate a v2 cache"));
+        let buffers = |l: usize| {
+            let shape = [spec.cache_rows(spec.layer_kind(l)), spec.n_kv_heads, spec.head_dim];
+            BufferView::allocate_f32(device, &shape).map_err(iree_err("allocate a v2 cache"))
+        };
         Ok(CacheSet {
             k: (0..spec.n_layers).map(buffers).collect::<Result<_>>()?,
             v: (0..spec.n_layers).map(buffers).collect::<Result<_>>()?,
@@ -93,22 +98,50 @@ impl CacheSet {
         }
     }
 
-    /// Whether a live snapshot needs a row at or after `row` to stay as it is.
-    fn needed_from(&self, row: usize) -> bool {
+    /// Whether writing positions `writes` would overwrite a position a live snapshot keeps:
+    /// on global layers every position before the snapshot's, on ring layers its window
+    /// (`ring::kept`).
+    fn overwritten_by(&self, spec: &KvSpec, writes: std::ops::Range<usize>) -> bool {
         let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
         pins.retain(|p| p.strong_count() > 0);
-        pins.iter().filter_map(Weak::upgrade).any(|p| *p > row)
+        let kinds = spec.kinds_present();
+        pins.iter().filter_map(Weak::upgrade).any(|p| {
+            kinds.iter().any(|&kind| {
+                if spec.is_ring(kind) {
+                    let kept = ring::kept(spec.sliding_window, *p);
+                    ring::overwrites(spec.cache_rows(kind), kept, writes.clone())
+                } else {
+                    *p > writes.start
+                }
+            })
+        })
     }
 
-    /// One layer's rows `first..position` in the host layout `[nKV, rows, d]`.
+    /// One layer's rows in the host layout `[nKV, rows, d]`: positions `first..position` of a
+    /// global layer, of a ring the window before `position` (what snapshots keep of it).
     fn layer_to_host(&self, spec: &KvSpec, layer: usize, position: usize) -> Result<LayerKv> {
-        let first = self.first[layer].min(position);
+        let kind = spec.layer_kind(layer);
+        let mut first = self.first[layer].min(position);
         let row = row_elems(spec);
+        let ring_rows = spec.is_ring(kind).then(|| spec.cache_rows(kind));
+        if ring_rows.is_some() {
+            first = first.max(ring::kept(spec.sliding_window, position).start);
+        }
         let read = |view: &BufferView| -> Result<Vec<f32>> {
-            let all = view
-                .to_f32_vec_prefix(position * row)
-                .map_err(iree_err("read a v2 cache"))?;
-            Ok(to_head_major(&all[first * row..], spec.n_kv_heads, spec.head_dim))
+            let rows = match ring_rows {
+                None => view
+                    .to_f32_vec_prefix(position * row)
+                    .map_err(iree_err("read a v2 cache"))?
+                    .split_off(first * row),
+                Some(n) => {
+                    let all = view.to_f32_vec().map_err(iree_err("read a v2 ring cache"))?;
+                    (first..position)
+                        .flat_map(|p| &all[ring::row(n, p) * row..][..row])
+                        .copied()
+                        .collect()
+                }
+            };
+            Ok(to_head_major(&rows, spec.n_kv_heads, spec.head_dim))
         };
         Ok(LayerKv {
             first_position: first,
@@ -133,12 +166,12 @@ fn to_head_major(rows: &[f32], heads: usize, d: usize) -> Vec<f32> {
     out
 }
 
-/// `[nKV, rows, d]` written into `target` (`[P, nKV, d]`) from row `first`.
-fn from_head_major(target: &mut [f32], src: &[f32], first: usize, heads: usize, d: usize) {
+/// `[nKV, rows, d]` written into `target` (`[rows', nKV, d]`): source row `r` to row `at(r)`.
+fn from_head_major(target: &mut [f32], src: &[f32], at: impl Fn(usize) -> usize, heads: usize, d: usize) {
     let n = src.len() / (heads * d);
     for h in 0..heads {
         for r in 0..n {
-            target[((first + r) * heads + h) * d..][..d].copy_from_slice(&src[(h * n + r) * d..][..d]);
+            target[(at(r) * heads + h) * d..][..d].copy_from_slice(&src[(h * n + r) * d..][..d]);
         }
     }
 }
@@ -205,17 +238,8 @@ impl IreeKvBackend {
             .unwrap_or_else(|| kv_core::error::invariant("a v2 call past position 0 without caches"));
         inputs.insert(Name::Pos, self.i32_view(&[1], &[position as i32])?);
         for l in 0..spec.n_layers {
-            let kind = spec.layer_kind(l);
-            let rows = spec.cache_rows(kind);
-            let view = |whole: &BufferView| -> Result<BufferView> {
-                if rows == spec.max_positions {
-                    return Ok(whole.clone());
-                }
-                let base = spec.cache_view_base(kind, position);
-                whole.leading_rows(base, base + rows).map_err(iree_err("view a sliding cache"))
-            };
-            inputs.insert(Name::K(l), view(&set.k[l])?);
-            inputs.insert(Name::V(l), view(&set.v[l])?);
+            inputs.insert(Name::K(l), set.k[l].clone());
+            inputs.insert(Name::V(l), set.v[l].clone());
         }
         let results = self.call(graph, inputs, &|name| match name {
             Name::Token => (vec![1], ElementType::I32),
@@ -224,8 +248,8 @@ impl IreeKvBackend {
         let token = Self::read_token(&results)?;
 
         let row_bytes = row_elems(&spec) * 4;
-        let (start, end) = (position * row_bytes, (position + real) * row_bytes);
-        let fork = if set.needed_from(position) {
+        let writes = position..position + real;
+        let fork = if set.overwritten_by(&spec, writes.clone()) {
             Some(Arc::new(CacheSet::allocate(&self.device, &spec, set.first.clone())?))
         } else {
             None
@@ -233,30 +257,56 @@ impl IreeKvBackend {
         let target = fork.as_ref().unwrap_or(&set);
         let mut ops = Vec::with_capacity(6 * spec.n_layers);
         for l in 0..spec.n_layers {
+            let kind = spec.layer_kind(l);
+            let rows = spec.cache_rows(kind);
+            // Where the new rows go: one run, or two where a ring wraps.
+            let runs = if spec.is_ring(kind) {
+                ring::runs(rows, writes.clone())
+            } else {
+                vec![writes.clone()]
+            };
             for (old, new, name) in [
                 (&set.k[l], &target.k[l], Name::K(l)),
                 (&set.v[l], &target.v[l], Name::V(l)),
             ] {
-                ops.push(Transfer::Copy {
-                    source: &results[&name],
-                    source_offset: 0,
-                    target: new,
-                    target_offset: start,
-                    length: end - start,
-                });
-                if fork.is_some() {
-                    // The fork: the rows before the position copied, those after it zeroed.
+                let mut from = 0;
+                for run in &runs {
+                    ops.push(Transfer::Copy {
+                        source: &results[&name],
+                        source_offset: from * row_bytes,
+                        target: new,
+                        target_offset: run.start * row_bytes,
+                        length: run.len() * row_bytes,
+                    });
+                    from += run.len();
+                }
+                if fork.is_none() {
+                    continue;
+                }
+                // The fork: a linear cache's rows before the position copied, those after it
+                // zeroed; a ring's rows the write leaves copied. No row is written twice.
+                if spec.is_ring(kind) {
+                    for keep in ring::complement(rows, &runs) {
+                        ops.push(Transfer::Copy {
+                            source: old,
+                            source_offset: keep.start * row_bytes,
+                            target: new,
+                            target_offset: keep.start * row_bytes,
+                            length: keep.len() * row_bytes,
+                        });
+                    }
+                } else {
                     ops.push(Transfer::Copy {
                         source: old,
                         source_offset: 0,
                         target: new,
                         target_offset: 0,
-                        length: start,
+                        length: writes.start * row_bytes,
                     });
                     ops.push(Transfer::Zero {
                         target: new,
-                        offset: end,
-                        length: spec.max_positions * row_bytes - end,
+                        offset: writes.end * row_bytes,
+                        length: (rows - writes.end) * row_bytes,
                     });
                 }
             }
@@ -307,26 +357,38 @@ impl IreeKvBackend {
             None
         } else {
             let (heads, d) = (spec.n_kv_heads, spec.head_dim);
-            let shape = [spec.max_positions, heads, d];
-            let mut host = vec![0f32; spec.max_positions * heads * d];
-            let mut upload = |rows: &[f32], first: usize| -> Result<BufferView> {
-                host.fill(0.0);
-                from_head_major(&mut host, rows, first, heads, d);
-                self.f32_view(&shape, &host)
-            };
             let mut k = Vec::with_capacity(layers.len());
             let mut v = Vec::with_capacity(layers.len());
-            for l in layers {
+            let mut first = Vec::with_capacity(layers.len());
+            for (index, l) in layers.iter().enumerate() {
                 if l.first_position + l.rows > spec.max_positions {
                     return Err(contract_err("load snapshot", "a layer's rows end past maxPositions"));
                 }
-                k.push(upload(l.k, l.first_position)?);
-                v.push(upload(l.v, l.first_position)?);
+                let kind = spec.layer_kind(index);
+                let rows = spec.cache_rows(kind);
+                let ring = spec.is_ring(kind);
+                // A ring keeps the file's last rows that fit it (at least the window).
+                let skip = if ring { l.rows.saturating_sub(rows) } else { 0 };
+                let start = l.first_position + skip;
+                first.push(start);
+                let row = heads * d;
+                let upload = |all: &[f32]| -> Result<BufferView> {
+                    let kept: Vec<f32> = (0..heads)
+                        .flat_map(|h| &all[(h * l.rows + skip) * d..(h * l.rows + l.rows) * d])
+                        .copied()
+                        .collect();
+                    let mut host = vec![0f32; rows * row];
+                    let at = |r: usize| if ring { ring::row(rows, start + r) } else { start + r };
+                    from_head_major(&mut host, &kept, at, heads, d);
+                    self.f32_view(&[rows, heads, d], &host)
+                };
+                k.push(upload(l.k)?);
+                v.push(upload(l.v)?);
             }
             let set = Arc::new(CacheSet {
                 k,
                 v,
-                first: layers.iter().map(|l| l.first_position).collect(),
+                first,
                 pins: Mutex::new(Vec::new()),
             });
             Some(set.pin(position))
@@ -353,7 +415,7 @@ mod tests {
         // Row 1, head 2 of the row-major input is [1*6 + 2*2, +1] = [10, 11].
         assert_eq!(&hm[(2 * n + 1) * d..][..d], &[10.0, 11.0]);
         let mut back = vec![0.0; (n + 2) * heads * d];
-        from_head_major(&mut back, &hm, 2, heads, d);
+        from_head_major(&mut back, &hm, |r| r + 2, heads, d);
         assert_eq!(&back[2 * heads * d..], &rows[..]);
         assert!(back[..2 * heads * d].iter().all(|&x| x == 0.0));
     }

@@ -76,6 +76,11 @@ pub struct ExportArgs {
     /// caches the runtime owns, no prefill graph; docs/contract-v2.md).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     contract: u32,
+    /// Contract 2: rows a sliding layer's ring cache holds beyond its window, i.e. how far a
+    /// session may write past a snapshot before it copies the ring (default 128, the ring then
+    /// rounded up to 64 rows; a slack reaching maxPositions keeps a linear cache).
+    #[arg(long)]
+    ring_slack: Option<usize>,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -144,6 +149,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         compile_flags: args.compile_flags,
         top_k: args.top_k,
         contract: args.contract,
+        ring_slack: args.ring_slack,
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&source, &args.out, &options)?;
