@@ -12,8 +12,8 @@ use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
-    Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result, SessionId, TopK,
-    WindowRule,
+    Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result,
+    SessionId, TopK, WindowRule,
 };
 
 use crate::convert::{contract_err, iree_err};
@@ -168,7 +168,10 @@ impl IreeKvBackend {
                 // Global layers hold every position; sliding ones may read a view of theirs.
                 let spec = &manifest.spec;
                 let global = spec.first_layer_of(LayerKind::Global).ok_or_else(|| {
-                    contract_err("open", "a v2 step without a global layer does not declare its cache capacity")
+                    contract_err(
+                        "open",
+                        "a v2 step without a global layer does not declare its cache capacity",
+                    )
                 })?;
                 let capacity = rows_of(global, &manifest)?;
                 let sliding = match spec.first_layer_of(LayerKind::Sliding) {
@@ -588,7 +591,7 @@ impl IreeKvBackend {
     fn chunk_inputs(&self, plan: &ChunkPlan) -> Result<HashMap<Name, BufferView>> {
         let mut inputs = self.token_inputs(&plan.tokens, &plan.select)?;
         let masks = !self.manifest.is_v2();
-        self.kind_inputs(&mut inputs, &plan.kinds, self.manifest.spec.chunk, masks)?;
+        self.kind_inputs(&mut inputs, &plan.kinds, plan.tokens.len(), masks)?;
         Ok(inputs)
     }
 

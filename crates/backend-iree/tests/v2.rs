@@ -165,6 +165,7 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
             max_positions: i32::MAX as usize,
             // Kotlin's IreeKvSpec knows neither: both come from the declared cache shapes.
             sliding_cache_rows: 0,
+            prefill_chunk: 0,
             ..real.spec.clone()
         };
         let mut m = kv_core::Manifest::new(spec, None, "jni");
@@ -211,8 +212,8 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
     assert!(err.to_string().contains("no prefill graph"), "{err}");
 }
 
-/// A ring of 16 rows on the sliding layers (window 12 and a slack of 4): the same tokens and
-/// caches as v1 while the ring wraps many times, an utterance of up to 4 tokens after the prefix
+/// A ring of 16 rows on the sliding layers (window 12 and a slack of 4) and a prefill graph of
+/// 16 rows: the same tokens and caches as v1 while the ring wraps many times, an utterance of up to 4 tokens after the prefix
 /// snapshot written in place, a longer one forking (it would overwrite the prefix's window), and
 /// the snapshot still right afterwards.
 #[test]
@@ -226,10 +227,22 @@ fn ring_wraps_and_forks_only_past_its_slack() {
     };
     let dir = cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)");
     let (mut one, mut two) = (open(&v1()), open(&dir));
-    assert_eq!(two.spec().sliding_cache_rows, 16);
+    // The prefill graph: a chunk graph of the ring's 16 rows, run while more than two chunk
+    // calls are left (45 = 16 + 16 + 8 + 5); a session on chunk calls alone agrees.
+    assert_eq!((two.spec().sliding_cache_rows, two.spec().prefill_chunk), (16, 16));
+    let mut chunks_only = IreeKvBackend::open(
+        &dir,
+        IreeOptions {
+            prefill: backend_iree::PrefillRoute::Chunks,
+            ..IreeOptions::new("local-task")
+        },
+    )
+    .unwrap();
     let prefix = prompt(45);
     assert_eq!(one.prefill(&prefix).unwrap(), two.prefill(&prefix).unwrap());
+    assert_eq!(chunks_only.prefill(&prefix).unwrap(), two.prefill(&prefix).unwrap());
     same_caches(&one, &two);
+    same_caches(&chunks_only, &two);
     let (p1, p2) = (one.snapshot().unwrap(), two.snapshot().unwrap());
 
     let short = [5, 17, 99];
@@ -239,11 +252,17 @@ fn ring_wraps_and_forks_only_past_its_slack() {
 
     let long = [5, 17, 99, 42, 7];
     assert_eq!(utterance(&mut two, &p2, &long, 30), utterance(&mut one, &p1, &long, 30));
-    assert!(!two.holds_views_of(&p2), "a write over the prefix's window did not fork");
+    assert!(
+        !two.holds_views_of(&p2),
+        "a write over the prefix's window did not fork"
+    );
     same_caches(&one, &two);
 
     two.restore(&p2).unwrap();
     one.restore(&p1).unwrap();
     same_caches(&one, &two);
-    assert_eq!(utterance(&mut two, &p2, &short, 20), utterance(&mut one, &p1, &short, 20));
+    assert_eq!(
+        utterance(&mut two, &p2, &short, 20),
+        utterance(&mut one, &p1, &short, 20)
+    );
 }

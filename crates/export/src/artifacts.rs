@@ -87,7 +87,8 @@ pub struct ExportOptions {
     pub targets: Vec<Target>,
     /// `C` of the chunk graph; `None` = the source's.
     pub chunk: Option<usize>,
-    /// `SEQ` of the prefill graph; `None` = the source's.
+    /// `SEQ` of the prefill graph; `None` = the source's. Contract 2: the rows of its prefill
+    /// graph (`prefillChunk`); `None` = 128.
     pub prefill_seq: Option<usize>,
     /// `SEQ` of the redecode graphs; `None` = the prefill's.
     pub redecode_seq: Option<usize>,
@@ -110,8 +111,9 @@ pub struct ExportOptions {
     /// default: a reduction over the vocabulary per call is slow on some GPUs).
     pub top_k: usize,
     /// The graph contract: 1 (`shared/CONTRACT.md`, the default) or 2 (`docs/contract-v2.md`:
-    /// static-shape chunk and step graphs over caches the runtime owns). Contract 2 has no
-    /// prefill graph: [`Self::graphs`]' prefill is skipped; the redecode graphs are v1's.
+    /// static-shape chunk and step graphs over caches the runtime owns). Contract 2's prefill
+    /// graph is a chunk graph of `prefillChunk` rows ([`Self::prefill_seq`] or 128, at most the
+    /// sliding ring; none when that is not above the chunk); the redecode graphs are v1's.
     pub contract: u32,
     /// Contract 2: rows a sliding layer's ring holds beyond its window (`KvSpec::ring_rows`):
     /// how far a session may write past a snapshot before a write copies the ring. `None`: the
@@ -165,17 +167,6 @@ impl Default for ExportOptions {
 }
 
 impl ExportOptions {
-    /// The graphs this export writes: [`Self::graphs`] less the prefill under contract 2, which
-    /// has none.
-    pub fn exported_graphs(&self) -> Vec<Graph> {
-        let v2 = self.contract == CONTRACT_V2;
-        self.graphs
-            .iter()
-            .copied()
-            .filter(|&g| !(v2 && g == Graph::Prefill))
-            .collect()
-    }
-
     /// Every `iree-compile` flag of `graph`'s module: the weight format's, then
     /// [`Self::compile_flags`], then `graph`'s own.
     pub fn flags_of(&self, graph: Graph) -> Vec<String> {
@@ -261,7 +252,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         )));
     }
     let v2 = options.contract == CONTRACT_V2;
-    let graphs = options.exported_graphs();
+    let mut graphs = options.graphs.clone();
     let src_dir = source.dir()?;
     let src = Manifest::load(&src_dir)?;
     let arch = src.require_architecture()?.clone();
@@ -274,7 +265,8 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if let Some(c) = options.chunk {
         m.spec.chunk = c;
     }
-    if let Some(s) = options.prefill_seq {
+    // v2's prefill graph is a chunk graph (`prefillChunk` rows); its `seq` only bounds prompts.
+    if let (Some(s), false) = (options.prefill_seq, v2) {
         m.spec.seq = s;
     }
     let prefix = options
@@ -283,6 +275,14 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .unwrap_or_else(|| arch.family.default_prefix().to_string());
     // v2's sliding layers keep a ring of rows, not `maxPositions` (`docs/contract-v2.md`).
     m.spec.sliding_cache_rows = if v2 { m.spec.ring_rows(options.ring_slack) } else { 0 };
+    m.spec.prefill_chunk = if v2 && graphs.contains(&Graph::Prefill) {
+        m.spec.prefill_chunk_rows(options.prefill_seq)
+    } else {
+        0
+    };
+    if v2 && m.spec.prefill_chunk == 0 {
+        graphs.retain(|&g| g != Graph::Prefill);
+    }
     if v2 {
         // v2's argument lists are its own (the source's, if reordered, are v1 lists): canonical
         // ones, with what the source says beyond the graphs kept.

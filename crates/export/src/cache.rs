@@ -99,12 +99,6 @@ pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
     }
     ExportOptions {
         contract,
-        graphs: v1
-            .graphs
-            .iter()
-            .copied()
-            .filter(|&g| g != kv_core::Graph::Prefill)
-            .collect(),
         compile_flags: match target {
             Target::Cpu { .. } => CPU_RUNTIME_FLAGS_V2.iter().map(|f| f.to_string()).collect(),
             Target::Vulkan { .. } => Vec::new(),
@@ -295,7 +289,7 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
         "chunk": options.chunk,
         "compileFlags": options.compile_flags,
         "graphFlags": graph_flags,
-        "graphs": options.exported_graphs().iter().map(|g| g.key()).collect::<Vec<_>>(),
+        "graphs": options.graphs.iter().map(|g| g.key()).collect::<Vec<_>>(),
         "prefillSeq": options.prefill_seq,
         "prefix": options.prefix,
         "redecodeSeq": options.redecode_seq,
@@ -444,18 +438,13 @@ mod tests {
         };
         assert_eq!(entry_name("tiny-gemma3:7", &v1), "tiny-gemma3-7-llvm-cpu-shared");
         assert_eq!(entry_name("tiny-gemma3:7", &v2), "tiny-gemma3-7-llvm-cpu-shared-v2");
-        let without_prefill = ExportOptions {
-            graphs: v2.exported_graphs(),
-            ..v2.clone()
-        };
-        assert_eq!(
-            entry_name("tiny-gemma3:7", &without_prefill),
-            entry_name("tiny-gemma3:7", &v2)
-        );
         assert_ne!(canonical(&settings(&v1)), canonical(&settings(&v2)));
         let runtime = runtime_options_for(&Target::cpu(), 2);
         assert_eq!(runtime.contract, 2);
-        assert!(!runtime.graphs.contains(&Graph::Prefill));
+        assert!(
+            runtime.graphs.contains(&Graph::Prefill),
+            "v2's prefill graph is a chunk graph"
+        );
         assert_eq!(
             entry_name("tiny-gemma3:7", &runtime_options_for(&Target::cpu(), 1)),
             entry_name("tiny-gemma3:7", &runtime_options(&Target::cpu()))

@@ -149,6 +149,8 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
 /// The sequence length of a graph's fixed-size token axis (rows `R`).
 fn rows_of(spec: &KvSpec, graph: Graph, options: &EmitOptions) -> usize {
     match graph {
+        // Contract v2's prefill is a chunk graph of `prefillChunk` rows (0 under v1).
+        Graph::Prefill if spec.prefill_chunk > 0 => spec.prefill_chunk,
         Graph::Prefill => spec.seq,
         Graph::Chunk => spec.chunk,
         Graph::Step => 1,
@@ -238,11 +240,13 @@ impl FuncEmitter<'_> {
     fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str) -> Result<String, ExportError> {
         let spec = self.spec;
         let v2 = manifest.is_v2();
-        if v2 && graph == Graph::Prefill {
+        if v2 && graph == Graph::Prefill && spec.prefill_chunk == 0 {
             return Err(ExportError::Unsupported(
-                "contract v2 has no prefill graph (a prefill is chunk calls from position 0)".into(),
+                "this contract v2 spec has no prefill graph (no prefillChunk: a prefill is chunk calls from position 0)".into(),
             ));
         }
+        // v2's prefill graph is a chunk graph with more rows.
+        let from_nothing = graph == Graph::Prefill && !v2;
         if !v2 && matches!(graph, Graph::Chunk | Graph::Step) && spec.n_heads < 2 {
             return Err(ExportError::Unsupported(
                 "nHeads == 1: IREE 3.13 cannot compile the unit-batch attention over a dynamic past".into(),
@@ -279,7 +283,7 @@ impl FuncEmitter<'_> {
                 let mut masks_v2: HashMap<LayerKind, (V, V)> = HashMap::new();
                 let pos = if v2 { Some(arg(Name::Pos)?) } else { None };
                 for kind in spec.kinds_present() {
-                    let t = if graph == Graph::Prefill {
+                    let t = if from_nothing {
                         self.const_rope(kind, rows)
                     } else {
                         (arg(Name::Cos(kind))?, arg(Name::Sin(kind))?)
@@ -293,7 +297,7 @@ impl FuncEmitter<'_> {
                 }
                 for l in 0..spec.n_layers {
                     let kind = spec.layer_kind(l);
-                    let past = if graph == Graph::Prefill {
+                    let past = if from_nothing {
                         None
                     } else {
                         Some((arg(Name::K(l))?, arg(Name::V(l))?))

@@ -376,11 +376,14 @@ fn tiny_llama_three_layout_top_k() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let k = 8;
+    // Without the v2 prefill graph (a chunk graph of more rows, checked against v1 and chunk
+    // calls in `backend-iree/tests/v2.rs` and by the v2 conformance suites).
     let options = ExportOptions {
         contract: 2,
         layout: Layout::Three,
         redecode_seq: Some(16),
         top_k: k,
+        graphs: vec![Graph::Chunk, Graph::Step, Graph::Redecode, Graph::RedecodeAt],
         ..ExportOptions::default()
     };
     let m = export_artifacts(&fixture_source("tiny-llama:7"), out, &options).unwrap();

@@ -167,6 +167,7 @@ pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Ar
         global_rope_base: rope_base,
         mask_heads: 0,
         sliding_cache_rows: 0,
+        prefill_chunk: 0,
     };
     let mut architecture = match family {
         Family::Gemma3 => Architecture::gemma3(&spec, ffn),

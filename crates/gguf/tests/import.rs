@@ -70,6 +70,7 @@ fn small_spec() -> KvSpec {
         global_rope_base: 10_000.0,
         mask_heads: 0,
         sliding_cache_rows: 0,
+        prefill_chunk: 0,
     }
 }
 

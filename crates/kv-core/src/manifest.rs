@@ -218,10 +218,10 @@ pub fn canonical_args(graph: Graph, spec: &KvSpec) -> Vec<Name> {
 /// graph (a prefill is chunk calls from position 0) and the redecode graphs are v1's.
 pub fn canonical_args_v2(graph: Graph, spec: &KvSpec) -> Vec<Name> {
     match graph {
-        Graph::Prefill => Vec::new(),
-        Graph::Chunk | Graph::Step => {
+        Graph::Prefill if spec.prefill_chunk == 0 => Vec::new(),
+        Graph::Prefill | Graph::Chunk | Graph::Step => {
             let mut args = vec![
-                if graph == Graph::Chunk {
+                if graph != Graph::Step {
                     Name::Tokens
                 } else {
                     Name::Token
@@ -238,7 +238,7 @@ pub fn canonical_args_v2(graph: Graph, spec: &KvSpec) -> Vec<Name> {
                 args.push(Name::K(layer));
                 args.push(Name::V(layer));
             }
-            if graph == Graph::Chunk {
+            if graph != Graph::Step {
                 args.push(Name::Select);
             }
             args
@@ -555,11 +555,18 @@ impl Manifest {
             ));
         }
         if self.is_v2()
+            && self.spec.prefill_chunk == 0
             && (self.functions.prefill.is_some() || self.prefill_args.is_some() || self.prefill_outputs.is_some())
         {
             return Err(Error::manifest(
                 "functions.prefill",
-                "contract v2 has no prefill graph (a prefill is chunk calls from position 0)",
+                "this contract v2 manifest has no prefill graph (no prefillChunk: a prefill is chunk calls from position 0)",
+            ));
+        }
+        if !self.is_v2() && self.spec.prefill_chunk != 0 {
+            return Err(Error::manifest(
+                "prefillChunk",
+                "contract v2's (contract v1's prefill graph has `seq` rows)",
             ));
         }
         self.spec.validate()?;
@@ -624,9 +631,10 @@ impl Manifest {
         self.contract_version == CONTRACT_V2
     }
 
-    /// The KV graphs of this manifest's contract: v1 has a prefill graph, v2 does not.
+    /// The KV graphs of this manifest's contract: v1 has a prefill graph, v2 one only with a
+    /// `prefillChunk` (a chunk graph of that many rows).
     pub fn kv_graphs(&self) -> &'static [Graph] {
-        if self.is_v2() {
+        if self.is_v2() && self.spec.prefill_chunk == 0 {
             &[Graph::Chunk, Graph::Step]
         } else {
             &Graph::KV
@@ -642,12 +650,17 @@ impl Manifest {
         }
     }
 
-    /// This manifest turned into contract v2: no prefill function or lists, the v2 argument lists
-    /// (outputs keep their names: v2 returns the new rows under the cache names).
+    /// This manifest turned into contract v2: the v2 argument lists (outputs keep their names:
+    /// v2 returns the new rows under the cache names), and no prefill function or lists unless
+    /// the spec has a `prefillChunk`.
     pub fn into_v2(mut self) -> Self {
         self.contract_version = CONTRACT_V2;
-        self.functions.prefill = None;
-        self.prefill_args = None;
+        if self.spec.prefill_chunk == 0 {
+            self.functions.prefill = None;
+            self.prefill_args = None;
+        } else {
+            self.prefill_args = Some(canonical_args_v2(Graph::Prefill, &self.spec));
+        }
         self.prefill_outputs = None;
         self.prefill_with_past_args = Some(canonical_args_v2(Graph::Chunk, &self.spec));
         self.with_past_args = Some(canonical_args_v2(Graph::Step, &self.spec));

@@ -25,15 +25,12 @@ pub fn position_of(rows: usize, position: usize, row: usize) -> Option<usize> {
 pub fn runs(rows: usize, span: Range<usize>) -> Vec<Range<usize>> {
     let n = span.len();
     assert!(n <= rows, "{n} positions do not fit a ring of {rows} rows");
-    if n == 0 {
-        return Vec::new();
-    }
     let start = row(rows, span.start);
-    if start + n <= rows {
-        vec![start..start + n]
-    } else {
-        vec![start..rows, 0..start + n - rows]
-    }
+    let end = start + n;
+    [start..end.min(rows), 0..end.saturating_sub(rows)]
+        .into_iter()
+        .filter(|r| !r.is_empty())
+        .collect()
 }
 
 /// The positions a snapshot at `position` needs a sliding layer to keep: the `window` before it
@@ -76,6 +73,8 @@ pub fn complement(rows: usize, taken: &[Range<usize>]) -> Vec<Range<usize>> {
 }
 
 #[cfg(test)]
+// The expected values are lists of runs, one-run lists included.
+#[allow(clippy::single_range_in_vec_init)]
 mod tests {
     use super::*;
 

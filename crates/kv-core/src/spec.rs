@@ -51,6 +51,11 @@ pub struct KvSpec {
     /// layer's.
     #[serde(skip_serializing_if = "is_zero")]
     pub sliding_cache_rows: usize,
+    /// Contract v2: the rows of its prefill graph, a chunk graph that long prefills run in
+    /// pieces of this size before the chunk graph takes the rest; 0 = none (a prefill is chunk
+    /// calls only).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub prefill_chunk: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -61,6 +66,10 @@ fn is_zero(n: &usize) -> bool {
 /// write past a snapshot before it must copy the ring (an utterance and its answer, for
 /// FunctionGemma's tool calls).
 pub const DEFAULT_RING_SLACK: usize = 128;
+
+/// Rows of contract v2's prefill graph by default: per row, a call of 128 rows costs 0.7× one of
+/// 32 on the CPU (the weights are read once per call), and 256 no less (`docs/benchmarks.md`).
+pub const DEFAULT_PREFILL_CHUNK: usize = 128;
 
 impl Default for KvSpec {
     /// FunctionGemma-270M, the seed's model.
@@ -81,6 +90,7 @@ impl Default for KvSpec {
             global_rope_base: 1_000_000.0,
             mask_heads: 0,
             sliding_cache_rows: 0,
+            prefill_chunk: 0,
         }
     }
 }
@@ -149,7 +159,37 @@ impl KvSpec {
         if self.vocab_size > i32::MAX as usize {
             return Err(Error::manifest("vocabSize", "exceeds the i32 token range"));
         }
-        self.validate_sliding_view()
+        self.validate_sliding_view()?;
+        let rows = self.prefill_chunk;
+        if rows != 0
+            && (rows <= self.chunk
+                || rows > self.max_positions
+                || (self.sliding_cache_rows != 0 && rows > self.sliding_cache_rows))
+        {
+            return Err(Error::manifest(
+                "prefillChunk",
+                format!(
+                    "{rows} rows must exceed chunk {} and fit maxPositions {} and a sliding ring ({} rows)",
+                    self.chunk, self.max_positions, self.sliding_cache_rows
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rows contract v2's prefill graph would have for `rows` requested (`None`:
+    /// [`DEFAULT_PREFILL_CHUNK`]): at most the sliding ring, 0 (none) when that is not more than
+    /// a chunk.
+    pub fn prefill_chunk_rows(&self, rows: Option<usize>) -> usize {
+        let mut rows = rows.unwrap_or(DEFAULT_PREFILL_CHUNK).min(self.max_positions);
+        if self.sliding_cache_rows != 0 {
+            rows = rows.min(self.sliding_cache_rows);
+        }
+        if rows > self.chunk {
+            rows
+        } else {
+            0
+        }
     }
 
     fn validate_sliding_view(&self) -> Result<()> {

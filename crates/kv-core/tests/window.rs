@@ -22,6 +22,7 @@ fn spec(window: usize) -> KvSpec {
         global_rope_base: 1_000_000.0,
         mask_heads: 0,
         sliding_cache_rows: 0,
+        prefill_chunk: 0,
     }
 }
 
@@ -182,7 +183,10 @@ fn ring_rows_and_their_checks() {
         ..s.clone()
     };
     v.validate().unwrap();
-    assert_eq!((v.cache_rows(LayerKind::Sliding), v.cache_rows(LayerKind::Global)), (7, 20));
+    assert_eq!(
+        (v.cache_rows(LayerKind::Sliding), v.cache_rows(LayerKind::Global)),
+        (7, 20)
+    );
     assert!(v.is_ring(LayerKind::Sliding) && !v.is_ring(LayerKind::Global));
     // No more rows than the window, fewer than a chunk, not below maxPositions, no window.
     for (rows, window, chunk) in [(4, 4, 4), (5, 4, 6), (20, 4, 4), (7, 0, 4)] {

@@ -18,11 +18,12 @@ use std::sync::{Arc, Mutex, Weak};
 use iree_runtime::{BufferView, Device, ElementType, Transfer};
 use kv_core::manifest::Name;
 use kv_core::snapshot_file::LayerRows;
-use kv_core::window::{plan_chunk, plan_chunked_prefill, ChunkPlan};
+use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
 use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, WindowRule};
 
 use super::{IreeKvBackend, IreeSnapshot};
 use crate::convert::{contract_err, iree_err};
+use crate::PrefillRoute;
 
 /// Every layer's K and V buffer, `[rows, nKV, d]` f32 (`KvSpec::cache_rows`), on one device.
 pub(crate) struct CacheSet {
@@ -189,14 +190,25 @@ impl IreeKvBackend {
         }
     }
 
-    /// A prefill as chunk calls from position 0 into a fresh set. The session keeps its set and
-    /// position if any call fails (the fresh set is dropped).
+    /// A prefill from position 0 into a fresh set: calls of the prefill graph (a chunk graph of
+    /// `prefillChunk` rows) while more than two chunk calls are left (the route permitting),
+    /// then chunk calls. The session keeps its set and position if any call fails (the fresh set
+    /// is dropped).
     pub(super) fn v2_prefill(&mut self, tokens: &[i32]) -> Result<i32> {
         if self.prefill_released {
             return Err(self.missing(Graph::Prefill));
         }
         let spec = self.manifest.spec.clone();
-        let plans = plan_chunked_prefill(&spec, tokens)?;
+        let wide = self.functions.contains_key(&Graph::Prefill);
+        // A call of 128 rows costs about three of 32 on the CPU (docs/benchmarks.md).
+        let big = |left: usize| {
+            wide && match self.options.prefill {
+                PrefillRoute::Graph => true,
+                PrefillRoute::Chunks => false,
+                PrefillRoute::ChunksUpTo(_) => left > 2 * spec.chunk,
+            }
+        };
+        let plans = plan_pieces(&spec, tokens, big)?;
         let fresh = CacheSet::zeroed(&self.device, &spec)?;
         let before = (self.v2.replace(fresh), self.position, self.last_top_k.clone());
         self.position = 0;
@@ -217,7 +229,13 @@ impl IreeKvBackend {
 
     fn v2_run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
         let inputs = self.chunk_inputs(plan)?;
-        self.v2_advance(Graph::Chunk, inputs, self.manifest.spec.chunk, plan.n)
+        let rows = plan.tokens.len();
+        let graph = if rows == self.manifest.spec.chunk {
+            Graph::Chunk
+        } else {
+            Graph::Prefill
+        };
+        self.v2_advance(graph, inputs, rows, plan.n)
     }
 
     /// Calls `graph` at the session's position over its set, then writes the `real` first of
