@@ -125,9 +125,10 @@ impl IreeKvBackend {
     /// table `[1, d]`), and with it
     /// - v1: `seq` from the prefill function's declared `tokens` shape (without a prefill module
     ///   the manifest's `seq` stays);
-    /// - v2: `maxPositions` from the declared cache shape `[P, nKV, d]`, and `seq` = `P` (a
-    ///   prefill is chunk calls, as long as the caches hold). v2 has no prefill graph: a prefill
-    ///   module passed with v2 graphs is refused.
+    /// - v2: `maxPositions` from a global layer's declared cache shape `[P, nKV, d]`, a sliding
+    ///   layer's ring rows from its own, and `seq` = `P` (a prefill is chunk calls, as long as
+    ///   the caches hold). The seed's ABI has no slot for v2's prefill graph (a chunk graph of
+    ///   more rows): a prefill module passed with v2 graphs is refused.
     pub fn open_manifest_learning_seq(dir: &Path, mut manifest: Manifest, options: IreeOptions) -> Result<Self> {
         manifest.validate()?;
         let mut opened = open_sessions(dir, &manifest, manifest.kv_graphs(), &options)?;

@@ -118,10 +118,12 @@ impl CpuChoice {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum PrefillChoice {
     /// What measured best on the device: on the CPU chunk calls from an empty cache for prompts
-    /// of up to 8 chunks, the prefill graph above; on Vulkan chunk calls only for one chunk.
+    /// of up to 8 chunks, the prefill graph above (contract 2: its prefill graph while more than
+    /// two chunk calls are left); on Vulkan chunk calls only for one chunk.
     #[default]
     Auto,
-    /// Always the prefill graph (all SEQ rows, whatever the prompt's length).
+    /// Always the prefill graph (all SEQ rows, whatever the prompt's length; contract 2: pieces
+    /// of its prefill graph's rows).
     Graph,
     /// Always chunk calls from an empty cache.
     Chunks,
@@ -157,12 +159,12 @@ pub struct TargetArgs {
     #[arg(long)]
     pub vulkan_target: Option<String>,
     /// The graph contract of an export made on demand: 1 (dynamic past, a prefill graph) or 2
-    /// (static shapes over caches the runtime owns, prefills as chunk calls;
-    /// docs/contract-v2.md). Default: 2 on the CPU (2.4× faster decode and utterances than 1
-    /// on Gemma 3 270M here, for a prefix prefill 1.2× slower: docs/benchmarks.md), 1 on Vulkan
-    /// (its v2 prefill is chunk calls only, far slower on GPUs) and under the seed's window rule
-    /// (which contract 2 does not run) or with `--prefill graph` (contract 2 has none). Artifacts
-    /// given with `--artifacts` say their own.
+    /// (static shapes over caches the runtime owns, sliding layers on rings, prefills as calls
+    /// of a 128-row chunk graph; docs/contract-v2.md). Default: 2 on the CPU (on Gemma 3 270M
+    /// here decode 2.7× faster than 1's, prefill 1.2× faster, 0.9× the memory:
+    /// docs/benchmarks.md), 1 on Vulkan (not measured on a GPU since the rings) and under the
+    /// seed's window rule (which contract 2 does not run). Artifacts given with `--artifacts`
+    /// say their own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub contract: Option<u32>,
     /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
@@ -220,10 +222,10 @@ impl ModelSource {
     }
 
     /// The contract of an export made on demand for `device` under `rule`: `--contract`, else
-    /// 2 on the CPU drivers and 1 on Vulkan, under the seed's window rule or with `--prefill
-    /// graph` (contract 2 has no prefill graph; see [`TargetArgs::contract`]).
+    /// 2 on the CPU drivers, 1 on Vulkan and under the seed's window rule (see
+    /// [`TargetArgs::contract`]).
     pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
-        let needs_v1 = device == "vulkan" || rule == RuleChoice::Seed || self.target.prefill == PrefillChoice::Graph;
+        let needs_v1 = device == "vulkan" || rule == RuleChoice::Seed;
         self.contract.unwrap_or(if needs_v1 {
             kv_core::manifest::CONTRACT_VERSION
         } else {
@@ -360,8 +362,9 @@ mod tests {
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
         // Contract 2 does not run the seed's step rule.
         assert_eq!(source.contract_for("local-task", RuleChoice::Seed), 1);
+        // Contract 2 has a prefill graph too (a chunk graph of more rows).
         source.target.prefill = PrefillChoice::Graph;
-        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 1);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
         source.contract = Some(1);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 1);
         source.contract = Some(2);

@@ -18,10 +18,11 @@
 //!   `dynamic_broadcast_in_dim`, unit dimensions are dropped with one-term reductions, and a KV
 //!   head is cut out with `real_dynamic_slice`.
 //! - **Contract v2** (`docs/contract-v2.md`, [`ExportOptions::contract`] 2): static shapes
-//!   throughout. The chunk and step graphs take `pos` and each layer's whole cache `[P, nKV, d]`,
-//!   build their masks from `pos` (a cache row at or after it is never read), and return only
-//!   the new rows; there is no prefill graph. Attention stacks each KV head's query heads as
-//!   rows against that head's cache and new rows, in one softmax.
+//!   throughout. The chunk and step graphs (and the prefill graph, a chunk graph of
+//!   `prefillChunk` rows) take `pos` and each layer's whole cache (`[P, nKV, d]`, a sliding
+//!   layer's ring `[N, nKV, d]`), build their masks from `pos` (a row holding no position before
+//!   it is never read), and return only the new rows. Attention stacks each KV head's query
+//!   heads as rows against that head's cache and new rows, in one softmax.
 //! - **Errors** ([`ExportError`]) name the function and the first compiler diagnostic; a missing
 //!   compiler is an error with the places searched, never a silent skip.
 

@@ -73,7 +73,8 @@ pub struct ExportArgs {
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// The graph contract: 1 (the seed's: dynamic past, a prefill graph) or 2 (static shapes over
-    /// caches the runtime owns, no prefill graph; docs/contract-v2.md).
+    /// caches the runtime owns, sliding layers on rings, a prefill graph of `--prefill-seq` rows
+    /// (default 128) that takes the caches like the chunk graph; docs/contract-v2.md).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     contract: u32,
     /// Contract 2: rows a sliding layer's ring cache holds beyond its window, i.e. how far a
