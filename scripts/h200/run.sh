@@ -32,10 +32,10 @@ $D/bin/skainet-kv demo --backend reference --json 2>&1 | tail -1
 echo "== prefill by route (bench's prefix prefill, median of 5 warm repeats): 8 and 843 tokens"
 for n in 8 843; do
   for route in graph chunks v2; do
-    # v2 prefills by chunk calls only; 843 tokens of them take ~20 s a run here: 8 tokens only.
-    arts=$D/i16-ampere; [ $route = v2 ] && { arts=$D/i16-ampere-v2; [ -d $arts ] && [ $n = 8 ] || continue; }
+    # v2 on its own route: calls of its 128-row prefill graph, then chunk calls.
+    arts=$D/i16-ampere; [ $route = v2 ] && { arts=$D/i16-ampere-v2; [ -d $arts ] || continue; }
     printf 'prefix %s, %s: ' $n $route
-    timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $arts --prefill ${route/v2/chunks} \
+    timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $arts --prefill ${route/v2/auto} \
       --prefix-tokens $n --utterances 1 --max-new 2 --repeat 5 --json 2>&1 | tail -1 | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d["prefix_prefill_ms"], "ms")'
   done
 done
