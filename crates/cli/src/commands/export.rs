@@ -51,6 +51,9 @@ pub struct ExportArgs {
     vulkan_target: Option<String>,
     #[arg(long)]
     chunk: Option<usize>,
+    /// Rows of the prefill graph: SEQ under contract 1 (default: the model's), under contract 2
+    /// the rows of its prefill graph, a chunk graph over the caches (default 128, at most the
+    /// sliding ring; none when not above `--chunk`).
     #[arg(long)]
     prefill_seq: Option<usize>,
     #[arg(long)]
