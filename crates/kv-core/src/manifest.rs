@@ -573,7 +573,7 @@ impl Manifest {
         if !self.is_v2() && self.spec.sliding_cache_rows != 0 {
             return Err(Error::manifest(
                 "slidingCacheRows",
-                "cache views are contract v2's (contract v1 graphs take the rows a call needs)",
+                "rings are contract v2's (contract v1 graphs take the rows a call needs)",
             ));
         }
         if let Some(q) = &self.quantization {

@@ -159,7 +159,7 @@ impl KvSpec {
         if self.vocab_size > i32::MAX as usize {
             return Err(Error::manifest("vocabSize", "exceeds the i32 token range"));
         }
-        self.validate_sliding_view()?;
+        self.validate_ring()?;
         let rows = self.prefill_chunk;
         if rows != 0
             && (rows <= self.chunk
@@ -192,7 +192,7 @@ impl KvSpec {
         }
     }
 
-    fn validate_sliding_view(&self) -> Result<()> {
+    fn validate_ring(&self) -> Result<()> {
         let rows = self.sliding_cache_rows;
         if rows == 0 {
             return Ok(());

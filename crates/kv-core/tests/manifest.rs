@@ -321,3 +321,52 @@ fn encoded_parameters_must_name_a_module() {
     let err = Manifest::from_json(&clash.to_json()).unwrap_err().to_string();
     assert!(err.contains("parameterScope"), "{err}");
 }
+
+/// Contract v2's ring and prefill graph: the prefill graph takes the chunk graph's arguments
+/// and round-trips; each key is refused by name where it does not fit (a v1 manifest, a prefill
+/// graph no wider than a chunk or wider than the ring, a v2 prefill list without `prefillChunk`).
+#[test]
+fn v2_ring_and_prefill_chunk_are_checked_by_key() {
+    let spec = KvSpec {
+        sliding_cache_rows: 40,
+        prefill_chunk: 40,
+        ..small()
+    };
+    let m = Manifest::new(spec.clone(), None, "gemma").into_v2();
+    m.validate().unwrap();
+    assert_eq!(m.kv_graphs(), Graph::KV);
+    assert_eq!(m.args_or_canonical(Graph::Prefill), m.args_or_canonical(Graph::Chunk));
+    assert_eq!(Manifest::from_json(&m.to_json()).unwrap(), m);
+    let key_of = |m: &Manifest| match m.validate() {
+        Err(Error::Manifest { key, .. }) => key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key_of(&Manifest::new(spec.clone(), None, "gemma")), "prefillChunk");
+    let v1_ring = KvSpec {
+        prefill_chunk: 0,
+        ..spec.clone()
+    };
+    assert_eq!(key_of(&Manifest::new(v1_ring, None, "gemma")), "slidingCacheRows");
+    for rows in [spec.chunk, 41] {
+        let bad = KvSpec {
+            prefill_chunk: rows,
+            ..spec.clone()
+        };
+        assert_eq!(
+            key_of(&Manifest::new(bad, None, "gemma").into_v2()),
+            "prefillChunk",
+            "{rows} rows"
+        );
+    }
+    let mut stray = Manifest::new(
+        KvSpec {
+            prefill_chunk: 0,
+            ..spec
+        },
+        None,
+        "gemma",
+    )
+    .into_v2();
+    stray.functions.prefill = Some("module.gemma_prefill_at".into());
+    assert_eq!(key_of(&stray), "functions.prefill");
+}
