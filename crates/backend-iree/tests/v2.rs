@@ -5,8 +5,11 @@
 use std::path::PathBuf;
 
 use backend_iree::{IreeKvBackend, IreeOptions};
-use export::{cached_export, cached_export_with, ExportOptions, Layout, Target};
-use kv_core::tolerance::{assert_layers_close, Tolerance};
+use backend_reference::{ReferenceKv, ReferenceModel};
+use export::{cached_export, cached_export_with, runtime_options_for, ExportOptions, Layout, Target, WeightFormat};
+use kv_core::diverge::{lockstep, LockstepOptions};
+use kv_core::manifest::MatmulInput;
+use kv_core::tolerance::{assert_layers_close, max_diff, Tolerance};
 use kv_core::{Error, Graph, KvBackend, KvSpec, WindowRule};
 
 const MODEL: &str = "tiny-gemma3:7";
@@ -265,4 +268,98 @@ fn ring_wraps_and_forks_only_past_its_slack() {
         utterance(&mut two, &p2, &short, 20),
         utterance(&mut one, &p1, &short, 20)
     );
+}
+
+/// The largest and the mean K/V difference of two sessions over every layer's common rows,
+/// from layer `from_layer` on.
+fn cache_diff<A: KvBackend, B: KvBackend>(a: &A, b: &B, layers: std::ops::Range<usize>) -> (f32, f64) {
+    let (mut worst, mut sum, mut n) = (0.0f32, 0.0f64, 0usize);
+    for l in layers {
+        let (x, y) = (a.read_layer(l).unwrap(), b.read_layer(l).unwrap());
+        let from = x.first_position.max(y.first_position);
+        let (x, y) = (x.tail_from(from), y.tail_from(from));
+        for (p, q) in [(&x.k, &y.k), (&x.v, &y.v)] {
+            worst = worst.max(max_diff(p, q).0);
+            sum += p
+                .iter()
+                .zip(q.iter())
+                .map(|(u, v)| f64::from((u - v).abs()))
+                .sum::<f64>();
+            n += p.len();
+        }
+    }
+    (worst, sum / n.max(1) as f64)
+}
+
+/// Every layer within `tol`, labelled.
+fn caches_within<A: KvBackend, B: KvBackend>(what: &str, a: &A, b: &B, tol: Tolerance) {
+    for l in 0..a.spec().n_layers {
+        let (got, want) = (a.read_layer(l).unwrap(), b.read_layer(l).unwrap());
+        assert_layers_close(&format!("{what}, layer {l}"), &got, &want, tol);
+    }
+}
+
+/// Contract 2 with bf16 matmul inputs (`matmulInput`: what `--cpu host` exports use on CPUs with
+/// AVX-512 BF16), compiled with the runtime's CPU flags (data tiling, ukernels), against the
+/// reference opened on the export's own manifest, which rounds the same inputs. Layer 0's K/V
+/// (no rounding upstream of them can land differently) agree at the cross-backend tolerance,
+/// the rest at `Tolerance::BF16_MATMUL_INPUTS`, and the tokens are the same through a prefill, a
+/// snapshot and utterances. The plain FP32 reference is measurably further away at layer 0 and
+/// on average, so the rounding happens, and in both.
+#[test]
+fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
+    let options = ExportOptions {
+        targets: vec![Target::cpu()],
+        layout: Layout::Shared,
+        weights: WeightFormat::Bf16,
+        matmul_input: MatmulInput::Bf16,
+        ..runtime_options_for(&Target::cpu(), 2)
+    };
+    let dir = cached_export_with(MODEL, &options).expect("export v2 with bf16 matmul inputs");
+    let mut iree = open(&dir);
+    assert_eq!(iree.manifest().matmul_input, MatmulInput::Bf16);
+    let rounding = ReferenceModel::open(&dir).unwrap();
+    assert_eq!(rounding.manifest().matmul_input, MatmulInput::Bf16);
+    let plain = ReferenceModel::open_with_input(&dir, Some(MatmulInput::F32)).unwrap();
+    let mut reference = ReferenceKv::new(rounding, WindowRule::Exact);
+    let mut fp32 = ReferenceKv::new(plain, WindowRule::Exact);
+
+    let prefix = prompt(21);
+    assert_eq!(iree.prefill(&prefix).unwrap(), reference.prefill(&prefix).unwrap());
+    fp32.prefill(&prefix).unwrap();
+    let (layer0_rounding, _) = cache_diff(&iree, &reference, 0..1);
+    let (layer0_fp32, _) = cache_diff(&iree, &fp32, 0..1);
+    assert_layers_close(
+        "layer 0 against the rounding reference",
+        &iree.read_layer(0).unwrap(),
+        &reference.read_layer(0).unwrap(),
+        Tolerance::CROSS_BACKEND,
+    );
+    assert!(
+        layer0_fp32 > 10.0 * layer0_rounding.max(1e-6),
+        "layer 0: the FP32 reference ({layer0_fp32:e}) is not further than the rounding one ({layer0_rounding:e})"
+    );
+    let layers = 0..iree.spec().n_layers;
+    let (_, mean_rounding) = cache_diff(&iree, &reference, layers.clone());
+    let (_, mean_fp32) = cache_diff(&iree, &fp32, layers);
+    assert!(
+        mean_fp32 > 3.0 * mean_rounding,
+        "mean K/V difference: FP32 reference {mean_fp32:e}, rounding reference {mean_rounding:e}"
+    );
+    caches_within("after the prefill", &iree, &reference, Tolerance::BF16_MATMUL_INPUTS);
+
+    // Teacher-forced from a fresh start (a flip can turn a near-tie either way; the real
+    // models' streams are `diverge`'s to judge): every step's K/V within the tolerance, and a
+    // differing token only at a near-tie of the reference.
+    let (mut iree, mut reference) = (
+        open(&dir),
+        ReferenceKv::new(ReferenceModel::open(&dir).unwrap(), WindowRule::Exact),
+    );
+    let options = LockstepOptions {
+        tolerance: Tolerance::BF16_MATMUL_INPUTS,
+        ..LockstepOptions::new(16)
+    };
+    let report = lockstep(&mut reference, &mut iree, &prompt(21), &options).unwrap();
+    assert_eq!(report.first_layer_out_of_tolerance, None, "{report:?}");
+    assert_ne!(report.divergence_at_near_tie, Some(false), "{report:?}");
 }

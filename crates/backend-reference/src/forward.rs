@@ -1,5 +1,7 @@
 //! The forward of `docs/forward.md`, step by step. The numbered comments are that page's steps.
 
+use kv_core::bf16::round_to_bf16;
+use kv_core::manifest::MatmulInput;
 use kv_core::mask::prefill_mask;
 use kv_core::rope::{apply_rope, RopeTable};
 use kv_core::{Activation, LayerKind, Result};
@@ -99,7 +101,7 @@ impl ReferenceModel {
     /// `logits = rmsnorm(x, output_norm) · Eᵀ` for every row of `x`.
     pub(crate) fn logits(&self, x: ArrayView2<f32>) -> Array2<f32> {
         let y = rmsnorm(x, self.output_norm().view(), self.architecture().rms_eps);
-        y.dot(&self.output_projection().t())
+        self.project(&y, self.output_projection(), None)
     }
 
     /// Runs the rows of `tokens` through every layer; `inputs(layer)` says what the layer sees.
@@ -136,9 +138,9 @@ impl ReferenceModel {
         // 1. h = rmsnorm(x, attn_norm)
         let h = rmsnorm(x.view(), w.attn_norm.view(), eps);
         // 2. projections (+ biases)
-        let mut q = project(&h, &w.attn_q, w.attn_q_bias.as_ref());
-        let mut k = project(&h, &w.attn_k, w.attn_k_bias.as_ref());
-        let v = project(&h, &w.attn_v, w.attn_v_bias.as_ref());
+        let mut q = self.project(&h, &w.attn_q, w.attn_q_bias.as_ref());
+        let mut k = self.project(&h, &w.attn_k, w.attn_k_bias.as_ref());
+        let v = self.project(&h, &w.attn_v, w.attn_v_bias.as_ref());
         // 3.–5. per head: QK-norm, RoPE at the row's position, query scale
         prepare_heads(&mut q, d, w.attn_q_norm.as_ref(), eps, inputs.rope, arch.query_scale);
         prepare_heads(&mut k, d, w.attn_k_norm.as_ref(), eps, inputs.rope, 1.0);
@@ -179,7 +181,7 @@ impl ReferenceModel {
         }
 
         // 8. output projection, post-norm, residual
-        let mut a = attn.dot(&w.attn_output.t());
+        let mut a = self.project(&attn, &w.attn_output, None);
         if let Some(norm) = &w.post_attention_norm {
             a = rmsnorm(a.view(), norm.view(), eps);
         }
@@ -191,9 +193,9 @@ impl ReferenceModel {
             Activation::GeluTanh => gelu_tanh,
             Activation::Silu => silu,
         };
-        let gate = h2.dot(&w.ffn_gate.t()).mapv(act);
-        let up = h2.dot(&w.ffn_up.t());
-        let mut m = (gate * up).dot(&w.ffn_down.t());
+        let gate = self.project(&h2, &w.ffn_gate, None).mapv(act);
+        let up = self.project(&h2, &w.ffn_up, None);
+        let mut m = self.project(&(gate * up), &w.ffn_down, None);
         if let Some(norm) = &w.post_ffw_norm {
             m = rmsnorm(m.view(), norm.view(), eps);
         }
@@ -230,13 +232,19 @@ impl ReferenceModel {
     }
 }
 
-/// `x · Wᵀ (+ b)`
-fn project(x: &Array2<f32>, weight: &Array2<f32>, bias: Option<&Array1<f32>>) -> Array2<f32> {
-    let mut y = x.dot(&weight.t());
-    if let Some(b) = bias {
-        y += b;
+impl ReferenceModel {
+    /// `x · Wᵀ (+ b)`, with `x` first rounded to bf16 when the manifest's graphs multiply bf16
+    /// activations (`matmulInput`: the products are then the graphs' exactly).
+    fn project(&self, x: &Array2<f32>, weight: &Array2<f32>, bias: Option<&Array1<f32>>) -> Array2<f32> {
+        let mut y = match self.manifest().matmul_input {
+            MatmulInput::F32 => x.dot(&weight.t()),
+            MatmulInput::Bf16 => x.mapv(round_to_bf16).dot(&weight.t()),
+        };
+        if let Some(b) = bias {
+            y += b;
+        }
+        y
     }
-    y
 }
 
 /// Per head vector of every row: optional RMSNorm, RoPE with the row's table row, then `scale`.

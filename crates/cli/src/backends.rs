@@ -172,6 +172,22 @@ pub struct TargetArgs {
     /// computes with the same dequantized values).
     #[arg(long, value_enum, default_value = "bf16")]
     pub weights: crate::model::WeightsChoice,
+    /// What an on-demand CPU export's projections multiply: `auto` rounds their inputs to bf16
+    /// (bf16 × bf16 → f32 matmuls, manifest `matmulInput`) for contract 2 on a `--cpu host`
+    /// that has bf16 dot products (AVX-512 BF16: Gemma 3 270M prefill 0.75–0.9×, decode 0.9×
+    /// here, docs/benchmarks.md), else f32; `f32` keeps the FP32 forward everywhere.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub matmul_input: MatmulInputChoice,
+}
+
+/// `--matmul-input` of the commands that export on demand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum MatmulInputChoice {
+    /// bf16 where the CPU has bf16 dot products and the export is contract 2 on `--cpu host`.
+    #[default]
+    Auto,
+    /// The FP32 forward: activations enter the matmuls unrounded.
+    F32,
 }
 
 /// Where the model and its compiled artifacts are.
@@ -189,6 +205,9 @@ pub struct ModelSource {
     /// The graph contract of an export made on demand (1, or 2: `docs/contract-v2.md`); `None`:
     /// chosen per device ([`Self::contract_for`]).
     pub contract: Option<u32>,
+    /// What the reference's projections multiply; `None`: its manifest's (the model's own:
+    /// f32). `diverge --reference-input artifacts` sets the IREE artifacts'.
+    pub reference_input: Option<kv_core::manifest::MatmulInput>,
 }
 
 impl ModelSource {
@@ -200,6 +219,7 @@ impl ModelSource {
             redecode_seq: None,
             top_k: 0,
             contract: None,
+            reference_input: None,
         }
     }
 
@@ -289,6 +309,13 @@ impl ModelSource {
             top_k: self.top_k,
             ..export::runtime_options_for(&target, contract)
         };
+        let options = match self.target.matmul_input {
+            MatmulInputChoice::Auto => options,
+            MatmulInputChoice::F32 => export::ExportOptions {
+                matmul_input: kv_core::manifest::MatmulInput::F32,
+                ..options
+            },
+        };
         if !export::is_cached(&model, &options)? {
             eprintln!(
                 "skainet-kv: exporting {} for {} (once; cached under {})",
@@ -325,7 +352,8 @@ pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) ->
     let _ = choice;
     let dir = source.model_dir()?;
     let t = Instant::now();
-    let model = open_reference(&dir)?;
+    let model = ReferenceModel::open_with_input(&dir, source.reference_input)
+        .with_context(|| format!("opening {}", dir.display()))?;
     Ok((AnyKv::Reference(ReferenceKv::new(model, rule.into())), t.elapsed()))
 }
 

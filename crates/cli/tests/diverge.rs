@@ -62,9 +62,29 @@ fn two_identical_backends_never_diverge() {
 #[cfg(feature = "iree")]
 #[test]
 fn iree_cpu_tracks_the_reference() {
-    let v = diverge("reference,iree-cpu");
+    let v = diverge_with("tiny-gemma3:7", "reference,iree-cpu", &["--matmul-input", "f32"]);
     check_report(&v, false);
     assert!(v["backend_b"].as_str().unwrap().contains("iree"), "{v}");
+    assert_eq!(v["iree_matmul_input"], "f32", "{v}");
+}
+
+/// The default export for this CPU: bf16 matmul inputs where it has bf16 dot products (else the
+/// same as above), against the reference rounding what the artifacts round, at the tolerance of
+/// two forwards that both round (`Tolerance::BF16_MATMUL_INPUTS`).
+#[cfg(feature = "iree")]
+#[test]
+fn iree_cpu_on_its_default_matmul_inputs_tracks_a_reference_that_rounds_the_same() {
+    let v = diverge_with(
+        "tiny-gemma3:7",
+        "reference,iree-cpu",
+        &["--reference-input", "artifacts"],
+    );
+    let rounds = export::host_has_bf16_dot();
+    assert_eq!(v["iree_matmul_input"], if rounds { "bf16" } else { "f32" }, "{v}");
+    assert_eq!(v["reference_matmul_input"], v["iree_matmul_input"], "{v}");
+    let tolerance = if rounds { 4e-2 } else { 2e-3 };
+    assert_eq!(v["tolerance_abs"].as_f64().unwrap() as f32, tolerance, "{v}");
+    check_report(&v, false);
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::manifest::{Functions, Parameters, CONTRACT_V2, CONTRACT_VERSION};
+use kv_core::manifest::{Functions, MatmulInput, Parameters, CONTRACT_V2, CONTRACT_VERSION};
 use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
 use kv_core::{Graph, Manifest};
 
@@ -120,6 +120,11 @@ pub struct ExportOptions {
     /// default ([`kv_core::spec::DEFAULT_RING_SLACK`], rounded up to 64 rows); a slack that
     /// leaves the ring no smaller than `maxPositions`: a linear cache.
     pub ring_slack: Option<usize>,
+    /// What the projections multiply ([`MatmulInput`]): `Bf16` rounds each projection's input to
+    /// bf16 for bf16 × bf16 → f32 matmuls. Takes effect with [`WeightFormat::Bf16`] and weights
+    /// that are not block-quantized, and is then recorded in the manifest (`matmulInput`);
+    /// otherwise the graphs stay f32 and the manifest says so.
+    pub matmul_input: MatmulInput,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -162,6 +167,7 @@ impl Default for ExportOptions {
             top_k: 0,
             contract: kv_core::manifest::CONTRACT_VERSION,
             ring_slack: None,
+            matmul_input: MatmulInput::F32,
         }
     }
 }
@@ -293,6 +299,11 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         m = fresh;
     }
     m.set_top_k((options.top_k > 0).then_some(options.top_k));
+    m.matmul_input = if options.weights == WeightFormat::Bf16 && m.quantization.is_none() {
+        options.matmul_input
+    } else {
+        MatmulInput::F32
+    };
     if !v2 {
         m.functions = Functions::with_prefix(&prefix);
     }
@@ -403,6 +414,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     // IREE 3.13 does not compile v2's tiled softmax with `--iree-global-opt-data-tiling` ("expected
     // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
     // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
+    let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
     let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
         weights: options.weights,
         redecode_seq: options.redecode_seq,
@@ -410,6 +422,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         tiled_softmax: !flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling")),
         quantization: quantization.clone(),
         fused_dequant: aggressive_fusion(flags),
+        bf16_matmul_inputs,
     };
     let targets: Vec<Target> = options
         .targets

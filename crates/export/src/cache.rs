@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use kv_core::manifest::{CONTRACT_VERSION, MANIFEST_FILE};
+use kv_core::manifest::{MatmulInput, CONTRACT_VERSION, MANIFEST_FILE};
 
 use sha2::{Digest, Sha256};
 
@@ -79,8 +79,13 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
     runtime_options_for(target, CONTRACT_VERSION)
 }
 
-/// [`runtime_options`] for graph contract `contract` (1 or 2). Contract 2 exports no prefill
-/// graph, and its CPU modules are compiled with [`CPU_RUNTIME_FLAGS_V2`].
+/// [`runtime_options`] for graph contract `contract` (1 or 2). Contract 2's CPU modules are
+/// compiled with [`CPU_RUNTIME_FLAGS_V2`], and on a `host` CPU with bf16 dot products
+/// ([`host_has_bf16_dot`]) multiply bf16 activations ([`MatmulInput::Bf16`]). Real Gemma 3
+/// 270M, `bench`, the same binary with the two exports alternating (3 rounds, 2-core AMD EPYC
+/// Zen 5, load 0.5–1.3): 843-token prefill 833–1,093 → 637–742 ms, chunk call 44–47 → 31–35
+/// ms, decode 16.9–19.0 → 15.4–16.1 ms/token, first token of an 8-token prompt 49–60 → 38–40
+/// ms, peak RSS the same (690 MB); the greedy tokens of the real-model prompts the same.
 pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
     let v1 = ExportOptions {
         weights: match target {
@@ -103,7 +108,26 @@ pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
             Target::Cpu { .. } => CPU_RUNTIME_FLAGS_V2.iter().map(|f| f.to_string()).collect(),
             Target::Vulkan { .. } => Vec::new(),
         },
+        matmul_input: match target {
+            Target::Cpu { cpu } if cpu == "host" && host_has_bf16_dot() => MatmulInput::Bf16,
+            _ => MatmulInput::F32,
+        },
         ..v1
+    }
+}
+
+/// Whether this CPU multiplies bf16 pairs into f32 sums in hardware (x86: AVX-512 BF16's
+/// `vdpbf16ps`), where contract 2's data-tiled bf16 × bf16 matmuls run on IREE's bf16 ukernels.
+/// Without it IREE emulates them, far slower than f32 × f32 (a 262144 × 640 matvec took 667 ms
+/// against 38.5 ms on an AVX2 EPYC, `shared/notes/PERFORMANCE.md`): there the graphs stay f32.
+pub fn host_has_bf16_dot() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -306,6 +330,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     }
     if let Some(slack) = options.ring_slack {
         settings["ringSlack"] = serde_json::json!(slack);
+    }
+    if !options.matmul_input.is_f32() {
+        settings["matmulInput"] = serde_json::json!(options.matmul_input);
     }
     // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
     // with) another machine never runs code built for instructions that one lacks.

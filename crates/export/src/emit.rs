@@ -66,6 +66,11 @@ pub struct EmitOptions {
     /// in its contraction's body ([`crate::mlir::Body::block_contract_q`]), which never
     /// materialises a dequantized weight but is no matmul to IREE (slower for many rows).
     pub fused_dequant: bool,
+    /// Round each projection's activation to bf16 and contract bf16 × bf16 → f32 (the weights'
+    /// own type, [`WeightFormat::Bf16`] only), so that the CPU's bf16 matmul kernels serve the
+    /// projections and the LM head; `false` = the weight is widened to f32 (f32 × f32). The
+    /// manifest records it (`KvSpec::matmul_input`) and the reference rounds the same inputs.
+    pub bf16_matmul_inputs: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -580,6 +585,17 @@ impl FuncEmitter<'_> {
         v
     }
 
+    /// The parameter as declared, loaded once per function.
+    fn raw_param(&mut self, name: &str) -> V {
+        let key = format!("{name}#raw");
+        if let Some(v) = self.loaded.get(&key) {
+            return v.clone();
+        }
+        let v = self.load_raw(name);
+        self.loaded.insert(key, v.clone());
+        v
+    }
+
     /// The embedding rows of `tokens [n] i32`, f32 `[n, hidden]`, gathered in the graph.
     fn embedding_rows(&mut self, tokens: &V) -> V {
         match self.quant_format(TOKEN_EMBD) {
@@ -670,6 +686,12 @@ impl FuncEmitter<'_> {
                 let w = self.quant_param(weight, format);
                 self.b.block_contract(&x3, &w)
             }
+        } else if self.options.bf16_matmul_inputs && self.options.weights == WeightFormat::Bf16 {
+            // bf16 × bf16 products are exact in f32, so this differs from f32 × f32 only by the
+            // rounding of `x` (and the summation order).
+            let w = self.raw_param(weight);
+            let xb = self.b.convert(x, Elem::Bf16);
+            self.b.dot(&xb, &w, (&[], &[]), (&[1], &[1]))
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))

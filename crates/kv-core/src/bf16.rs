@@ -66,6 +66,13 @@ fn decode_bf16(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// `v` rounded to the nearest bf16 (ties to even), as f32: what a graph's `f32 → bf16` convert
+/// computes (NaN stays NaN, overflow goes to ±inf).
+#[inline]
+pub fn round_to_bf16(v: f32) -> f32 {
+    bf16::from_f32(v).to_f32()
+}
+
 /// Encodes f32 values as little-endian bf16 bytes (round to nearest, ties to even).
 pub fn f32_to_bf16_bytes(values: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; values.len() * 2];

@@ -350,6 +350,10 @@ pub struct Manifest {
     /// Ours: which parameters of the archive are block-quantized (`crate::quant`); absent: all bf16.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<crate::quant::Quantization>,
+    /// Ours: the type each projection's input (and the LM head's) is rounded to before its
+    /// matmul ([`MatmulInput`]); absent: f32, no rounding.
+    #[serde(default, skip_serializing_if = "MatmulInput::is_f32")]
+    pub matmul_input: MatmulInput,
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
@@ -361,6 +365,26 @@ pub struct Manifest {
     /// Ours: where the artifacts come from (compiler version, source checkpoint, ...).
     #[serde(default, skip_serializing_if = "Provenance::is_empty")]
     pub provenance: Provenance,
+}
+
+/// What a graph's projections multiply: the activation as it is (f32), or rounded to bf16 (to
+/// nearest, ties to even) so that a bf16 weight meets a bf16 activation in the CPU's bf16 matmul
+/// kernels (`vdpbf16ps`). The products of two bf16 are exact in f32 and are summed in f32, so
+/// the rounding of the activation is the one difference from f32, and a forward that rounds the
+/// same inputs (the reference, told by the manifest) computes the same values up to summation
+/// order. Attention (QKᵀ, PV) and the norms stay f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulInput {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl MatmulInput {
+    pub fn is_f32(&self) -> bool {
+        *self == MatmulInput::F32
+    }
 }
 
 /// The manifest's `provenance`: facts about how the artifacts were made, for people and caches;
@@ -508,6 +532,7 @@ impl Manifest {
             top_k: None,
             architecture,
             quantization: None,
+            matmul_input: MatmulInput::F32,
             modules: BTreeMap::new(),
             encoded_parameters: BTreeMap::new(),
             provenance: Provenance::default(),

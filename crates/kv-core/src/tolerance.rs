@@ -23,6 +23,18 @@ impl Tolerance {
     pub const SAME_BACKEND: Tolerance = Tolerance { abs: 1e-4, rel: 1e-4 };
     /// Two backends (host ndarray versus compiled IREE kernels) on the same weights.
     pub const CROSS_BACKEND: Tolerance = Tolerance { abs: 2e-3, rel: 2e-3 };
+    /// Two backends that both round every projection input to bf16 (manifest `matmulInput`).
+    /// Rounding is not continuous: an input within the backends' f32 disagreement of a rounding
+    /// boundary goes to neighbouring bf16 values, one bf16 ulp (2⁻⁸ relative) apart, and from
+    /// the first such input on the two differ at the scale of the rounding itself, not of the
+    /// summation order (layer 0 of the 8-layer fixture agrees to 4e-7, the later layers to
+    /// 3e-3–1.6e-2, `backend-iree/tests/v2.rs`). Neither is then further from the other than
+    /// both are from the FP32 forward, which is the rounding's whole effect: at most 3.5e-2
+    /// there (values of order 1). So: 4e-2, relative and absolute. It tells a wrong graph from a
+    /// right one only coarsely; the test also checks layer 0 at [`Self::CROSS_BACKEND`] and that
+    /// the mean difference stays far below the FP32 forward's. Not for comparing with the FP32
+    /// forward: only tokens (up to near-ties) compare there.
+    pub const BF16_MATMUL_INPUTS: Tolerance = Tolerance { abs: 4e-2, rel: 4e-2 };
 
     pub fn close(&self, a: f32, b: f32) -> bool {
         (a - b).abs() <= self.abs + self.rel * a.abs().max(b.abs())

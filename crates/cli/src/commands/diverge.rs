@@ -4,6 +4,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use kv_core::diverge::{lockstep, DivergeReport, LockstepOptions, NEAR_TIE_GAP};
+use kv_core::manifest::MatmulInput;
 use kv_core::tolerance::Tolerance;
 use serde::Serialize;
 
@@ -31,14 +32,31 @@ pub struct DivergeArgs {
     near_tie: f32,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
+    /// What the reference's projections multiply: `fp32` (the FP32 forward), or `artifacts`
+    /// (what the IREE backend's artifacts multiply, manifest `matmulInput`: where those round
+    /// activations to bf16, the reference then rounds the same, and K/V compare at the
+    /// cross-backend tolerance instead of differing by the rounding).
+    #[arg(long, value_enum, default_value = "fp32")]
+    reference_input: ReferenceInput,
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ReferenceInput {
+    Fp32,
+    Artifacts,
 }
 
 /// The library's report with the model's name first, as the `--json` keys always were.
 #[derive(Serialize)]
 struct Output<'a> {
     model: &'a str,
+    /// The IREE artifacts' `matmulInput` and what the reference multiplied (absent without IREE).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iree_matmul_input: Option<MatmulInput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference_matmul_input: Option<MatmulInput>,
     #[serde(flatten)]
     report: &'a DivergeReport,
 }
@@ -49,14 +67,38 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     };
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(None);
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (a, _) = backends::open_kv(first, &source, args.window_rule)?;
     let (b, _) = backends::open_kv(second, &source, args.window_rule)?;
+    // The IREE side's `matmulInput`, whichever of the two it is.
+    let rounding = [&a, &b].iter().find_map(|any| match any {
+        #[cfg(feature = "iree")]
+        backends::AnyKv::Iree(b) => Some(b.manifest().matmul_input),
+        _ => None,
+    });
+    let (a, b) = match (args.reference_input, rounding) {
+        (ReferenceInput::Artifacts, Some(input)) => {
+            source.reference_input = Some(input);
+            let reopen = |choice, any| match choice {
+                BackendChoice::Reference => backends::open_kv(choice, &source, args.window_rule).map(|(kv, _)| kv),
+                _ => Ok(any),
+            };
+            (reopen(first, a)?, reopen(second, b)?)
+        }
+        (ReferenceInput::Artifacts, None) => bail!("--reference-input artifacts: neither backend runs IREE artifacts"),
+        (ReferenceInput::Fp32, _) => (a, b),
+    };
     let options = LockstepOptions {
         stops,
         max_new: args.max_new,
         near_tie: args.near_tie,
-        tolerance: Tolerance::CROSS_BACKEND,
+        // Two forwards that both round the matmul inputs part at the rounding's scale, not the
+        // summation order's (`Tolerance::BF16_MATMUL_INPUTS`).
+        tolerance: if rounding == Some(MatmulInput::Bf16) && args.reference_input == ReferenceInput::Artifacts {
+            Tolerance::BF16_MATMUL_INPUTS
+        } else {
+            Tolerance::CROSS_BACKEND
+        },
     };
     let report = crate::with_backend!(a, a => {
         let mut a = a;
@@ -68,6 +110,11 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     if args.json {
         let output = Output {
             model: &args.model,
+            iree_matmul_input: rounding,
+            reference_matmul_input: rounding.map(|r| match args.reference_input {
+                ReferenceInput::Artifacts => r,
+                ReferenceInput::Fp32 => MatmulInput::F32,
+            }),
             report: &report,
         };
         println!("{}", serde_json::to_string(&output)?);
@@ -116,6 +163,12 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     match r.first_layer_out_of_tolerance {
         None => println!("  every layer's K/V within tolerance at every step"),
         Some([step, layer]) => println!("  first layer out of tolerance: layer {layer} at step {step}"),
+    }
+    if rounding == Some(MatmulInput::Bf16) && args.reference_input == ReferenceInput::Fp32 {
+        println!(
+            "  note: the IREE graphs round matmul inputs to bf16 (manifest matmulInput), the FP32 reference does not: \
+             K/V differ by that rounding; --reference-input artifacts compares against a reference that rounds the same"
+        );
     }
     Ok(())
 }

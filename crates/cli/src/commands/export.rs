@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use export::{ExportOptions, Layout, Source, Target, WeightFormat};
+use kv_core::manifest::MatmulInput;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LayoutChoice {
@@ -85,6 +86,18 @@ pub struct ExportArgs {
     /// rounded up to 64 rows; a slack reaching maxPositions keeps a linear cache).
     #[arg(long)]
     ring_slack: Option<usize>,
+    /// What the projections multiply: `f32`, or `bf16` (each projection's input rounded to bf16,
+    /// bf16 × bf16 → f32 matmuls: the fast kernels of CPUs with bf16 dot products, e.g.
+    /// AVX-512 BF16). `bf16` needs `--weights bf16` and CPU targets only; the manifest records
+    /// it and the reference then rounds the same inputs.
+    #[arg(long, value_enum, default_value = "f32")]
+    matmul_input: MatmulInputChoice,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum MatmulInputChoice {
+    F32,
+    Bf16,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -132,6 +145,12 @@ pub fn run(args: ExportArgs) -> Result<()> {
              on IREE 3.13's default target 16-bit loads are emulated and read the wrong elements"
         );
     }
+    if matches!(args.matmul_input, MatmulInputChoice::Bf16) && !(matches!(args.weights, WeightChoice::Bf16) && cpu_only)
+    {
+        bail!(
+            "--matmul-input bf16 needs --weights bf16 and CPU targets only (the bf16 matmuls read the weights as bf16)"
+        );
+    }
     let options = ExportOptions {
         targets,
         chunk: args.chunk,
@@ -154,6 +173,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
         top_k: args.top_k,
         contract: args.contract,
         ring_slack: args.ring_slack,
+        matmul_input: match args.matmul_input {
+            MatmulInputChoice::F32 => MatmulInput::F32,
+            MatmulInputChoice::Bf16 => MatmulInput::Bf16,
+        },
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&source, &args.out, &options)?;
