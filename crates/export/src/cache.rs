@@ -451,6 +451,33 @@ mod tests {
         );
     }
 
+    /// bf16 matmul inputs are their own entry; f32 (the default) keeps the names it had.
+    #[test]
+    fn matmul_input_is_part_of_the_key() {
+        let f32_inputs = runtime_options_for(&Target::cpu(), 2);
+        assert_eq!(f32_inputs.matmul_input, MatmulInput::F32, "a generic CPU gets f32");
+        let bf16_inputs = ExportOptions {
+            matmul_input: MatmulInput::Bf16,
+            ..f32_inputs.clone()
+        };
+        assert!(!canonical(&settings(&f32_inputs)).contains("matmulInput"));
+        assert_ne!(
+            entry_name("tiny-gemma3:7", &f32_inputs),
+            entry_name("tiny-gemma3:7", &bf16_inputs)
+        );
+        let host = runtime_options_for(&Target::Cpu { cpu: "host".into() }, 2);
+        let want = if host_has_bf16_dot() {
+            MatmulInput::Bf16
+        } else {
+            MatmulInput::F32
+        };
+        assert_eq!(host.matmul_input, want);
+        assert_eq!(
+            runtime_options_for(&Target::Cpu { cpu: "host".into() }, 1).matmul_input,
+            MatmulInput::F32
+        );
+    }
+
     /// Contract 2 is named (`-v2`) and hashed beside contract 1's entries, whose names do not
     /// change; its default graph list (the prefill dropped or not) is one entry.
     #[test]

@@ -514,3 +514,45 @@ fn i16_weights_on_cpu() {
     r.step(token).unwrap();
     same_as_reference(&format!("i16: step at {}", call.pos), &call, &spec, &r);
 }
+
+/// bf16 matmul inputs (`matmulInput`): with bf16 weights every projection and the LM head
+/// contract bf16 × bf16 → f32 and nothing else does; with packed weights an export records f32
+/// (the graphs widen those weights to f32 and multiply f32).
+#[test]
+fn bf16_matmul_inputs_only_where_they_apply() {
+    let dir = fixture_source("tiny-gemma3:7").dir().unwrap();
+    let m = kv_core::Manifest::load(&dir).unwrap();
+    let options = export::EmitOptions {
+        weights: export::WeightFormat::Bf16,
+        bf16_matmul_inputs: true,
+        ..export::EmitOptions::default()
+    };
+    let text = export::emit(&m, Graph::Step, &options).unwrap();
+    let bf16_dots = text
+        .lines()
+        .filter(|l| l.contains("stablehlo.dot_general") && l.contains("xbf16>, tensor<"))
+        .count();
+    // q, k, v, output, gate, up, down per layer, and the tied LM head.
+    assert_eq!(bf16_dots, 7 * m.spec.n_layers + 1, "{text}");
+    let plain = export::emit(
+        &m,
+        Graph::Step,
+        &export::EmitOptions {
+            weights: export::WeightFormat::Bf16,
+            ..export::EmitOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(!plain.lines().any(|l| l.contains("dot_general") && l.contains("xbf16>")));
+
+    let out = tempfile::tempdir().unwrap();
+    let options = ExportOptions {
+        contract: 2,
+        targets: vec![Target::cpu()],
+        graphs: vec![Graph::Step],
+        matmul_input: kv_core::manifest::MatmulInput::Bf16,
+        ..ExportOptions::default()
+    };
+    let packed = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap();
+    assert_eq!(packed.matmul_input, kv_core::manifest::MatmulInput::F32);
+}
