@@ -415,11 +415,13 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
     // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
     let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
+    let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
     let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
         weights: options.weights,
         redecode_seq: options.redecode_seq,
         keys: keys.clone(),
-        tiled_softmax: !flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling")),
+        tiled_softmax: !data_tiling(flags),
+        cache_attention_by_reduce: data_tiling(flags),
         quantization: quantization.clone(),
         fused_dequant: aggressive_fusion(flags),
         bf16_matmul_inputs,

@@ -71,6 +71,10 @@ pub struct EmitOptions {
     /// projections and the LM head; `false` = the weight is widened to f32 (f32 × f32). The
     /// manifest records it (`KvSpec::matmul_input`) and the reference rounds the same inputs.
     pub bf16_matmul_inputs: bool,
+    /// Contract 2's step: the products with the caches as multiply-and-reduce instead of
+    /// `dot_general`, for modules compiled with data tiling (which would pack every cache row
+    /// into tiles on every call).
+    pub cache_attention_by_reduce: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -847,11 +851,11 @@ impl FuncEmitter<'_> {
     /// reduces a long row nearly serially; per-dispatch profile in `docs/benchmarks.md`), 18 per
     /// step. The tiles only regroup the sums, so the result equals the one-row softmax up to
     /// float rounding.
-    fn softmax_split(&mut self, sc: &V, sn: &V) -> (V, V) {
+    fn softmax_split(&mut self, sc: &V, sn: &V, tiled: bool) -> (V, V) {
         let [q, p] = sc.ty.static_dims()[..] else {
             kv_core::error::invariant("cache scores are [Q, P]")
         };
-        let tile = if p % SOFTMAX_TILE == 0 { SOFTMAX_TILE } else { p };
+        let tile = if tiled && p % SOFTMAX_TILE == 0 { SOFTMAX_TILE } else { p };
         let tiled = |b: &mut Body, x: &V, kind: Reduce| {
             let x3 = b.reshape_static(x, &[q, p / tile, tile]);
             let partial = b.reduce(&x3, &[2], kind);
@@ -966,12 +970,25 @@ impl FuncEmitter<'_> {
             let vc = head(&mut self.b, cache.1, j);
             let kn = head(&mut self.b, new.0, j);
             let vn = head(&mut self.b, new.1, j);
-            let sc = self.b.dot(&qj, &kc, (&[], &[]), (&[1], &[1]));
+            // One query row (the step): the cache's products as multiply-and-reduce, which
+            // data tiling leaves alone; as a `dot_general` it packs the whole cache into tiles
+            // on every call (a read and a write of every K and V row) for a matvec.
+            let by_reduce = r == 1 && self.options.cache_attention_by_reduce;
+            let sc = if by_reduce {
+                self.mul_reduce(&qj, &kc, 2)
+            } else {
+                self.b.dot(&qj, &kc, (&[], &[]), (&[1], &[1]))
+            };
             let sc = self.b.select(masks.0, &sc, &masked_cache);
-            let sn = self.b.dot(&qj, &kn, (&[], &[]), (&[1], &[1]));
+            let sn = if by_reduce {
+                self.mul_reduce(&qj, &kn, 2)
+            } else {
+                self.b.dot(&qj, &kn, (&[], &[]), (&[1], &[1]))
+            };
             let sn = self.b.select(masks.1, &sn, &masked_new);
-            let (pc, pn) = if self.options.tiled_softmax {
-                self.softmax_split(&sc, &sn)
+            let (pc, pn) = if self.options.tiled_softmax || by_reduce {
+                // (no concatenation of the two scores, and so no copy of either)
+                self.softmax_split(&sc, &sn, self.options.tiled_softmax)
             } else {
                 let scores = self.b.concat(&[sc, sn], 1);
                 let probs = self.softmax_last(&scores);
@@ -980,8 +997,16 @@ impl FuncEmitter<'_> {
                     self.b.slice(&probs, &[(0, group * r), (p, p + r)]),
                 )
             };
-            let oc = self.b.dot(&pc, &vc, (&[], &[]), (&[1], &[0]));
-            let on = self.b.dot(&pn, &vn, (&[], &[]), (&[1], &[0]));
+            let oc = if by_reduce {
+                self.mul_reduce(&pc, &vc, 1)
+            } else {
+                self.b.dot(&pc, &vc, (&[], &[]), (&[1], &[0]))
+            };
+            let on = if by_reduce {
+                self.mul_reduce(&pn, &vn, 1)
+            } else {
+                self.b.dot(&pn, &vn, (&[], &[]), (&[1], &[0]))
+            };
             let o = self.b.add(&oc, &on);
             outs.push(self.b.reshape_static(&o, &[group, r, d]));
         }
@@ -992,6 +1017,20 @@ impl FuncEmitter<'_> {
         };
         let o = self.b.transpose(&o, &[1, 0, 2]);
         self.b.reshape_static(&o, &[r, nh * d])
+    }
+
+    /// `a [G, x]` against `c [P, d]` as a broadcast product reduced over one axis of `[G, P, d]`:
+    /// `axis` 2 is `a · cᵀ` (`x = d`: `[G, P]`), `axis` 1 is `a · c` (`x = P`: `[G, d]`).
+    fn mul_reduce(&mut self, a: &V, c: &V, axis: usize) -> V {
+        let g = a.ty.static_dims()[0];
+        let [p, d] = c.ty.static_dims()[..] else {
+            kv_core::error::invariant("a cache head is [P, d]")
+        };
+        let full = Ty::fixed(&[g, p, d], Elem::F32);
+        let ab = self.b.broadcast(a, &[0, if axis == 2 { 2 } else { 1 }], &full);
+        let cb = self.b.broadcast(c, &[1, 2], &full);
+        let prod = self.b.mul(&ab, &cb);
+        self.b.reduce(&prod, &[axis], Reduce::Add)
     }
 
     /// Attention of `q [R, nHeads, d]` (scaled, rotated) over `k, v [1, nKV, T, d]`: `[R, nHeads·d]`.
