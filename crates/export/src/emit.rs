@@ -234,7 +234,10 @@ struct FuncEmitter<'a> {
     /// Whether the i16 widening may be fused into the matmuls that read a weight: only in
     /// one-row graphs (the step), where IREE makes it a vector-matrix product that streams the
     /// 16-bit weights. In the many-row graphs a fused widening takes IREE 3.13's SPIR-V matmul
-    /// pipeline minutes per dispatch to compile, so there the weight is widened once per call.
+    /// pipeline minutes per dispatch to compile, so there each projection widens inside its own
+    /// contraction's body ([`Body::contract_i16`]). (Widening each weight apart, behind an
+    /// `optimization_barrier`, cost one host round trip per weight on Vulkan: 236 per chunk
+    /// call, ~700 of its ~800 ms on the H200, `docs/benchmarks.md` session 9.)
     fuse_widening: bool,
     globals: &'a mut BTreeMap<String, String>,
 }
@@ -435,11 +438,7 @@ impl FuncEmitter<'_> {
                 let sixteen = self.b.splat_i32(16, &wide.ty);
                 let bits = self.b.binary("shift_left", &wide, &sixteen);
                 let f = self.b.bitcast(&bits, Elem::F32);
-                if self.fuse_widening {
-                    f
-                } else {
-                    self.b.optimization_barrier(&f)
-                }
+                f
             }
             Elem::I32 => {
                 let dims = raw.ty.static_dims();
@@ -696,6 +695,9 @@ impl FuncEmitter<'_> {
             let w = self.raw_param(weight);
             let xb = self.b.convert(x, Elem::Bf16);
             self.b.dot(&xb, &w, (&[], &[]), (&[1], &[1]))
+        } else if self.options.weights == WeightFormat::I16 && !self.fuse_widening {
+            let w = self.raw_param(weight);
+            self.b.contract_i16(x, &w)
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))

@@ -825,6 +825,41 @@ impl Body {
         V { name, ty }
     }
 
+    /// `x · Wᵀ` of `x [R, in]` f32 and `w [out, in]` i16 holding bf16 bits, widened inside the
+    /// contraction's body (sign-extend, shift into the high half, bitcast): no f32 copy of the
+    /// weight exists, and IREE keeps the product one dispatch without fusing a separate
+    /// widening into a matmul (which takes its SPIR-V matmul pipeline minutes to compile).
+    pub fn contract_i16(&mut self, x: &V, w: &V) -> V {
+        let (r, o) = (x.ty.static_dims()[0], w.ty.static_dims()[0]);
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let init = self.zeros(&ty);
+        let name = self.fresh();
+        let (a, bits, acc, wide, c16, up, wf, p, sum) = (
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+        );
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {bits}: i16, {acc}: f32):\n      {wide} = arith.extsi {bits} : i16 to i32\n      {c16} = arith.constant 16 : i32\n      {up} = arith.shli {wide}, {c16} : i32\n      {wf} = arith.bitcast {up} : i32 to f32\n      {p} = arith.mulf {a}, {wf} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
+            x.name,
+            w.name,
+            x.ty.text(),
+            w.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text()
+        )
+        .unwrap();
+        V { name, ty }
+    }
+
     /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,
     /// W]` (word `w` holds elements `w·E .. w·E + E` of its block, `bits` wide, two's complement,
     /// little-endian: the archive's bytes viewed as words), `s [O, nb]`. The body takes element
