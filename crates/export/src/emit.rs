@@ -857,7 +857,11 @@ impl FuncEmitter<'_> {
         let [q, p] = sc.ty.static_dims()[..] else {
             kv_core::error::invariant("cache scores are [Q, P]")
         };
-        let tile = if tiled && p % SOFTMAX_TILE == 0 { SOFTMAX_TILE } else { p };
+        let tile = if tiled && p % SOFTMAX_TILE == 0 {
+            SOFTMAX_TILE
+        } else {
+            p
+        };
         let tiled = |b: &mut Body, x: &V, kind: Reduce| {
             let x3 = b.reshape_static(x, &[q, p / tile, tile]);
             let partial = b.reduce(&x3, &[2], kind);
