@@ -437,8 +437,7 @@ impl FuncEmitter<'_> {
                 let wide = self.b.convert(raw, Elem::I32);
                 let sixteen = self.b.splat_i32(16, &wide.ty);
                 let bits = self.b.binary("shift_left", &wide, &sixteen);
-                let f = self.b.bitcast(&bits, Elem::F32);
-                f
+                self.b.bitcast(&bits, Elem::F32)
             }
             Elem::I32 => {
                 let dims = raw.ty.static_dims();
