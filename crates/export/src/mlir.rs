@@ -534,14 +534,6 @@ impl Body {
         )
     }
 
-    /// `x` unchanged, but opaque to fusion: its producers are computed into their own buffer.
-    pub fn optimization_barrier(&mut self, x: &V) -> V {
-        self.op(
-            x.ty.clone(),
-            format!("stablehlo.optimization_barrier {} : {}", x.name, x.ty.text()),
-        )
-    }
-
     pub fn bitcast(&mut self, x: &V, elem: Elem) -> V {
         let ty = x.ty.with_elem(elem);
         self.op(
