@@ -12,7 +12,7 @@ TWIN=gemma3-270m-shape:1
 cargo build --release -p skainet-kv
 mkdir -p $D/bin $D/tools $D/cache/artifacts .gl
 cp target/release/skainet-kv $D/bin/
-cp .tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/iree-benchmark-module $D/tools/
+cp .tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/{iree-benchmark-module,iree-profile} $D/tools/
 
 export_twin() { # name, then export flags
   local name=$1; shift
