@@ -751,6 +751,62 @@ impl Body {
         )
     }
 
+    /// A contraction `[R, O]` f32 as one `linalg.generic` over `(d0 = R, d1 = O, d2 …)`, the
+    /// last `reductions` dimensions reduced: `ins` with indexing `maps` (the output's is
+    /// `(d0, d1)`), the block given its arguments' names (one per input, then the accumulator)
+    /// by `body`, which returns its ops (one per line) and the value to accumulate into.
+    fn contraction(
+        &mut self,
+        ins: &[&V],
+        o: usize,
+        maps: &[&str],
+        reductions: usize,
+        body: impl FnOnce(&mut Self, &[String]) -> (String, String),
+    ) -> V {
+        let r = ins[0].ty.static_dims()[0];
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let init = self.zeros(&ty);
+        let name = self.fresh();
+        let args: Vec<String> = (0..=ins.len()).map(|_| self.fresh()).collect();
+        let (ops, sum) = body(self, &args);
+        let dims = (0..2 + reductions)
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let map_list = maps
+            .iter()
+            .chain(std::iter::once(&"d0, d1"))
+            .map(|m| format!("affine_map<({dims}) -> ({m})>"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let iterators = ["\"parallel\""; 2]
+            .into_iter()
+            .chain(std::iter::repeat_n("\"reduction\"", reductions))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let block_args = ins
+            .iter()
+            .map(|v| v.ty.elem.name())
+            .chain(std::iter::once("f32"))
+            .zip(&args)
+            .map(|(t, a)| format!("{a}: {t}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let names = ins.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
+        let types = ins.iter().map(|v| v.ty.text()).collect::<Vec<_>>().join(", ");
+        let mut text = format!(
+            "    {name} = linalg.generic {{indexing_maps = [{map_list}], iterator_types = [{iterators}]}} ins({names} : {types}) outs({} : {}) {{\n    ^bb0({block_args}):\n",
+            init.name,
+            ty.text()
+        );
+        for line in ops.lines() {
+            writeln!(text, "      {line}").unwrap();
+        }
+        writeln!(text, "      linalg.yield {sum} : f32\n    }} -> {}", ty.text()).unwrap();
+        self.text.push_str(&text);
+        V { name, ty }
+    }
+
     /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
     /// `linalg.generic` with two reduction dimensions. A `stablehlo.dot_general` over two
     /// contracting dimensions is rewritten by IREE into a transpose and a reshape of `w` to
@@ -759,27 +815,15 @@ impl Body {
     /// against the generic, IREE clones the dequantization into the matmul's dispatch (one
     /// `matvec_like_OxNBxBLK` dispatch reading the narrow values).
     pub fn block_contract(&mut self, x: &V, w: &V) -> V {
-        let xd = x.ty.static_dims();
-        let wd = w.ty.static_dims();
-        let (r, o) = (xd[0], wd[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let (a, b, acc) = (self.fresh(), self.fresh(), self.fresh());
-        let (p, q) = (self.fresh(), self.fresh());
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {b}: f32, {acc}: f32):\n      {p} = arith.mulf {a}, {b} : f32\n      {q} = arith.addf {acc}, {p} : f32\n      linalg.yield {q} : f32\n    }} -> {}",
-            x.name,
-            w.name,
-            x.ty.text(),
-            w.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let o = w.ty.static_dims()[0];
+        self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, |b, args| {
+            let [a, w, acc] = &args[..] else { unreachable!() };
+            let (p, q) = (b.fresh(), b.fresh());
+            (
+                format!("{p} = arith.mulf {a}, {w} : f32\n{q} = arith.addf {acc}, {p} : f32"),
+                q,
+            )
+        })
     }
 
     /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
@@ -791,30 +835,19 @@ impl Body {
     /// 12.8 against 12.2 ms here); for 32 rows 2.7× slower (it is not a matmul to IREE), so the
     /// many-row graphs take [`Self::block_contract`].
     pub fn block_contract_q(&mut self, x: &V, q: &V, s: &V) -> V {
-        let xd = x.ty.static_dims();
-        let qd = q.ty.static_dims();
-        let (r, o) = (xd[0], qd[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let qe = q.ty.elem.name();
-        let name = self.fresh();
-        let (a, qv, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {qv}: {qe}, {sc}: f32, {acc}: f32):\n      {qf} = arith.sitofp {qv} : {qe} to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
-            x.name,
-            q.name,
-            s.name,
-            x.ty.text(),
-            q.ty.text(),
-            s.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let (o, qe) = (q.ty.static_dims()[0], q.ty.elem.name());
+        let maps = ["d0, d2, d3", "d1, d2, d3", "d1, d2"];
+        self.contraction(&[x, q, s], o, &maps, 2, |b, args| {
+            let [a, qv, sc, acc] = &args[..] else { unreachable!() };
+            let (qf, w, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
+            (
+                format!(
+                    "{qf} = arith.sitofp {qv} : {qe} to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
+                     {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum,
+            )
+        })
     }
 
     /// `x · Wᵀ` of `x [R, in]` f32 and `w [out, in]` i16 holding bf16 bits, widened inside the
@@ -822,34 +855,19 @@ impl Body {
     /// weight exists, and IREE keeps the product one dispatch without fusing a separate
     /// widening into a matmul (which takes its SPIR-V matmul pipeline minutes to compile).
     pub fn contract_i16(&mut self, x: &V, w: &V) -> V {
-        let (r, o) = (x.ty.static_dims()[0], w.ty.static_dims()[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let (a, bits, acc, wide, c16, up, wf, p, sum) = (
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-        );
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {bits}: i16, {acc}: f32):\n      {wide} = arith.extsi {bits} : i16 to i32\n      {c16} = arith.constant 16 : i32\n      {up} = arith.shli {wide}, {c16} : i32\n      {wf} = arith.bitcast {up} : i32 to f32\n      {p} = arith.mulf {a}, {wf} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
-            x.name,
-            w.name,
-            x.ty.text(),
-            w.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let o = w.ty.static_dims()[0];
+        self.contraction(&[x, w], o, &["d0, d2", "d1, d2"], 1, |b, args| {
+            let [a, bits, acc] = &args[..] else { unreachable!() };
+            let (wide, c16, up, wf, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
+            (
+                format!(
+                    "{wide} = arith.extsi {bits} : i16 to i32\n{c16} = arith.constant 16 : i32\n\
+                     {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32\n\
+                     {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum,
+            )
+        })
     }
 
     /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,
@@ -859,40 +877,27 @@ impl Body {
     /// loads of 8-bit tensors of a few thousand elements or more (a 2048 × 640 q8 matvec was off
     /// by up to 48 on lavapipe; the same product over `i32` words is exact).
     pub fn block_contract_words(&mut self, x: &V, q: &V, s: &V, bits: u32) -> V {
-        let xd = x.ty.static_dims();
-        let qd = q.ty.static_dims();
-        let (r, o) = (xd[0], qd[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let (a, word, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        let (j, ji, cb, ctop, sh, left, up, qv) = (
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-        );
-        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let o = q.ty.static_dims()[0];
         let top = 32 - bits;
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d2, d3, d4)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {word}: i32, {sc}: f32, {acc}: f32):\n      {j} = linalg.index 4 : index\n      {ji} = arith.index_cast {j} : index to i32\n      {cb} = arith.constant {bits} : i32\n      {ctop} = arith.constant {top} : i32\n      {sh} = arith.muli {ji}, {cb} : i32\n      {left} = arith.subi {ctop}, {sh} : i32\n      {up} = arith.shli {word}, {left} : i32\n      {qv} = arith.shrsi {up}, {ctop} : i32\n      {qf} = arith.sitofp {qv} : i32 to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
-            x.name,
-            q.name,
-            s.name,
-            x.ty.text(),
-            q.ty.text(),
-            s.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let maps = ["d0, d2, d3, d4", "d1, d2, d3", "d1, d2"];
+        self.contraction(&[x, q, s], o, &maps, 3, |b, args| {
+            let [a, word, sc, acc] = &args[..] else { unreachable!() };
+            let names: Vec<String> = (0..12).map(|_| b.fresh()).collect();
+            let [j, ji, cb, ctop, sh, left, up, qv, qf, w, p, sum] = &names[..] else {
+                unreachable!()
+            };
+            (
+                format!(
+                    "{j} = linalg.index 4 : index\n{ji} = arith.index_cast {j} : index to i32\n\
+                     {cb} = arith.constant {bits} : i32\n{ctop} = arith.constant {top} : i32\n\
+                     {sh} = arith.muli {ji}, {cb} : i32\n{left} = arith.subi {ctop}, {sh} : i32\n\
+                     {up} = arith.shli {word}, {left} : i32\n{qv} = arith.shrsi {up}, {ctop} : i32\n\
+                     {qf} = arith.sitofp {qv} : i32 to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
+                     {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum.clone(),
+            )
+        })
     }
 
     /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.
