@@ -817,7 +817,9 @@ impl Body {
     pub fn block_contract(&mut self, x: &V, w: &V) -> V {
         let o = w.ty.static_dims()[0];
         self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, |b, args| {
-            let [a, w, acc] = &args[..] else { unreachable!() };
+            let [a, w, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
             let (p, q) = (b.fresh(), b.fresh());
             (
                 format!("{p} = arith.mulf {a}, {w} : f32\n{q} = arith.addf {acc}, {p} : f32"),
@@ -838,7 +840,9 @@ impl Body {
         let (o, qe) = (q.ty.static_dims()[0], q.ty.elem.name());
         let maps = ["d0, d2, d3", "d1, d2, d3", "d1, d2"];
         self.contraction(&[x, q, s], o, &maps, 2, |b, args| {
-            let [a, qv, sc, acc] = &args[..] else { unreachable!() };
+            let [a, qv, sc, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
             let (qf, w, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
             (
                 format!(
@@ -857,7 +861,9 @@ impl Body {
     pub fn contract_i16(&mut self, x: &V, w: &V) -> V {
         let o = w.ty.static_dims()[0];
         self.contraction(&[x, w], o, &["d0, d2", "d1, d2"], 1, |b, args| {
-            let [a, bits, acc] = &args[..] else { unreachable!() };
+            let [a, bits, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
             let (wide, c16, up, wf, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
             (
                 format!(
@@ -881,11 +887,10 @@ impl Body {
         let top = 32 - bits;
         let maps = ["d0, d2, d3, d4", "d1, d2, d3", "d1, d2"];
         self.contraction(&[x, q, s], o, &maps, 3, |b, args| {
-            let [a, word, sc, acc] = &args[..] else { unreachable!() };
-            let names: Vec<String> = (0..12).map(|_| b.fresh()).collect();
-            let [j, ji, cb, ctop, sh, left, up, qv, qf, w, p, sum] = &names[..] else {
-                unreachable!()
+            let [a, word, sc, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
             };
+            let [j, ji, cb, ctop, sh, left, up, qv, qf, w, p, sum]: [String; 12] = std::array::from_fn(|_| b.fresh());
             (
                 format!(
                     "{j} = linalg.index 4 : index\n{ji} = arith.index_cast {j} : index to i32\n\
@@ -895,7 +900,7 @@ impl Body {
                      {qf} = arith.sitofp {qv} : i32 to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
                      {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
                 ),
-                sum.clone(),
+                sum,
             )
         })
     }
