@@ -132,17 +132,35 @@ fn i64_list(xs: &[usize]) -> String {
     }
 }
 
-/// The number of tiles [`Body::argmax_rows`] cuts a row of `n` values into: a divisor of `n` at
-/// most `√n` and at least half of it where there is one (no padding), else `√n` rounded (the
-/// last tile padded); 1 (one reduce) below 64 values. `√n` balances the two stages, and on
-/// Vulkan, where IREE 3.13 gives each (value, index) reduction one thread, it is both the loop
-/// length of a stage-one thread and that of the single stage-two thread.
+/// The number of tiles of a two-stage argmax over `n` values: a divisor of `n` at most `√n`
+/// and at least half of it where there is one (no padding), else `√n` rounded (the last tile
+/// padded); 1 (one reduce) below 64 values. `√n` balances the two stages.
 pub fn argmax_tiles(n: usize) -> usize {
     if n < 64 {
         return 1;
     }
     let root = (n as f64).sqrt().round() as usize;
     (root.div_ceil(2)..=root).rev().find(|t| n % t == 0).unwrap_or(root)
+}
+
+/// The stages [`Body::argmax_rows`] reduces a row of `n` values in (their product covers `n`):
+/// one below 64 values, two ([`argmax_tiles`] tiles) below 32768, else three of about `∛n`
+/// each, exact divisors where there are some near the root (Gemma's 262144: 64 × 64 × 64,
+/// SmolLM2's 49152: 32 × 32 × 48). On Vulkan a stage costs about its length in dependent loads
+/// of one thread, so three short stages beat two long ones over a large vocabulary.
+pub fn argmax_stages(n: usize) -> Vec<usize> {
+    if n < 64 {
+        return vec![n];
+    }
+    if n < 32_768 {
+        let t = argmax_tiles(n);
+        return vec![t, n.div_ceil(t)];
+    }
+    let root = (n as f64).cbrt().round() as usize;
+    let first = (root.div_ceil(2)..=root).rev().find(|t| n % t == 0).unwrap_or(root);
+    let rest = n.div_ceil(first);
+    let second = argmax_tiles(rest);
+    vec![first, second, rest.div_ceil(second)]
 }
 
 /// `f32` as an exact MLIR hex literal.
@@ -622,47 +640,63 @@ impl Body {
     }
 
     /// Index of the largest value along the last axis of a rank-2 `[rows, n]` f32 tensor, the
-    /// lowest index on ties, as `[rows]` i32, in [`argmax_tiles`]`(n)` tiles
-    /// ([`Self::argmax_rows_tiled`]).
+    /// lowest index on ties, as `[rows]` i32, in the stages of [`argmax_stages`]`(n)`
+    /// ([`Self::argmax_rows_staged`]).
     pub fn argmax_rows(&mut self, x: &V) -> V {
         let n = x.ty.static_dims()[1];
-        self.argmax_rows_tiled(x, argmax_tiles(n))
+        self.argmax_rows_staged(x, &argmax_stages(n))
     }
 
-    /// [`Self::argmax_rows`] in two stages. Each row of `n` values is laid out as `tiles` tiles
-    /// of `w = ceil(n / tiles)` (the last padded with `-inf` at indices `>= n`), i.e. as a
-    /// `[tiles, w]` matrix; stage one reduces each of its `w` columns (values `j, w + j, 2w + j,
-    /// ...`) to its (value, global index) winner, stage two the `w` winners, with the same
-    /// two-operand reducer (larger value, else lower index) in both. Same result as one reduce
-    /// over the row, lowest index among equal maxima: the reducer is associative and commutative
-    /// and a padding element loses to every real one (its value is `-inf`, its index the
-    /// highest). One variadic reduce over 262144 logits is one nearly serial dispatch in IREE
-    /// (19 ms on the H200 over Vulkan, 2 ms on 2 CPU cores); stage one has `w` independent
-    /// reductions over contiguous lanes. Columns rather than rows: on the CPU the column form
-    /// took 0.8–1.1 ms against 2.8–3.1 ms for rows (and 2.0–2.6 ms for one reduce) over 262144
-    /// values; on Vulkan each thread of stage one reads beside its neighbours. `tiles` ≤ 1 is
-    /// the single reduce.
+    /// [`Self::argmax_rows`] in two stages: `tiles` tiles of `w = ceil(n / tiles)` values
+    /// ([`Self::argmax_rows_staged`] with stages `[tiles, w]`); `tiles` ≤ 1 is the single reduce.
     pub fn argmax_rows_tiled(&mut self, x: &V, tiles: usize) -> V {
+        let n = x.ty.static_dims()[1];
+        if tiles <= 1 {
+            return self.argmax_rows_staged(x, &[n]);
+        }
+        self.argmax_rows_staged(x, &[tiles, n.div_ceil(tiles)])
+    }
+
+    /// [`Self::argmax_rows`] in `stages.len()` reduces. Each row of `n` values is padded with
+    /// `-inf` at indices `>= n` to `s0 · s1 · … ` values and laid out as `[s0, s1, …]` (row
+    /// major); stage one reduces axis `s0` (for every position `j` of the other axes, the values
+    /// at `j`, `S + j`, `2S + j`, … with `S = s1 · s2 · …`) to its (value, global index) winner, stage two
+    /// axis `s1` of those winners, and so on, with the same two-operand reducer (larger value,
+    /// else lower index) in every stage. Same result as one reduce over the row, lowest index
+    /// among equal maxima: the reducer is associative and commutative and a padding element
+    /// loses to every real one (its value is `-inf`, its index the highest). IREE runs each
+    /// (value, index) reduction on one thread on Vulkan, so a stage costs about its axis's
+    /// length in dependent loads: one reduce over 262144 logits took 19 ms on the H200, two
+    /// stages of 512 took 0.66 ms for the first, three of 64 are three loops of 64. On the CPU
+    /// the strided (column) form took 0.8–1.1 ms against 2.8–3.1 ms for contiguous rows (and
+    /// 2.0–2.6 ms for one reduce) over 262144 values.
+    pub fn argmax_rows_staged(&mut self, x: &V, stages: &[usize]) -> V {
         assert_eq!(x.ty.rank(), 2);
         let dims = x.ty.static_dims();
         let (rows, n) = (dims[0], dims[1]);
-        if tiles <= 1 {
+        let padded: usize = stages.iter().product();
+        assert!(
+            padded >= n && !stages.is_empty(),
+            "argmax stages {stages:?} do not cover {n} values"
+        );
+        if stages.len() == 1 {
             let iota = self.iota(&dims, 1, Elem::I32);
             return self.argmax_reduce(x, &iota, 1).1;
         }
-        let width = n.div_ceil(tiles);
-        let padded = tiles * width;
         let x = if padded > n {
             let pad = self.splat_f32(f32::NEG_INFINITY, &Ty::fixed(&[rows, padded - n], Elem::F32));
             self.concat(&[x.clone(), pad], 1)
         } else {
             x.clone()
         };
-        let x3 = self.reshape_static(&x, &[rows, tiles, width]);
+        let mut shape = vec![rows];
+        shape.extend_from_slice(stages);
         let iota = self.iota(&[rows, padded], 1, Elem::I32);
-        let i3 = self.reshape_static(&iota, &[rows, tiles, width]);
-        let (best, at) = self.argmax_reduce(&x3, &i3, 1);
-        self.argmax_reduce(&best, &at, 1).1
+        let (mut best, mut at) = (self.reshape_static(&x, &shape), self.reshape_static(&iota, &shape));
+        for _ in stages {
+            (best, at) = self.argmax_reduce(&best, &at, 1);
+        }
+        at
     }
 
     /// The `k` largest values along the last axis of a static `[rows, n]` f32 tensor and their
