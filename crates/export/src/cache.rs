@@ -15,7 +15,9 @@ use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source
 const FINGERPRINT_FILE: &str = "source.fingerprint";
 
 /// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
-const EMITTER_REVISION: u32 = 5;
+/// 6: the argmax in three stages over large vocabularies; i16 weights widened inside the
+/// many-row graphs' contractions.
+const EMITTER_REVISION: u32 = 6;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
