@@ -2,7 +2,7 @@
 //! flags by hand with `iree-compile`):
 //!
 //! `cargo run -p export --example emit -- MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16]
-//! [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2]`
+//! [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--fused-dequant true|false]`
 //!
 //! MODEL is a fixture name (only its manifest is read, nothing is materialized) or a directory
 //! holding `manifest.json`; GRAPHS is a comma-separated list of graph keys (`prefill`,
@@ -18,7 +18,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--tiled-softmax true|false]"
+            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--tiled-softmax true|false] [--fused-dequant true|false]"
         );
         std::process::exit(2);
     }
@@ -68,8 +68,11 @@ fn main() {
             .unwrap_or_else(|| panic!("unknown graph `{k}`"))
         })
         .collect();
+    // A quantized model directory's matrices are emitted as its export would (dequantized in
+    // the contractions; `--fused-dequant true` for the form of modules with aggressive fusion).
     let mut options = EmitOptions {
         weights: WeightFormat::Bf16,
+        quantization: m.quantization.clone(),
         ..EmitOptions::default()
     };
     let mut rest = args[3..].iter();
@@ -77,6 +80,7 @@ fn main() {
         let value = rest.next().expect("flag value");
         match flag.as_str() {
             "--tiled-softmax" => options.tiled_softmax = value == "true",
+            "--fused-dequant" => options.fused_dequant = value == "true",
             "--weights" => {
                 options.weights = match value.as_str() {
                     "bf16" => WeightFormat::Bf16,

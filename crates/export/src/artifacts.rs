@@ -421,7 +421,6 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         redecode_seq: options.redecode_seq,
         keys: keys.clone(),
         tiled_softmax: !data_tiling(flags),
-        cache_attention_by_reduce: data_tiling(flags),
         quantization: quantization.clone(),
         fused_dequant: aggressive_fusion(flags),
         bf16_matmul_inputs,

@@ -15,14 +15,16 @@ use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source
 const FINGERPRINT_FILE: &str = "source.fingerprint";
 
 /// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
-const EMITTER_REVISION: u32 = 5;
+/// 6: the argmax in three stages over large vocabularies; i16 weights widened inside the
+/// many-row graphs' contractions.
+const EMITTER_REVISION: u32 = 6;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
 /// 3: data-tiled CPU modules read their packed weights from an encoded archive (`encode`).
 /// 5: sliding layers keep a ring of rows (`slidingCacheRows`, `kv_core::ring`), not
-/// `maxPositions` (4, a view of a linear cache, was never released). 6: data-tiled modules'
-/// step multiplies-and-reduces over the caches (`EmitOptions::cache_attention_by_reduce`).
+/// `maxPositions` (4, a view of a linear cache, was never released). 6: the step
+/// multiplies-and-reduces over the caches instead of `dot_general` (`FuncEmitter::attention_v2`).
 const EMITTER_REVISION_V2: u32 = 6;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their

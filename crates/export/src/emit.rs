@@ -71,10 +71,6 @@ pub struct EmitOptions {
     /// projections and the LM head; `false` = the weight is widened to f32 (f32 × f32). The
     /// manifest records it (`KvSpec::matmul_input`) and the reference rounds the same inputs.
     pub bf16_matmul_inputs: bool,
-    /// Contract 2's step: the products with the caches as multiply-and-reduce instead of
-    /// `dot_general`, for modules compiled with data tiling (which would pack every cache row
-    /// into tiles on every call).
-    pub cache_attention_by_reduce: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -975,10 +971,11 @@ impl FuncEmitter<'_> {
             let vc = head(&mut self.b, cache.1, j);
             let kn = head(&mut self.b, new.0, j);
             let vn = head(&mut self.b, new.1, j);
-            // One query row (the step): the cache's products as multiply-and-reduce, which
-            // data tiling leaves alone; as a `dot_general` it packs the whole cache into tiles
-            // on every call (a read and a write of every K and V row) for a matvec.
-            let by_reduce = r == 1 && self.options.cache_attention_by_reduce;
+            // One query row (the step): the cache's products as multiply-and-reduce. As a
+            // `dot_general`, CPU data tiling packs the whole cache into tiles on every call (a
+            // read and a write of every K and V row) for a matvec, and IREE's SPIR-V matmul
+            // pipeline takes 0.3–0.9 ms per product of 4 rows on the H200 (docs/benchmarks.md).
+            let by_reduce = r == 1;
             let sc = if by_reduce {
                 self.mul_reduce(&qj, &kc, 2)
             } else {

@@ -132,17 +132,35 @@ fn i64_list(xs: &[usize]) -> String {
     }
 }
 
-/// The number of tiles [`Body::argmax_rows`] cuts a row of `n` values into: a divisor of `n` at
-/// most `√n` and at least half of it where there is one (no padding), else `√n` rounded (the
-/// last tile padded); 1 (one reduce) below 64 values. `√n` balances the two stages, and on
-/// Vulkan, where IREE 3.13 gives each (value, index) reduction one thread, it is both the loop
-/// length of a stage-one thread and that of the single stage-two thread.
+/// The number of tiles of a two-stage argmax over `n` values: a divisor of `n` at most `√n`
+/// and at least half of it where there is one (no padding), else `√n` rounded (the last tile
+/// padded); 1 (one reduce) below 64 values. `√n` balances the two stages.
 pub fn argmax_tiles(n: usize) -> usize {
     if n < 64 {
         return 1;
     }
     let root = (n as f64).sqrt().round() as usize;
     (root.div_ceil(2)..=root).rev().find(|t| n % t == 0).unwrap_or(root)
+}
+
+/// The stages [`Body::argmax_rows`] reduces a row of `n` values in (their product covers `n`):
+/// one below 64 values, two ([`argmax_tiles`] tiles) below 32768, else three of about `∛n`
+/// each, exact divisors where there are some near the root (Gemma's 262144: 64 × 64 × 64,
+/// SmolLM2's 49152: 32 × 32 × 48). On Vulkan a stage costs about its length in dependent loads
+/// of one thread, so three short stages beat two long ones over a large vocabulary.
+pub fn argmax_stages(n: usize) -> Vec<usize> {
+    if n < 64 {
+        return vec![n];
+    }
+    if n < 32_768 {
+        let t = argmax_tiles(n);
+        return vec![t, n.div_ceil(t)];
+    }
+    let root = (n as f64).cbrt().round() as usize;
+    let first = (root.div_ceil(2)..=root).rev().find(|t| n % t == 0).unwrap_or(root);
+    let rest = n.div_ceil(first);
+    let second = argmax_tiles(rest);
+    vec![first, second, rest.div_ceil(second)]
 }
 
 /// `f32` as an exact MLIR hex literal.
@@ -622,47 +640,63 @@ impl Body {
     }
 
     /// Index of the largest value along the last axis of a rank-2 `[rows, n]` f32 tensor, the
-    /// lowest index on ties, as `[rows]` i32, in [`argmax_tiles`]`(n)` tiles
-    /// ([`Self::argmax_rows_tiled`]).
+    /// lowest index on ties, as `[rows]` i32, in the stages of [`argmax_stages`]`(n)`
+    /// ([`Self::argmax_rows_staged`]).
     pub fn argmax_rows(&mut self, x: &V) -> V {
         let n = x.ty.static_dims()[1];
-        self.argmax_rows_tiled(x, argmax_tiles(n))
+        self.argmax_rows_staged(x, &argmax_stages(n))
     }
 
-    /// [`Self::argmax_rows`] in two stages. Each row of `n` values is laid out as `tiles` tiles
-    /// of `w = ceil(n / tiles)` (the last padded with `-inf` at indices `>= n`), i.e. as a
-    /// `[tiles, w]` matrix; stage one reduces each of its `w` columns (values `j, w + j, 2w + j,
-    /// ...`) to its (value, global index) winner, stage two the `w` winners, with the same
-    /// two-operand reducer (larger value, else lower index) in both. Same result as one reduce
-    /// over the row, lowest index among equal maxima: the reducer is associative and commutative
-    /// and a padding element loses to every real one (its value is `-inf`, its index the
-    /// highest). One variadic reduce over 262144 logits is one nearly serial dispatch in IREE
-    /// (19 ms on the H200 over Vulkan, 2 ms on 2 CPU cores); stage one has `w` independent
-    /// reductions over contiguous lanes. Columns rather than rows: on the CPU the column form
-    /// took 0.8–1.1 ms against 2.8–3.1 ms for rows (and 2.0–2.6 ms for one reduce) over 262144
-    /// values; on Vulkan each thread of stage one reads beside its neighbours. `tiles` ≤ 1 is
-    /// the single reduce.
+    /// [`Self::argmax_rows`] in two stages: `tiles` tiles of `w = ceil(n / tiles)` values
+    /// ([`Self::argmax_rows_staged`] with stages `[tiles, w]`); `tiles` ≤ 1 is the single reduce.
     pub fn argmax_rows_tiled(&mut self, x: &V, tiles: usize) -> V {
+        let n = x.ty.static_dims()[1];
+        if tiles <= 1 {
+            return self.argmax_rows_staged(x, &[n]);
+        }
+        self.argmax_rows_staged(x, &[tiles, n.div_ceil(tiles)])
+    }
+
+    /// [`Self::argmax_rows`] in `stages.len()` reduces. Each row of `n` values is padded with
+    /// `-inf` at indices `>= n` to `s0 · s1 · … ` values and laid out as `[s0, s1, …]` (row
+    /// major); stage one reduces axis `s0` (for every position `j` of the other axes, the values
+    /// at `j`, `S + j`, `2S + j`, … with `S = s1 · s2 · …`) to its (value, global index) winner, stage two
+    /// axis `s1` of those winners, and so on, with the same two-operand reducer (larger value,
+    /// else lower index) in every stage. Same result as one reduce over the row, lowest index
+    /// among equal maxima: the reducer is associative and commutative and a padding element
+    /// loses to every real one (its value is `-inf`, its index the highest). IREE runs each
+    /// (value, index) reduction on one thread on Vulkan, so a stage costs about its axis's
+    /// length in dependent loads: one reduce over 262144 logits took 19 ms on the H200, two
+    /// stages of 512 took 0.66 ms for the first, three of 64 are three loops of 64. On the CPU
+    /// the strided (column) form took 0.8–1.1 ms against 2.8–3.1 ms for contiguous rows (and
+    /// 2.0–2.6 ms for one reduce) over 262144 values.
+    pub fn argmax_rows_staged(&mut self, x: &V, stages: &[usize]) -> V {
         assert_eq!(x.ty.rank(), 2);
         let dims = x.ty.static_dims();
         let (rows, n) = (dims[0], dims[1]);
-        if tiles <= 1 {
+        let padded: usize = stages.iter().product();
+        assert!(
+            padded >= n && !stages.is_empty(),
+            "argmax stages {stages:?} do not cover {n} values"
+        );
+        if stages.len() == 1 {
             let iota = self.iota(&dims, 1, Elem::I32);
             return self.argmax_reduce(x, &iota, 1).1;
         }
-        let width = n.div_ceil(tiles);
-        let padded = tiles * width;
         let x = if padded > n {
             let pad = self.splat_f32(f32::NEG_INFINITY, &Ty::fixed(&[rows, padded - n], Elem::F32));
             self.concat(&[x.clone(), pad], 1)
         } else {
             x.clone()
         };
-        let x3 = self.reshape_static(&x, &[rows, tiles, width]);
+        let mut shape = vec![rows];
+        shape.extend_from_slice(stages);
         let iota = self.iota(&[rows, padded], 1, Elem::I32);
-        let i3 = self.reshape_static(&iota, &[rows, tiles, width]);
-        let (best, at) = self.argmax_reduce(&x3, &i3, 1);
-        self.argmax_reduce(&best, &at, 1).1
+        let (mut best, mut at) = (self.reshape_static(&x, &shape), self.reshape_static(&iota, &shape));
+        for _ in stages {
+            (best, at) = self.argmax_reduce(&best, &at, 1);
+        }
+        at
     }
 
     /// The `k` largest values along the last axis of a static `[rows, n]` f32 tensor and their
@@ -751,6 +785,62 @@ impl Body {
         )
     }
 
+    /// A contraction `[R, O]` f32 as one `linalg.generic` over `(d0 = R, d1 = O, d2 …)`, the
+    /// last `reductions` dimensions reduced: `ins` with indexing `maps` (the output's is
+    /// `(d0, d1)`), the block given its arguments' names (one per input, then the accumulator)
+    /// by `body`, which returns its ops (one per line) and the value to accumulate into.
+    fn contraction(
+        &mut self,
+        ins: &[&V],
+        o: usize,
+        maps: &[&str],
+        reductions: usize,
+        body: impl FnOnce(&mut Self, &[String]) -> (String, String),
+    ) -> V {
+        let r = ins[0].ty.static_dims()[0];
+        let ty = Ty::fixed(&[r, o], Elem::F32);
+        let init = self.zeros(&ty);
+        let name = self.fresh();
+        let args: Vec<String> = (0..=ins.len()).map(|_| self.fresh()).collect();
+        let (ops, sum) = body(self, &args);
+        let dims = (0..2 + reductions)
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let map_list = maps
+            .iter()
+            .chain(std::iter::once(&"d0, d1"))
+            .map(|m| format!("affine_map<({dims}) -> ({m})>"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let iterators = ["\"parallel\""; 2]
+            .into_iter()
+            .chain(std::iter::repeat_n("\"reduction\"", reductions))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let block_args = ins
+            .iter()
+            .map(|v| v.ty.elem.name())
+            .chain(std::iter::once("f32"))
+            .zip(&args)
+            .map(|(t, a)| format!("{a}: {t}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let names = ins.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
+        let types = ins.iter().map(|v| v.ty.text()).collect::<Vec<_>>().join(", ");
+        let mut text = format!(
+            "    {name} = linalg.generic {{indexing_maps = [{map_list}], iterator_types = [{iterators}]}} ins({names} : {types}) outs({} : {}) {{\n    ^bb0({block_args}):\n",
+            init.name,
+            ty.text()
+        );
+        for line in ops.lines() {
+            writeln!(text, "      {line}").unwrap();
+        }
+        writeln!(text, "      linalg.yield {sum} : f32\n    }} -> {}", ty.text()).unwrap();
+        self.text.push_str(&text);
+        V { name, ty }
+    }
+
     /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
     /// `linalg.generic` with two reduction dimensions. A `stablehlo.dot_general` over two
     /// contracting dimensions is rewritten by IREE into a transpose and a reshape of `w` to
@@ -759,27 +849,17 @@ impl Body {
     /// against the generic, IREE clones the dequantization into the matmul's dispatch (one
     /// `matvec_like_OxNBxBLK` dispatch reading the narrow values).
     pub fn block_contract(&mut self, x: &V, w: &V) -> V {
-        let xd = x.ty.static_dims();
-        let wd = w.ty.static_dims();
-        let (r, o) = (xd[0], wd[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let (a, b, acc) = (self.fresh(), self.fresh(), self.fresh());
-        let (p, q) = (self.fresh(), self.fresh());
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {b}: f32, {acc}: f32):\n      {p} = arith.mulf {a}, {b} : f32\n      {q} = arith.addf {acc}, {p} : f32\n      linalg.yield {q} : f32\n    }} -> {}",
-            x.name,
-            w.name,
-            x.ty.text(),
-            w.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let o = w.ty.static_dims()[0];
+        self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, |b, args| {
+            let [a, w, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let (p, q) = (b.fresh(), b.fresh());
+            (
+                format!("{p} = arith.mulf {a}, {w} : f32\n{q} = arith.addf {acc}, {p} : f32"),
+                q,
+            )
+        })
     }
 
     /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
@@ -791,30 +871,21 @@ impl Body {
     /// 12.8 against 12.2 ms here); for 32 rows 2.7× slower (it is not a matmul to IREE), so the
     /// many-row graphs take [`Self::block_contract`].
     pub fn block_contract_q(&mut self, x: &V, q: &V, s: &V) -> V {
-        let xd = x.ty.static_dims();
-        let qd = q.ty.static_dims();
-        let (r, o) = (xd[0], qd[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let qe = q.ty.elem.name();
-        let name = self.fresh();
-        let (a, qv, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {qv}: {qe}, {sc}: f32, {acc}: f32):\n      {qf} = arith.sitofp {qv} : {qe} to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
-            x.name,
-            q.name,
-            s.name,
-            x.ty.text(),
-            q.ty.text(),
-            s.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let (o, qe) = (q.ty.static_dims()[0], q.ty.elem.name());
+        let maps = ["d0, d2, d3", "d1, d2, d3", "d1, d2"];
+        self.contraction(&[x, q, s], o, &maps, 2, |b, args| {
+            let [a, qv, sc, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let (qf, w, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
+            (
+                format!(
+                    "{qf} = arith.sitofp {qv} : {qe} to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
+                     {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum,
+            )
+        })
     }
 
     /// `x · Wᵀ` of `x [R, in]` f32 and `w [out, in]` i16 holding bf16 bits, widened inside the
@@ -822,34 +893,21 @@ impl Body {
     /// weight exists, and IREE keeps the product one dispatch without fusing a separate
     /// widening into a matmul (which takes its SPIR-V matmul pipeline minutes to compile).
     pub fn contract_i16(&mut self, x: &V, w: &V) -> V {
-        let (r, o) = (x.ty.static_dims()[0], w.ty.static_dims()[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let (a, bits, acc, wide, c16, up, wf, p, sum) = (
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-        );
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {bits}: i16, {acc}: f32):\n      {wide} = arith.extsi {bits} : i16 to i32\n      {c16} = arith.constant 16 : i32\n      {up} = arith.shli {wide}, {c16} : i32\n      {wf} = arith.bitcast {up} : i32 to f32\n      {p} = arith.mulf {a}, {wf} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
-            x.name,
-            w.name,
-            x.ty.text(),
-            w.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let o = w.ty.static_dims()[0];
+        self.contraction(&[x, w], o, &["d0, d2", "d1, d2"], 1, |b, args| {
+            let [a, bits, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let (wide, c16, up, wf, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
+            (
+                format!(
+                    "{wide} = arith.extsi {bits} : i16 to i32\n{c16} = arith.constant 16 : i32\n\
+                     {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32\n\
+                     {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum,
+            )
+        })
     }
 
     /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,
@@ -859,40 +917,26 @@ impl Body {
     /// loads of 8-bit tensors of a few thousand elements or more (a 2048 × 640 q8 matvec was off
     /// by up to 48 on lavapipe; the same product over `i32` words is exact).
     pub fn block_contract_words(&mut self, x: &V, q: &V, s: &V, bits: u32) -> V {
-        let xd = x.ty.static_dims();
-        let qd = q.ty.static_dims();
-        let (r, o) = (xd[0], qd[0]);
-        let ty = Ty::fixed(&[r, o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let (a, word, sc, acc) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        let (j, ji, cb, ctop, sh, left, up, qv) = (
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-        );
-        let (qf, w, p, sum) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        let o = q.ty.static_dims()[0];
         let top = 32 - bits;
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d2, d3, d4)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d1, d2)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\", \"reduction\", \"reduction\"]}} ins({}, {}, {} : {}, {}, {}) outs({} : {}) {{\n    ^bb0({a}: f32, {word}: i32, {sc}: f32, {acc}: f32):\n      {j} = linalg.index 4 : index\n      {ji} = arith.index_cast {j} : index to i32\n      {cb} = arith.constant {bits} : i32\n      {ctop} = arith.constant {top} : i32\n      {sh} = arith.muli {ji}, {cb} : i32\n      {left} = arith.subi {ctop}, {sh} : i32\n      {up} = arith.shli {word}, {left} : i32\n      {qv} = arith.shrsi {up}, {ctop} : i32\n      {qf} = arith.sitofp {qv} : i32 to f32\n      {w} = arith.mulf {qf}, {sc} : f32\n      {p} = arith.mulf {a}, {w} : f32\n      {sum} = arith.addf {acc}, {p} : f32\n      linalg.yield {sum} : f32\n    }} -> {}",
-            x.name,
-            q.name,
-            s.name,
-            x.ty.text(),
-            q.ty.text(),
-            s.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text()
-        )
-        .unwrap();
-        V { name, ty }
+        let maps = ["d0, d2, d3, d4", "d1, d2, d3", "d1, d2"];
+        self.contraction(&[x, q, s], o, &maps, 3, |b, args| {
+            let [a, word, sc, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let [j, ji, cb, ctop, sh, left, up, qv, qf, w, p, sum]: [String; 12] = std::array::from_fn(|_| b.fresh());
+            (
+                format!(
+                    "{j} = linalg.index 4 : index\n{ji} = arith.index_cast {j} : index to i32\n\
+                     {cb} = arith.constant {bits} : i32\n{ctop} = arith.constant {top} : i32\n\
+                     {sh} = arith.muli {ji}, {cb} : i32\n{left} = arith.subi {ctop}, {sh} : i32\n\
+                     {up} = arith.shli {word}, {left} : i32\n{qv} = arith.shrsi {up}, {ctop} : i32\n\
+                     {qf} = arith.sitofp {qv} : i32 to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
+                     {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum,
+            )
+        })
     }
 
     /// Rows `indices [n] i32` of a static `[rows, width]` table: `[n, width]`.

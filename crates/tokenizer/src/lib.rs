@@ -15,10 +15,12 @@ mod bpe;
 mod chat;
 mod spm;
 pub mod unicode;
+mod vocab;
 
 use std::collections::HashMap;
 
 use gguf::GgufFile;
+use vocab::Vocab;
 
 pub use chat::{ChatPiece, ChatTemplate, Message, TemplateSource, CHATML_TEMPLATE, GEMMA3_TEMPLATE, SMOLLM2_TEMPLATE};
 
@@ -85,10 +87,9 @@ pub enum PreSplit {
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
     kind: Kind,
-    tokens: Vec<String>,
+    tokens: Vocab,
     scores: Vec<f32>,
     types: Vec<TokenType>,
-    token_to_id: HashMap<String, i32>,
     /// Control, user-defined and unknown tokens, longest text first (ties: lower id first).
     specials: Vec<i32>,
     bpe_ranks: HashMap<(String, String), u32>,
@@ -106,15 +107,12 @@ impl Tokenizer {
     /// Reads the vocabulary of `file`.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let model = file.get_str("tokenizer.ggml.model")?;
-        let tokens: Vec<String> = file
-            .get_str_array("tokenizer.ggml.tokens")?
-            .into_iter()
-            .map(String::from)
-            .collect();
-        let n = tokens.len();
+        let texts = file.get_str_array("tokenizer.ggml.tokens")?;
+        let n = texts.len();
         if n == 0 || n > i32::MAX as usize {
             return Err(Error::Invalid(format!("{n} tokens")));
         }
+        let tokens = Vocab::new(texts).ok_or_else(|| Error::Invalid("token texts beyond 4 GiB".into()))?;
         let scores = match file.get("tokenizer.ggml.scores") {
             Some(_) => file.get_f32_array("tokenizer.ggml.scores")?,
             None => vec![0.0; n],
@@ -198,10 +196,6 @@ impl Tokenizer {
         let add_bos = flag("tokenizer.ggml.add_bos_token", kind == Kind::Spm);
         let add_space_prefix = flag("tokenizer.ggml.add_space_prefix", kind == Kind::Spm);
 
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            token_to_id.insert(t.clone(), i as i32);
-        }
         let mut specials: Vec<i32> = (0..n as i32)
             .filter(|&i| {
                 matches!(
@@ -210,14 +204,14 @@ impl Tokenizer {
                 )
             })
             .collect();
-        specials.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
+        let len = |id: i32| tokens.get(id as usize).map_or(0, str::len);
+        specials.sort_by(|&a, &b| len(b).cmp(&len(a)).then(a.cmp(&b)));
 
         let mut tokenizer = Tokenizer {
             kind,
             tokens,
             scores,
             types,
-            token_to_id,
             specials,
             bpe_ranks,
             bos,
@@ -272,11 +266,11 @@ impl Tokenizer {
     }
 
     pub fn token_id(&self, text: &str) -> Option<i32> {
-        self.token_to_id.get(text).copied()
+        self.tokens.id(text)
     }
 
     pub fn token_text(&self, id: i32) -> Option<&str> {
-        self.tokens.get(usize::try_from(id).ok()?).map(String::as_str)
+        self.tokens.get(usize::try_from(id).ok()?)
     }
 
     pub fn token_type(&self, id: i32) -> Option<TokenType> {
@@ -420,7 +414,7 @@ impl Tokenizer {
             if !parse_special && matches!(ty, TokenType::Control | TokenType::Unknown) {
                 continue;
             }
-            let needle = self.tokens[id as usize].as_str();
+            let needle = self.tokens.get(id as usize).unwrap_or_default();
             if needle.is_empty()
                 || !frags
                     .iter()
