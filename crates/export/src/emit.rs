@@ -973,8 +973,10 @@ impl FuncEmitter<'_> {
             let vn = head(&mut self.b, new.1, j);
             // One query row (the step): the cache's products as multiply-and-reduce. As a
             // `dot_general`, CPU data tiling packs the whole cache into tiles on every call (a
-            // read and a write of every K and V row) for a matvec, and IREE's SPIR-V matmul
-            // pipeline takes 0.3–0.9 ms per product of 4 rows on the H200 (docs/benchmarks.md).
+            // read and a write of every K and V row) for a matvec. (On the H200 either form is a
+            // `matmul_like` dispatch; one product per query row cut their GPU time but added
+            // dispatches, and the step's wall time follows the dispatch count there:
+            // docs/benchmarks.md, session 9.)
             let by_reduce = r == 1;
             let sc = if by_reduce {
                 self.mul_reduce(&qj, &kc, 2)
