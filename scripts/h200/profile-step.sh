@@ -5,16 +5,9 @@
 # submissions. Run with the device tool: `bash scripts/h200/profile-step.sh`, carry
 # [".cache/device", ".gl"]; profiles and summaries land in $OUT.
 set -u
-cd "$(dirname "$0")/../.."
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-export XDG_RUNTIME_DIR=/tmp
-D=.cache/device
-export SKAINET_KV_CACHE=$PWD/$D/cache
+source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-$D/bin/skainet-kv inspect --model gemma3-270m-shape:1 >/dev/null # generates the twin's archive
 for v in i16-ampere i16-ampere-v2; do
   [ -d $D/$v ] || continue
   ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa

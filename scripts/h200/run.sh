@@ -1,15 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (see prepare.sh): the tables of docs/benchmarks.md "NVIDIA H200".
 set -u
-cd "$(dirname "$0")/../.."
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-export XDG_RUNTIME_DIR=/tmp
-D=.cache/device
-export SKAINET_KV_CACHE=$PWD/$D/cache
-TWIN=gemma3-270m-shape:1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-$D/bin/skainet-kv inspect --model $TWIN >/dev/null # generates the twin's archive
+source "$(dirname "$0")/device-env.sh"
 VARIANTS=$(for v in packed i16-ampere i16-ampere-v2 cpu cpu-v2; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
 echo "== demo, tiny model, vulkan then reference"
