@@ -281,6 +281,20 @@ fn errors_are_one_line_and_fail() {
             ],
             "not in 1..=2",
         ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--targets",
+                "cpu",
+                "--matmul-input",
+                "bf16",
+            ],
+            "--matmul-input bf16 needs --weights bf16",
+        ),
     ];
     for (args, needle) in cases {
         let (ok, _, stderr) = skainet(args);
