@@ -978,17 +978,9 @@ impl FuncEmitter<'_> {
             // dispatches, and the step's wall time follows the dispatch count there:
             // docs/benchmarks.md, session 9.)
             let by_reduce = r == 1;
-            let sc = if by_reduce {
-                self.mul_reduce(&qj, &kc, 2)
-            } else {
-                self.b.dot(&qj, &kc, (&[], &[]), (&[1], &[1]))
-            };
+            let sc = self.head_product(&qj, &kc, true, by_reduce);
             let sc = self.b.select(masks.0, &sc, &masked_cache);
-            let sn = if by_reduce {
-                self.mul_reduce(&qj, &kn, 2)
-            } else {
-                self.b.dot(&qj, &kn, (&[], &[]), (&[1], &[1]))
-            };
+            let sn = self.head_product(&qj, &kn, true, by_reduce);
             let sn = self.b.select(masks.1, &sn, &masked_new);
             let (pc, pn) = if self.options.tiled_softmax || by_reduce {
                 // (no concatenation of the two scores, and so no copy of either)
@@ -1001,16 +993,8 @@ impl FuncEmitter<'_> {
                     self.b.slice(&probs, &[(0, group * r), (p, p + r)]),
                 )
             };
-            let oc = if by_reduce {
-                self.mul_reduce(&pc, &vc, 1)
-            } else {
-                self.b.dot(&pc, &vc, (&[], &[]), (&[1], &[0]))
-            };
-            let on = if by_reduce {
-                self.mul_reduce(&pn, &vn, 1)
-            } else {
-                self.b.dot(&pn, &vn, (&[], &[]), (&[1], &[0]))
-            };
+            let oc = self.head_product(&pc, &vc, false, by_reduce);
+            let on = self.head_product(&pn, &vn, false, by_reduce);
             let o = self.b.add(&oc, &on);
             outs.push(self.b.reshape_static(&o, &[group, r, d]));
         }
@@ -1021,6 +1005,18 @@ impl FuncEmitter<'_> {
         };
         let o = self.b.transpose(&o, &[1, 0, 2]);
         self.b.reshape_static(&o, &[r, nh * d])
+    }
+
+    /// `a · cᵀ` (`scores`: queries against keys) or `a · c` (probabilities against values) of
+    /// `a [G, x]` and a cache head `c [P, d]`: a `dot_general`, or with `by_reduce`
+    /// [`Self::mul_reduce`].
+    fn head_product(&mut self, a: &V, c: &V, scores: bool, by_reduce: bool) -> V {
+        match (by_reduce, scores) {
+            (true, true) => self.mul_reduce(a, c, 2),
+            (true, false) => self.mul_reduce(a, c, 1),
+            (false, true) => self.b.dot(a, c, (&[], &[]), (&[1], &[1])),
+            (false, false) => self.b.dot(a, c, (&[], &[]), (&[1], &[0])),
+        }
     }
 
     /// `a [G, x]` against `c [P, d]` as a broadcast product reduced over one axis of `[G, P, d]`:
