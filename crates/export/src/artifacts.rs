@@ -415,6 +415,9 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
     // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
     let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
+    // One module text serves every target of the export: forms only the CPU compiles need an
+    // export for the CPU alone.
+    let cpu_only = options.targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
     let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
     let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
         weights: options.weights,
@@ -424,6 +427,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         quantization: quantization.clone(),
         fused_dequant: aggressive_fusion(flags),
         bf16_matmul_inputs,
+        argmax_by_max: cpu_only,
     };
     let targets: Vec<Target> = options
         .targets

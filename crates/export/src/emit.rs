@@ -71,6 +71,10 @@ pub struct EmitOptions {
     /// projections and the LM head; `false` = the weight is widened to f32 (f32 × f32). The
     /// manifest records it (`KvSpec::matmul_input`) and the reference rounds the same inputs.
     pub bf16_matmul_inputs: bool,
+    /// Argmax as a maximum then the lowest index holding it ([`Body::argmax_rows_by_max`]):
+    /// faster on the CPU, not compiled for SPIR-V by IREE 3.13; `false` = the staged two-operand
+    /// reduce ([`Body::argmax_rows`]) that every target compiles.
+    pub argmax_by_max: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -330,7 +334,7 @@ impl FuncEmitter<'_> {
                     _ => Some(arg(Name::Select)?),
                 };
                 let logits = self.head_logits(&x, select.as_ref());
-                let token = self.b.argmax_rows(&logits);
+                let token = self.argmax(&logits);
                 outs.insert(Name::Token, token);
                 // Opt-in: a reduction over the vocabulary per call, slow on some GPUs.
                 if let Some(k) = manifest.top_k {
@@ -363,7 +367,7 @@ impl FuncEmitter<'_> {
                     outs.insert(Name::Token, token);
                 } else {
                     let logits = self.logits(&x);
-                    let ids = self.b.argmax_rows(&logits);
+                    let ids = self.argmax(&logits);
                     outs.insert(Name::Ids, ids);
                 }
             }
@@ -1180,6 +1184,15 @@ impl FuncEmitter<'_> {
     /// The next token of the row picked by the one-hot `select [1, R]` (or of the only row): `[1] i32`.
     fn head_token(&mut self, x: &V, select: Option<&V>) -> V {
         let logits = self.head_logits(x, select);
-        self.b.argmax_rows(&logits)
+        self.argmax(&logits)
+    }
+
+    /// The index of each row's largest logit, lowest on ties, in the form the options choose.
+    fn argmax(&mut self, logits: &V) -> V {
+        if self.options.argmax_by_max {
+            self.b.argmax_rows_by_max(logits)
+        } else {
+            self.b.argmax_rows(logits)
+        }
     }
 }

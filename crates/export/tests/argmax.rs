@@ -2,7 +2,9 @@
 //! each row) compiled alone for CPU and Vulkan and run with `iree-run-module` on `local-task` and
 //! `vulkan` (lavapipe in CI): the index of the largest value, the **lowest index among equal
 //! maxima**, whatever stage has to break the tie, with and without padding, against
-//! `backend_reference::argmax_lowest`. A missing tool fails, never skips.
+//! `backend_reference::argmax_lowest`. The CPU's form (`Body::argmax_rows_by_max`: the maximum,
+//! then the lowest index holding it) on the same cases, on `local-task`. A missing tool fails,
+//! never skips.
 
 mod common;
 
@@ -12,16 +14,26 @@ use common::{run_module, with_values, Array, Noise};
 use export::mlir::{argmax_stages, argmax_tiles, Body, Elem, Ty, V};
 use export::Target;
 
-/// `[rows, n]` → `[rows]` through `argmax_rows_staged(stages)` (`None`: the default stages).
-fn module(rows: usize, n: usize, stages: Option<&[usize]>) -> String {
+/// Which emitter of the argmax a module uses.
+#[derive(Clone, Copy)]
+enum Form<'a> {
+    /// `argmax_rows_staged(stages)`; `None`: the default stages (`argmax_rows`).
+    Staged(Option<&'a [usize]>),
+    /// `argmax_rows_by_max` (CPU modules).
+    ByMax,
+}
+
+/// `[rows, n]` → `[rows]` through the argmax of `form`.
+fn module(rows: usize, n: usize, form: Form) -> String {
     let x = V {
         name: "%arg0".into(),
         ty: Ty::fixed(&[rows, n], Elem::F32),
     };
     let mut b = Body::new();
-    let ids = match stages {
-        Some(st) => b.argmax_rows_staged(&x, st),
-        None => b.argmax_rows(&x),
+    let ids = match form {
+        Form::Staged(Some(st)) => b.argmax_rows_staged(&x, st),
+        Form::Staged(None) => b.argmax_rows(&x),
+        Form::ByMax => b.argmax_rows_by_max(&x),
     };
     format!(
         "module @module {{\n  func.func @argmax(%arg0: {}) -> {} {{\n{}    return {} : {}\n  }}\n}}\n",
@@ -84,20 +96,35 @@ fn cases(n: usize, stages: &[usize]) -> Vec<(String, Vec<f32>)> {
     out
 }
 
-/// Compiles the argmax of `[rows, n]` for both targets and checks every case on both devices.
-fn check(rows: usize, n: usize, stages: Option<&[usize]>) {
-    let st = stages.map(<[usize]>::to_vec).unwrap_or_else(|| argmax_stages(n));
+/// Compiles the argmax of `[rows, n]` for both targets (the staged form) or the CPU (by
+/// maximum) and checks every case on those devices. The tie cases follow the default stages of
+/// `n` (or the explicit ones) for both forms.
+fn check(rows: usize, n: usize, form: Form) {
+    let st = match form {
+        Form::Staged(Some(st)) => st.to_vec(),
+        _ => argmax_stages(n),
+    };
     let dir = tempfile::tempdir().unwrap();
     let mlir = dir.path().join("argmax.mlir");
-    let text = module(rows, n, stages);
-    assert_eq!(text.matches("reducer(").count(), st.len(), "{st:?}:\n{text}");
-    if st.iter().product::<usize>() > n {
-        assert!(text.contains("stablehlo.concatenate"), "padded:\n{text}");
-    }
+    let text = module(rows, n, form);
+    let targets = match form {
+        Form::Staged(_) => {
+            assert_eq!(text.matches("reducer(").count(), st.len(), "{st:?}:\n{text}");
+            if st.iter().product::<usize>() > n {
+                assert!(text.contains("stablehlo.concatenate"), "padded:\n{text}");
+            }
+            vec![(Target::cpu(), "local-task"), (Target::vulkan(), "vulkan")]
+        }
+        Form::ByMax => {
+            assert_eq!(text.matches("stablehlo.reduce(").count(), 2, "{text}");
+            assert!(!text.contains("reducer("), "{text}");
+            vec![(Target::cpu(), "local-task")]
+        }
+    };
     std::fs::write(&mlir, text).unwrap();
     let cases = cases(n, &st);
     assert!(cases.len() >= 10, "{st:?}: {} cases", cases.len());
-    for (target, device) in [(Target::cpu(), "local-task"), (Target::vulkan(), "vulkan")] {
+    for (target, device) in targets {
         let vmfb = dir.path().join(format!("argmax.{}.vmfb", target.key()));
         export::compile(&mlir, &target, &vmfb).unwrap_or_else(|e| panic!("{e}"));
         // `rows` cases per call, the last call wrapping around to the first cases.
@@ -109,8 +136,13 @@ fn check(rows: usize, n: usize, stages: Option<&[usize]>) {
             for (r, (name, row)) in picked.iter().enumerate() {
                 let want = backend_reference::argmax_lowest(row) as i32;
                 assert_eq!(
-                    got[r], want,
-                    "{device}, [{rows}, {n}] in stages {st:?}, row {r} ({name}): got {}, the lowest index of the maximum is {want}",
+                    got[r],
+                    want,
+                    "{device}, [{rows}, {n}] ({}), row {r} ({name}): got {}, the lowest index of the maximum is {want}",
+                    match form {
+                        Form::Staged(_) => format!("in stages {st:?}"),
+                        Form::ByMax => "by maximum".to_string(),
+                    },
                     got[r]
                 );
             }
@@ -122,27 +154,35 @@ fn check(rows: usize, n: usize, stages: Option<&[usize]>) {
 #[test]
 fn gemma_vocabulary_one_row() {
     assert_eq!(argmax_stages(262_144), [64, 64, 64]);
-    check(1, 262_144, None);
+    check(1, 262_144, Form::Staged(None));
 }
 
 /// Qwen2's vocabulary: three stages with padding (32 × 69 × 69 over 151936), two rows.
 #[test]
 fn padded_three_stages_two_rows() {
     assert_eq!(argmax_stages(151_936), [32, 69, 69]);
-    check(2, 151_936, None);
+    check(2, 151_936, Form::Staged(None));
 }
 
 /// A prime length: two stages, the last tile padded (32 tiles of 32 over 1009 values).
 #[test]
 fn padded_tiles_several_rows() {
     assert_eq!(argmax_stages(1009), [32, 32]);
-    check(3, 1009, None);
+    check(3, 1009, Form::Staged(None));
 }
 
 /// An odd tiling with a one-element pad (7 tiles of 143 over 1000), several rows (redecode).
 #[test]
 fn explicit_tiling_one_padding_element() {
-    check(4, 1000, Some(&[7, 143]));
+    check(4, 1000, Form::Staged(Some(&[7, 143])));
+}
+
+/// The CPU's form on Gemma 3's vocabulary (the step) and on several rows of a prime length
+/// (redecode's rows), with the same ties.
+#[test]
+fn by_maximum_on_the_cpu() {
+    check(1, 262_144, Form::ByMax);
+    check(3, 1009, Form::ByMax);
 }
 
 #[test]
