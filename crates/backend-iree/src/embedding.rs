@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntry};
-use kv_core::quant::QuantFormat;
+use kv_core::quant::{QuantFormat, ScaleType};
 use kv_core::{Error, KvSpec, Result};
 
 /// Names the table goes by in archives without a manifest, tried in this order: llama.cpp's
@@ -28,8 +28,9 @@ pub struct Embedding {
     name: String,
     vocab: usize,
     hidden: usize,
-    /// `Some`: the table is block-quantized ([`kv_core::quant`]), its scales in `NAME.scale`.
-    format: Option<QuantFormat>,
+    /// `Some`: the table is block-quantized ([`kv_core::quant`]), its scales in `NAME.scale`
+    /// (their type told by their size).
+    format: Option<(QuantFormat, ScaleType)>,
 }
 
 impl Embedding {
@@ -150,7 +151,12 @@ impl Embedding {
         }
     }
 
-    fn new(archive: IrpaArchive, name: String, spec: &KvSpec, format: Option<QuantFormat>) -> Result<Self> {
+    fn new(
+        archive: IrpaArchive,
+        name: String,
+        spec: &KvSpec,
+        format: Option<(QuantFormat, ScaleType)>,
+    ) -> Result<Self> {
         archive.data(&name)?;
         if format.is_some() {
             archive.data(&kv_core::quant::scale_name(&name))?;
@@ -166,7 +172,7 @@ impl Embedding {
 
     /// The table's block-quantized format (`None`: bf16).
     pub fn format(&self) -> Option<QuantFormat> {
-        self.format
+        self.format.map(|(f, _)| f)
     }
 
     pub fn name(&self) -> &str {
@@ -182,12 +188,12 @@ impl Embedding {
         // IrpaArchive::read_into.
         let scale_name = self.format.map(|_| kv_core::quant::scale_name(&self.name));
         let row_bytes = match self.format {
-            Some(format) => format.value_bytes(self.hidden),
+            Some((format, _)) => format.value_bytes(self.hidden),
             None => self.hidden * 2,
         };
         let mut bytes = vec![0u8; row_bytes];
-        let scale_bytes = kv_core::quant::QuantFormat::scale_bytes(self.hidden);
-        let mut scales = vec![0u8; if self.format.is_some() { scale_bytes } else { 0 }];
+        let scale_bytes = self.format.map_or(0, |(_, ty)| ty.scale_bytes(self.hidden));
+        let mut scales = vec![0u8; scale_bytes];
         let len = tokens.len().checked_mul(self.hidden).ok_or_else(|| {
             Error::parameter(
                 &self.name,
@@ -203,10 +209,10 @@ impl Embedding {
             self.archive.read_into(&self.name, (t * row_bytes) as u64, &mut bytes)?;
             match (self.format, &scale_name) {
                 // The same values as the graphs' dequantization (`f32(q) * scale`).
-                (Some(format), Some(scale_name)) => {
+                (Some((format, ty)), Some(scale_name)) => {
                     self.archive
                         .read_into(scale_name, (t * scale_bytes) as u64, &mut scales)?;
-                    kv_core::quant::dequantize_range(format, &bytes, &scales, 0, row)
+                    kv_core::quant::dequantize_range(format, ty, &bytes, &scales, 0, row)
                 }
                 _ => kv_core::bf16::bf16_bytes_to_f32_into(&bytes, row)
                     .unwrap_or_else(|_| kv_core::error::invariant("embedding row length")),
@@ -216,20 +222,22 @@ impl Embedding {
     }
 }
 
-/// The format of a block-quantized table `name` of `len` value bytes: its `NAME.scale` entry
-/// exists and both have the sizes of a `vocab × hidden` q8 or q4 table (rows of whole blocks).
-fn quantized_format(archive: &IrpaArchive, name: &str, len: u64, spec: &KvSpec) -> Option<QuantFormat> {
+/// The format of a block-quantized table `name` of `len` value bytes and its scales' type: its
+/// `NAME.scale` entry exists and both have the sizes of a `vocab × hidden` q8 or q4 table (rows
+/// of whole blocks) with f32 or f16 scales.
+fn quantized_format(archive: &IrpaArchive, name: &str, len: u64, spec: &KvSpec) -> Option<(QuantFormat, ScaleType)> {
     if spec.hidden_size % kv_core::quant::BLOCK != 0 {
         return None;
     }
     let numel = spec.vocab_size.checked_mul(spec.hidden_size)?;
     let scales = archive.get(&kv_core::quant::scale_name(name))?;
-    if scales.len() != QuantFormat::scale_bytes(numel) as u64 {
-        return None;
-    }
+    let ty = [ScaleType::F32, ScaleType::F16]
+        .into_iter()
+        .find(|ty| ty.scale_bytes(numel) as u64 == scales.len())?;
     [QuantFormat::Q8, QuantFormat::Q4]
         .into_iter()
         .find(|f| f.value_bytes(numel) as u64 == len)
+        .map(|f| (f, ty))
 }
 
 /// Bytes of a `vocab × hidden` bf16 table. Checked: the geometry is the caller's (a Kotlin
@@ -466,19 +474,21 @@ mod tests {
         };
         let values: Vec<f32> = (0..3 * 64).map(|i| ((i * 37 % 23) as f32 - 11.0) / 17.0).collect();
         for format in [QuantFormat::Q8, QuantFormat::Q4] {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("model.irpa");
-            let mut w = IrpaWriter::new();
-            kv_core::quant::add_quantized(&mut w, format, "token_embd.weight", &values).unwrap();
-            w.write(&path).unwrap();
-            let e = Embedding::open(&path, Some("token_embd.weight"), &spec).unwrap();
-            assert_eq!(e.format(), Some(format));
-            let archive = IrpaArchive::open(&path).unwrap();
-            let (q, sc) = kv_core::quant::entries(&archive, "token_embd.weight").unwrap();
-            let all = kv_core::quant::dequantize(format, "t", 3 * 64, q, sc).unwrap();
-            let got = e.gather(&[2, 0]).unwrap();
-            assert_eq!(&got[..64], &all[128..], "{format:?}");
-            assert_eq!(&got[64..], &all[..64], "{format:?}");
+            for ty in [ScaleType::F32, ScaleType::F16] {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("model.irpa");
+                let mut w = IrpaWriter::new();
+                kv_core::quant::add_quantized(&mut w, format, ty, "token_embd.weight", &values).unwrap();
+                w.write(&path).unwrap();
+                let e = Embedding::open(&path, Some("token_embd.weight"), &spec).unwrap();
+                assert_eq!(e.format, Some((format, ty)));
+                let archive = IrpaArchive::open(&path).unwrap();
+                let (q, sc) = kv_core::quant::entries(&archive, "token_embd.weight").unwrap();
+                let all = kv_core::quant::dequantize(format, ty, "t", 3 * 64, q, sc).unwrap();
+                let got = e.gather(&[2, 0]).unwrap();
+                assert_eq!(&got[..64], &all[128..], "{format:?} {ty:?}");
+                assert_eq!(&got[64..], &all[..64], "{format:?} {ty:?}");
+            }
         }
     }
 }

@@ -186,11 +186,11 @@ impl ParamStore {
         let params = table
             .iter()
             .map(|info| {
-                let values = match quant.and_then(|q| q.format_of(&info.name)) {
-                    // Exactly the graphs' values: `f32(q) * scale` (kv_core::quant).
-                    Some(format) => {
+                let values = match quant.and_then(|q| Some((q.format_of(&info.name)?, q.scale_type))) {
+                    // Exactly the graphs' values: `f32(q) * f32(scale)` (kv_core::quant).
+                    Some((format, ty)) => {
                         let (bytes, scales) = kv_core::quant::entries(archive, &info.name)?;
-                        kv_core::quant::dequantize(format, &info.name, info.numel(), bytes, scales)?
+                        kv_core::quant::dequantize(format, ty, &info.name, info.numel(), bytes, scales)?
                     }
                     None => load_param(archive, info)?,
                 };

@@ -137,7 +137,14 @@ fn quantized_copy(src: &std::path::Path, format: kv_core::quant::QuantFormat) ->
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
     let src_abs = std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf());
-    let stamp = format!("{}\n{}\n{mtime}\n{}", src_abs.display(), meta.len(), manifest.to_json());
+    // The scale type the quantizer writes is part of the stamp: a change re-quantizes.
+    let stamp = format!(
+        "{}\n{}\n{mtime}\n{}\nscales {}",
+        src_abs.display(),
+        meta.len(),
+        manifest.to_json(),
+        kv_core::quant::ScaleType::default().key()
+    );
     let label: String = src_abs
         .to_string_lossy()
         .chars()

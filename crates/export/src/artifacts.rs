@@ -20,12 +20,14 @@
 //! graph was compiled with are recorded in `provenance.compileFlags` (when every graph has the
 //! same) and `provenance.graphCompileFlags` (JSON: graph key → flags, when any graph has its own).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::manifest::{Functions, MatmulInput, Parameters, CONTRACT_V2, CONTRACT_VERSION};
 use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
+use kv_core::quant::ScaleType;
 use kv_core::{Graph, Manifest};
 
 use crate::compile::{compile_with, Target, COMPILER_VERSION};
@@ -312,16 +314,37 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     m.validate()?;
 
     let table = parameter_table(&m.spec, &arch);
-    let quantization = src.quantization.clone();
+    let mut quantization = src.quantization.clone();
     let quantized = quantization.is_some();
+    // The source's scale type, and the export's: the Vulkan weight formats give the SPIR-V code
+    // generator no 16-bit type, so their archives hold the f16 scales widened to f32 (exactly).
+    let source_scales = quantization.as_ref().map(|q| q.scale_type);
+    if let Some(q) = quantization.as_mut() {
+        if options.weights != WeightFormat::Bf16 {
+            q.scale_type = ScaleType::F32;
+        }
+        m.quantization = Some(q.clone());
+    }
     let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
     // Scales of the quantized parameters, by the parameter's canonical name.
-    let mut scales: BTreeMap<String, &[u8]> = BTreeMap::new();
+    let mut scales: BTreeMap<String, Cow<[u8]>> = BTreeMap::new();
     for p in &table {
         if let Some(format) = quantization.as_ref().and_then(|q| q.format_of(&p.name)) {
+            let (from, to) = (
+                source_scales.unwrap_or_default(),
+                quantization.as_ref().map(|q| q.scale_type).unwrap_or_default(),
+            );
             let (values, s) = kv_core::quant::entries(&archive, &p.name)?;
-            kv_core::quant::check_sizes(format, &p.name, p.numel(), values.len(), s.len())?;
+            kv_core::quant::check_sizes(format, from, &p.name, p.numel(), values.len(), s.len())?;
             data.insert(p.name.clone(), values);
+            let s = if from == to {
+                Cow::Borrowed(s)
+            } else {
+                Cow::Owned(kv_core::quant::scales_to_bytes(
+                    &kv_core::quant::scales_from_bytes(s, from),
+                    to,
+                ))
+            };
             scales.insert(p.name.clone(), s);
             continue;
         }
@@ -583,7 +606,7 @@ fn numbered_keys(table: &[ParamInfo], index: usize) -> BTreeMap<String, String> 
 fn write_archive(
     table: &[ParamInfo],
     data: &BTreeMap<String, &[u8]>,
-    scales: &BTreeMap<String, &[u8]>,
+    scales: &BTreeMap<String, Cow<[u8]>>,
     keys: Option<&BTreeMap<String, String>>,
     path: &Path,
 ) -> Result<()> {
@@ -591,7 +614,7 @@ fn write_archive(
     for p in table {
         let key = keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone());
         if let Some(s) = scales.get(&p.name) {
-            entries.push((kv_core::quant::scale_name(&key), s));
+            entries.push((kv_core::quant::scale_name(&key), s.as_ref()));
         }
         entries.push((key, data[&p.name]));
     }

@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 
 use kv_core::manifest::Name;
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
-use kv_core::quant::{scale_name, QuantFormat, BLOCK};
+use kv_core::quant::{scale_name, QuantFormat, ScaleType, BLOCK};
 use kv_core::rope::RopeTable;
 use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
 
@@ -478,7 +478,7 @@ impl FuncEmitter<'_> {
     }
 
     /// A block-quantized `[out, in]` parameter, loaded: values `[out, in/32, 32]` (`i8`, `i4`)
-    /// and scales `[out, in/32]` f32 (`kv_core::quant`).
+    /// and scales `[out, in/32]` as the archive stores them (f32 or f16, `kv_core::quant`).
     fn load_quant(&mut self, name: &str, format: QuantFormat) -> (V, V) {
         let info = self
             .table
@@ -497,12 +497,29 @@ impl FuncEmitter<'_> {
             };
             self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, BLOCK], elem))
         };
+        let scale_elem = match self.options.quantization.as_ref().map(|q| q.scale_type) {
+            Some(ScaleType::F16) => Elem::F16,
+            _ => Elem::F32,
+        };
         let s = self.load_global(
             format!("{}_scale", symbol(name)),
             &scale_name(&key),
-            Ty::fixed(&[out, nb], Elem::F32),
+            Ty::fixed(&[out, nb], scale_elem),
         );
         (q, s)
+    }
+
+    /// Scales `s` as f32: f16 ones widened (exactly) by a `convert` of their own, which IREE fuses
+    /// into the dispatch that reads them as it does the values' widening. Not inside a
+    /// contraction's body: there the widening ran per element, and a one-row q8 matvec took
+    /// 1.2–1.6× as long as with f32 scales on this CPU (`host` and `generic`); as a producer it
+    /// takes as long as f32 scales (one dispatch, reading the f16 tensor).
+    fn scales_f32(&mut self, s: &V) -> V {
+        if s.ty.elem == Elem::F16 {
+            self.b.convert(s, Elem::F32)
+        } else {
+            s.clone()
+        }
     }
 
     /// Whether quantized values are declared as `i32` words: with the Vulkan weight formats
@@ -550,8 +567,9 @@ impl FuncEmitter<'_> {
         } else {
             self.b.convert(q, Elem::F32)
         };
+        let s = self.scales_f32(s);
         let keep: Vec<usize> = (0..s.ty.rank()).collect();
-        let sb = self.b.broadcast(s, &keep, &wide.ty);
+        let sb = self.b.broadcast(&s, &keep, &wide.ty);
         self.b.mul(&wide, &sb)
     }
 
@@ -681,6 +699,7 @@ impl FuncEmitter<'_> {
                 // A vector-matrix product (the step, every head): the dequantization in the
                 // contraction's own body, one dispatch whatever the fusion flags.
                 let (q, s) = self.load_quant(weight, format);
+                let s = self.scales_f32(&s);
                 self.b.block_contract_q(&x3, &q, &s)
             } else {
                 // Many rows: a matmul to IREE, fed by a dequantization it fuses into the

@@ -24,6 +24,7 @@ impl Dim {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F32,
+    F16,
     I32,
     I16,
     Bf16,
@@ -36,6 +37,7 @@ impl Elem {
     pub fn name(self) -> &'static str {
         match self {
             Elem::F32 => "f32",
+            Elem::F16 => "f16",
             Elem::I32 => "i32",
             Elem::I16 => "i16",
             Elem::Bf16 => "bf16",

@@ -341,14 +341,15 @@ pub fn import_file_with(
                         format!("gguf {source_ty} blocks"),
                     ),
                     None => {
-                        let (bytes, scales) = kv_core::quant::quantize(format, &values);
+                        let (bytes, scales) = kv_core::quant::quantize(format, quant.scale_type, &values);
                         (bytes, scales, format!("requantized from {source_ty}"))
                     }
                 };
                 writer.add_data(name, bytes)?;
                 writer.add_data(
                     kv_core::quant::scale_name(name),
-                    kv_core::quant::scales_to_bytes(&scales),
+                    // GGUF's f16 scales stay exact (widened, then stored back as f16).
+                    kv_core::quant::scales_to_bytes(&scales, quant.scale_type),
                 )?;
                 quant.tensors.insert(name.to_string(), format);
                 quant.origin.insert(name.to_string(), origin);

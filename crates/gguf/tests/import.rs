@@ -336,7 +336,11 @@ fn quantized_imports_copy_matching_blocks_and_requantize_the_rest() {
         let archive = IrpaArchive::open(out.path().join("model.irpa")).unwrap();
         let (bytes, scales) = kv_core::quant::entries(&archive, direct).unwrap();
         let n = if direct.contains("attn_q") { 32 * 32 } else { 16 * 32 };
-        let got = kv_core::quant::dequantize(format, direct, n, bytes, scales).unwrap();
+        // The file's own f16 block scales, stored as they were (2 bytes a block).
+        let ty = manifest.quantization.as_ref().unwrap().scale_type;
+        assert_eq!(ty, kv_core::quant::ScaleType::F16);
+        assert_eq!(scales.len(), n / kv_core::quant::BLOCK * 2, "{direct}");
+        let got = kv_core::quant::dequantize(format, ty, direct, n, bytes, scales).unwrap();
         let want = if direct.contains("attn_q") { &q_want } else { &k_want };
         assert_eq!(&got, want, "{direct}: the file's values exactly");
         assert_eq!(Manifest::load(out.path()).unwrap(), manifest);

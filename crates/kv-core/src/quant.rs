@@ -7,12 +7,14 @@
 //!   [`QuantFormat::Q4`]: signed 4-bit (`-8..=7`), two per byte, element `2k` in the low nibble
 //!   and `2k + 1` in the high one (IREE's packing of `i4` tensors; GGUF Q4_0's `q - 8`, its
 //!   nibbles re-ordered: Q4_0 puts element `j` and `j + 16` of a block in one byte).
-//! - `name.scale` ([`scale_name`]): one little-endian `f32` per block of [`BLOCK`] consecutive
-//!   elements of a row, `[out, in / BLOCK]`.
+//! - `name.scale` ([`scale_name`]): one little-endian scale per block of [`BLOCK`] consecutive
+//!   elements of a row, `[out, in / BLOCK]`, of the manifest's [`ScaleType`]: `f16` (GGUF Q8_0's
+//!   and Q4_0's own, what the importer and the quantizer write) or `f32` (archives written before
+//!   `f16`, and exports for Vulkan, whose code generator gets no 16-bit type).
 //!
-//! The value of element `i` is `f32(q[i]) * scale[i / BLOCK]`: one rounding (the product), so the
-//! graphs (`convert` + `multiply`, fused into the matmul) and the host agree bit for bit on
-//! every weight. Vectors (norms, biases) stay bf16. Which parameters are quantized, and from what,
+//! The value of element `i` is `f32(q[i]) * f32(scale[i / BLOCK])`: one rounding (the product;
+//! widening an f16 is exact), so the graphs (`convert` + `multiply`, fused into the matmul) and
+//! the host agree bit for bit on every weight. Vectors (norms, biases) stay bf16. Which parameters are quantized, and from what,
 //! is the manifest's `quantization` ([`Quantization`]).
 
 use std::collections::BTreeMap;
@@ -33,13 +35,63 @@ pub fn scale_name(name: &str) -> String {
     format!("{name}.scale")
 }
 
+/// The element type of an archive's scales (the manifest's `quantization.scaleType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleType {
+    /// Little-endian f32: what archives held before f16, and what Vulkan exports declare.
+    F32,
+    /// Little-endian IEEE f16 (GGUF's block scales): half the bytes of `F32`, 1/16 B per weight.
+    #[default]
+    F16,
+}
+
+impl ScaleType {
+    /// Bytes of one scale.
+    pub fn size(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::F16 => 2,
+        }
+    }
+
+    /// Bytes of the scales of `numel` elements.
+    pub fn scale_bytes(self, numel: usize) -> usize {
+        numel / BLOCK * self.size()
+    }
+
+    /// `x` as this type stores it (f16: rounded to nearest even), widened back to f32.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            ScaleType::F32 => x,
+            ScaleType::F16 => half::f16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// Scale `i` of `bytes`, widened (exactly) to f32.
+    #[inline]
+    pub fn read(self, bytes: &[u8], i: usize) -> f32 {
+        match self {
+            ScaleType::F32 => f32::from_le_bytes([bytes[i * 4], bytes[i * 4 + 1], bytes[i * 4 + 2], bytes[i * 4 + 3]]),
+            ScaleType::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[i * 2], bytes[i * 2 + 1]])).to_f32(),
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            ScaleType::F32 => "f32",
+            ScaleType::F16 => "f16",
+        }
+    }
+}
+
 /// A weight format of the archive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QuantFormat {
-    /// `i8` values, an `f32` scale per block of 32 (GGUF Q8_0 with its f16 scale widened).
+    /// `i8` values, a scale per block of 32 (GGUF Q8_0).
     Q8,
-    /// Signed 4-bit values, an `f32` scale per block of 32 (GGUF Q4_0).
+    /// Signed 4-bit values, a scale per block of 32 (GGUF Q4_0).
     Q4,
 }
 
@@ -57,11 +109,6 @@ impl QuantFormat {
             QuantFormat::Q8 => numel,
             QuantFormat::Q4 => numel / 2,
         }
-    }
-
-    /// Bytes of the scales of `numel` elements.
-    pub fn scale_bytes(numel: usize) -> usize {
-        numel / BLOCK * 4
     }
 }
 
@@ -85,8 +132,8 @@ impl std::str::FromStr for QuantFormat {
 pub struct Quantization {
     /// Elements per scale, along the input dimension: always [`BLOCK`].
     pub block: usize,
-    /// Element type of the scales: always `f32`.
-    pub scale_type: String,
+    /// Element type of the scales.
+    pub scale_type: ScaleType,
     /// Each quantized parameter: its format.
     pub tensors: BTreeMap<String, QuantFormat>,
     /// Each quantized parameter: where its values came from, e.g. `gguf Q8_0` (the file's blocks
@@ -99,7 +146,7 @@ impl Default for Quantization {
     fn default() -> Self {
         Quantization {
             block: BLOCK,
-            scale_type: "f32".into(),
+            scale_type: ScaleType::default(),
             tensors: BTreeMap::new(),
             origin: BTreeMap::new(),
         }
@@ -118,12 +165,6 @@ impl Quantization {
                 format!("{} (only {BLOCK} is supported)", self.block),
             ));
         }
-        if self.scale_type != "f32" {
-            return Err(Error::manifest(
-                "quantization.scaleType",
-                format!("`{}` (only f32 is supported)", self.scale_type),
-            ));
-        }
         Ok(())
     }
 }
@@ -134,10 +175,12 @@ pub fn quantizable(info: &ParamInfo) -> bool {
     info.shape.len() == 2 && info.shape[1] % BLOCK == 0
 }
 
-/// `values` quantized: (value bytes, scales). Q8 follows ggml's `quantize_row_q8_0_ref`
-/// (`d = amax / 127`, `q = round(x / d)`), Q4 its `quantize_row_q4_0_ref` (`d = max / -8`, the
-/// signed value of largest magnitude, `q = min(15, trunc(x / d + 8.5)) - 8`), with `d` kept in f32.
-pub fn quantize(format: QuantFormat, values: &[f32]) -> (Vec<u8>, Vec<f32>) {
+/// `values` quantized: (value bytes, scales as `scale_type` stores them). Q8 follows ggml's
+/// `quantize_row_q8_0_ref` (`d = amax / 127`, `q = round(x / d)`), Q4 its
+/// `quantize_row_q4_0_ref` (`d = max / -8`, the signed value of largest magnitude,
+/// `q = min(15, trunc(x / d + 8.5)) - 8`); as in ggml the values are rounded with the f32 `d`
+/// and the scale is then stored in its type (`GGML_FP32_TO_FP16(d)`).
+pub fn quantize(format: QuantFormat, scale_type: ScaleType, values: &[f32]) -> (Vec<u8>, Vec<f32>) {
     assert!(values.len() % BLOCK == 0, "quantize: whole blocks only");
     let blocks = values.len() / BLOCK;
     let mut scales = Vec::with_capacity(blocks);
@@ -151,7 +194,7 @@ pub fn quantize(format: QuantFormat, values: &[f32]) -> (Vec<u8>, Vec<f32>) {
                 for (o, v) in out.iter_mut().zip(x) {
                     *o = (v * id).round().clamp(-127.0, 127.0) as i8;
                 }
-                scales.push(d);
+                scales.push(scale_type.round(d));
             }
             QuantFormat::Q4 => {
                 let (mut amax, mut max) = (0.0f32, 0.0f32);
@@ -167,7 +210,7 @@ pub fn quantize(format: QuantFormat, values: &[f32]) -> (Vec<u8>, Vec<f32>) {
                     let u = ((v * id + 8.5) as i32).clamp(0, 15);
                     *o = (u - 8) as i8;
                 }
-                scales.push(d);
+                scales.push(scale_type.round(d));
             }
         }
     }
@@ -198,30 +241,37 @@ fn value(format: QuantFormat, bytes: &[u8], i: usize) -> i8 {
     }
 }
 
-/// Little-endian f32 scales.
-pub fn scales_from_bytes(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+/// Scales stored as `ty`, widened to f32.
+pub fn scales_from_bytes(bytes: &[u8], ty: ScaleType) -> Vec<f32> {
+    (0..bytes.len() / ty.size()).map(|i| ty.read(bytes, i)).collect()
 }
 
-pub fn scales_to_bytes(scales: &[f32]) -> Vec<u8> {
-    scales.iter().flat_map(|s| s.to_le_bytes()).collect()
+/// `scales` stored as `ty` (f16: each rounded to nearest even; exact for scales that
+/// [`quantize`] made for `ty` or that came from f16).
+pub fn scales_to_bytes(scales: &[f32], ty: ScaleType) -> Vec<u8> {
+    match ty {
+        ScaleType::F32 => scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+        ScaleType::F16 => scales
+            .iter()
+            .flat_map(|&s| half::f16::from_f32(s).to_bits().to_le_bytes())
+            .collect(),
+    }
 }
 
 /// Elements `first..first + out.len()` dequantized into `out` (`first` and the length whole
-/// blocks): `f32(q) * scale`, exactly what the graphs compute.
-pub fn dequantize_range(format: QuantFormat, bytes: &[u8], scales: &[u8], first: usize, out: &mut [f32]) {
+/// blocks): `f32(q) * f32(scale)`, exactly what the graphs compute.
+pub fn dequantize_range(
+    format: QuantFormat,
+    ty: ScaleType,
+    bytes: &[u8],
+    scales: &[u8],
+    first: usize,
+    out: &mut [f32],
+) {
     debug_assert!(first % BLOCK == 0 && out.len() % BLOCK == 0);
     for (b, block) in out.chunks_exact_mut(BLOCK).enumerate() {
         let bi = first / BLOCK + b;
-        let s = f32::from_le_bytes([
-            scales[bi * 4],
-            scales[bi * 4 + 1],
-            scales[bi * 4 + 2],
-            scales[bi * 4 + 3],
-        ]);
+        let s = ty.read(scales, bi);
         for (j, o) in block.iter_mut().enumerate() {
             *o = f32::from(value(format, bytes, bi * BLOCK + j)) * s;
         }
@@ -229,28 +279,43 @@ pub fn dequantize_range(format: QuantFormat, bytes: &[u8], scales: &[u8], first:
 }
 
 /// Every element of a quantized parameter, checked against its size.
-pub fn dequantize(format: QuantFormat, name: &str, numel: usize, bytes: &[u8], scales: &[u8]) -> Result<Vec<f32>> {
-    check_sizes(format, name, numel, bytes.len(), scales.len())?;
+pub fn dequantize(
+    format: QuantFormat,
+    ty: ScaleType,
+    name: &str,
+    numel: usize,
+    bytes: &[u8],
+    scales: &[u8],
+) -> Result<Vec<f32>> {
+    check_sizes(format, ty, name, numel, bytes.len(), scales.len())?;
     let mut out = vec![0.0f32; numel];
-    dequantize_range(format, bytes, scales, 0, &mut out);
+    dequantize_range(format, ty, bytes, scales, 0, &mut out);
     Ok(out)
 }
 
 /// Errs unless the value and scale entries have the sizes `numel` elements need.
-pub fn check_sizes(format: QuantFormat, name: &str, numel: usize, values: usize, scales: usize) -> Result<()> {
+pub fn check_sizes(
+    format: QuantFormat,
+    ty: ScaleType,
+    name: &str,
+    numel: usize,
+    values: usize,
+    scales: usize,
+) -> Result<()> {
     if numel % BLOCK != 0 {
         return Err(Error::parameter(
             name,
             format!("{numel} elements are not whole blocks of {BLOCK}"),
         ));
     }
-    let (want_v, want_s) = (format.value_bytes(numel), QuantFormat::scale_bytes(numel));
+    let (want_v, want_s) = (format.value_bytes(numel), ty.scale_bytes(numel));
     if values != want_v || scales != want_s {
         return Err(Error::parameter(
             name,
             format!(
-                "{} of {numel} elements needs {want_v} value bytes and {want_s} scale bytes, found {values} and {scales}",
-                format.key()
+                "{} of {numel} elements needs {want_v} value bytes and {want_s} scale bytes ({}), found {values} and {scales}",
+                format.key(),
+                ty.key()
             ),
         ));
     }
@@ -267,11 +332,17 @@ pub fn entries<'a>(archive: &'a IrpaArchive, name: &str) -> Result<(&'a [u8], &'
     Ok((values, scales))
 }
 
-/// Adds `name` quantized from `values` to `writer`.
-pub fn add_quantized(writer: &mut IrpaWriter, format: QuantFormat, name: &str, values: &[f32]) -> Result<()> {
-    let (bytes, scales) = quantize(format, values);
+/// Adds `name` quantized from `values` to `writer`, its scales stored as `ty`.
+pub fn add_quantized(
+    writer: &mut IrpaWriter,
+    format: QuantFormat,
+    ty: ScaleType,
+    name: &str,
+    values: &[f32],
+) -> Result<()> {
+    let (bytes, scales) = quantize(format, ty, values);
     writer.add_data(name, bytes)?;
-    writer.add_data(scale_name(name), scales_to_bytes(&scales))?;
+    writer.add_data(scale_name(name), scales_to_bytes(&scales, ty))?;
     Ok(())
 }
 
@@ -316,7 +387,7 @@ pub fn quantize_dir(src: &Path, dst: &Path, format: QuantFormat) -> Result<Manif
             ));
         };
         if quantizable(&info) {
-            add_quantized(&mut writer, format, &info.name, &values)?;
+            add_quantized(&mut writer, format, quant.scale_type, &info.name, &values)?;
             quant.tensors.insert(info.name.clone(), format);
             quant
                 .origin
@@ -349,11 +420,43 @@ mod tests {
     #[test]
     fn q8_round_trip_is_within_half_a_step() {
         let x = sample(4 * BLOCK);
-        let (bytes, scales) = quantize(QuantFormat::Q8, &x);
-        let y = dequantize(QuantFormat::Q8, "w", x.len(), &bytes, &scales_to_bytes(&scales)).unwrap();
-        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
-            assert!((a - b).abs() <= scales[i / BLOCK] * 0.5 + 1e-7, "{i}: {a} {b}");
+        for ty in [ScaleType::F32, ScaleType::F16] {
+            let (bytes, scales) = quantize(QuantFormat::Q8, ty, &x);
+            let stored = scales_to_bytes(&scales, ty);
+            assert_eq!(stored.len(), ty.scale_bytes(x.len()));
+            assert_eq!(
+                scales_from_bytes(&stored, ty),
+                scales,
+                "{ty:?} scales are what is stored"
+            );
+            let y = dequantize(QuantFormat::Q8, ty, "w", x.len(), &bytes, &stored).unwrap();
+            for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+                // Half a step, plus the f16 rounding of the scale (2^-11 relative) over 127 steps.
+                let slack = if ty == ScaleType::F16 {
+                    scales[i / BLOCK] * 127.0 / 2048.0
+                } else {
+                    0.0
+                };
+                assert!(
+                    (a - b).abs() <= scales[i / BLOCK] * 0.5 + slack + 1e-7,
+                    "{ty:?} {i}: {a} {b}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn f16_scales_are_gguf_halves() {
+        // 0.1 is not an f16: stored as the nearest one, 0x2E66, and read back as exactly that.
+        let stored = scales_to_bytes(&[0.1, -2.5, 0.0], ScaleType::F16);
+        assert_eq!(stored, vec![0x66, 0x2e, 0x00, 0xc1, 0x00, 0x00]);
+        let back = scales_from_bytes(&stored, ScaleType::F16);
+        assert_eq!(back, vec![half::f16::from_bits(0x2e66).to_f32(), -2.5, 0.0]);
+        assert_eq!(ScaleType::F16.round(0.1), back[0]);
+        // The manifest spells them as the contract does.
+        assert_eq!(serde_json::to_string(&ScaleType::F16).unwrap(), "\"f16\"");
+        assert_eq!(serde_json::from_str::<ScaleType>("\"f32\"").unwrap(), ScaleType::F32);
+        assert!(serde_json::from_str::<ScaleType>("\"f64\"").is_err());
     }
 
     #[test]
@@ -363,8 +466,16 @@ mod tests {
         let got: Vec<i8> = (0..4).map(|i| value(QuantFormat::Q4, &bytes, i)).collect();
         assert_eq!(got, vec![-8, 7, 1, -1]);
         let x = sample(2 * BLOCK);
-        let (bytes, scales) = quantize(QuantFormat::Q4, &x);
-        let y = dequantize(QuantFormat::Q4, "w", x.len(), &bytes, &scales_to_bytes(&scales)).unwrap();
+        let (bytes, scales) = quantize(QuantFormat::Q4, ScaleType::F32, &x);
+        let y = dequantize(
+            QuantFormat::Q4,
+            ScaleType::F32,
+            "w",
+            x.len(),
+            &bytes,
+            &scales_to_bytes(&scales, ScaleType::F32),
+        )
+        .unwrap();
         for (i, (a, b)) in x.iter().zip(&y).enumerate() {
             // Half a step, except on the side opposite the largest magnitude, which clips at +7·|d|.
             assert!((a - b).abs() <= scales[i / BLOCK].abs() + 1e-6, "{i}: {a} {b}");
@@ -373,8 +484,12 @@ mod tests {
 
     #[test]
     fn sizes_are_checked() {
-        assert!(dequantize(QuantFormat::Q8, "w", 64, &[0; 63], &[0; 8]).is_err());
-        assert!(dequantize(QuantFormat::Q4, "w", 64, &[0; 32], &[0; 4]).is_err());
-        assert!(dequantize(QuantFormat::Q4, "w", 64, &[0; 32], &[0; 8]).is_ok());
+        let f32s = ScaleType::F32;
+        assert!(dequantize(QuantFormat::Q8, f32s, "w", 64, &[0; 63], &[0; 8]).is_err());
+        assert!(dequantize(QuantFormat::Q4, f32s, "w", 64, &[0; 32], &[0; 4]).is_err());
+        assert!(dequantize(QuantFormat::Q4, f32s, "w", 64, &[0; 32], &[0; 8]).is_ok());
+        // f16 scales: two bytes a block, and f32-sized scales are refused.
+        assert!(dequantize(QuantFormat::Q4, ScaleType::F16, "w", 64, &[0; 32], &[0; 4]).is_ok());
+        assert!(dequantize(QuantFormat::Q4, ScaleType::F16, "w", 64, &[0; 32], &[0; 8]).is_err());
     }
 }

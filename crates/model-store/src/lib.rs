@@ -315,8 +315,9 @@ struct ImportStamp {
     importer: u32,
 }
 
-/// Bumped when the importer's output changes, so cached directories are rebuilt.
-const IMPORTER_VERSION: u32 = 1;
+/// Bumped when the importer's output changes, so cached directories are rebuilt. 2: quantized
+/// imports store f16 scales (`kv_core::quant::ScaleType`).
+const IMPORTER_VERSION: u32 = 2;
 const STAMP_FILE: &str = "import.json";
 
 impl Store {
