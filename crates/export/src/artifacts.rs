@@ -318,22 +318,22 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     let quantized = quantization.is_some();
     // The source's scale type, and the export's: the Vulkan weight formats give the SPIR-V code
     // generator no 16-bit type, so their archives hold the f16 scales widened to f32 (exactly).
-    let source_scales = quantization.as_ref().map(|q| q.scale_type);
-    if let Some(q) = quantization.as_mut() {
-        if options.weights != WeightFormat::Bf16 {
-            q.scale_type = ScaleType::F32;
+    let (from, to) = match quantization.as_mut() {
+        Some(q) => {
+            let from = q.scale_type;
+            if options.weights != WeightFormat::Bf16 {
+                q.scale_type = ScaleType::F32;
+            }
+            m.quantization = Some(q.clone());
+            (from, q.scale_type)
         }
-        m.quantization = Some(q.clone());
-    }
+        None => (ScaleType::default(), ScaleType::default()),
+    };
     let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
     // Scales of the quantized parameters, by the parameter's canonical name.
     let mut scales: BTreeMap<String, Cow<[u8]>> = BTreeMap::new();
     for p in &table {
         if let Some(format) = quantization.as_ref().and_then(|q| q.format_of(&p.name)) {
-            let (from, to) = (
-                source_scales.unwrap_or_default(),
-                quantization.as_ref().map(|q| q.scale_type).unwrap_or_default(),
-            );
             let (values, s) = kv_core::quant::entries(&archive, &p.name)?;
             kv_core::quant::check_sizes(format, from, &p.name, p.numel(), values.len(), s.len())?;
             data.insert(p.name.clone(), values);
