@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use iree_runtime::{BufferView, Device, ElementType, Function};
 use kv_core::irpa::FileStamp;
-use kv_core::manifest::Name;
+use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
@@ -18,7 +18,9 @@ use kv_core::{
 
 use crate::convert::{contract_err, iree_err};
 use crate::embedding::Embedding;
-use crate::open::{check_arg_counts, declared_input_dims, open_graphs, open_sessions, IreeOptions, Opened};
+use crate::open::{
+    check_arg_counts, declared_input, declared_input_dims, open_graphs, open_sessions, IreeOptions, Opened,
+};
 use crate::shared::SharedModule;
 
 /// One layer's cache: a `[1, nKvHeads, rows, d]` view covering positions `first..first + rows`.
@@ -137,6 +139,11 @@ impl IreeKvBackend {
             let index = manifest.canonical_args(graph).iter().position(|&a| a == name)?;
             Some((function.name.clone(), declared_input_dims(function, index)))
         };
+        let declared_element = |opened: &Opened, graph: Graph, name: Name, manifest: &Manifest| {
+            let (_, function) = opened.functions.get(&graph)?;
+            let index = manifest.canonical_args(graph).iter().position(|&a| a == name)?;
+            declared_input(function, index).map(|(_, element)| element)
+        };
         let step_pos = declared(&opened, Graph::Step, Name::Cos(manifest.spec.layer_kind(0)), &manifest);
         if let Some((_, Some(dims))) = &step_pos {
             if dims.as_slice() == [Some(1)] {
@@ -175,6 +182,18 @@ impl IreeKvBackend {
                     )
                 })?;
                 let capacity = rows_of(global, &manifest)?;
+                // The caches' element type, as the step declares them (`cacheType`).
+                manifest.cache_type =
+                    match declared_element(&opened, Graph::Step, Name::K(global), &manifest).as_deref() {
+                        Some("f32") => CacheType::F32,
+                        Some("f16") => CacheType::F16,
+                        other => {
+                            return Err(contract_err(
+                                "open",
+                                format!("a v2 step's cache is declared of element type {other:?}, expected f32 or f16"),
+                            ))
+                        }
+                    };
                 let sliding = match spec.first_layer_of(LayerKind::Sliding) {
                     Some(l) => rows_of(l, &manifest)?,
                     None => capacity,

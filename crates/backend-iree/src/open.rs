@@ -154,6 +154,11 @@ fn arg_count(convention: &str) -> usize {
 /// reflection spells them (`sync func @f(%input0: tensor<1x24xi32>) -> ...`); `None` when the
 /// module carries no such declaration.
 pub fn declared_input_dims(function: &Function, index: usize) -> Option<Vec<Option<usize>>> {
+    declared_input(function, index).map(|(dims, _)| dims)
+}
+
+/// [`declared_input_dims`] and the declared element type (`"f32"`, `"f16"`, ...).
+pub fn declared_input(function: &Function, index: usize) -> Option<(Vec<Option<usize>>, String)> {
     let (_, declaration) = function.attributes.iter().find(|(k, _)| k == "iree.abi.declaration")?;
     let inputs = declaration
         .split_once('(')?
@@ -163,13 +168,15 @@ pub fn declared_input_dims(function: &Function, index: usize) -> Option<Vec<Opti
     let input = inputs.split("%input").nth(index + 1)?;
     let shape = input.split_once("tensor<")?.1.split_once('>')?.0;
     let mut dims: Vec<&str> = shape.split('x').collect();
-    dims.pop(); // the element type
-    dims.iter()
+    let element = dims.pop()?.to_string();
+    let dims = dims
+        .iter()
         .map(|d| match *d {
             "?" => Some(None),
             d => d.parse().ok().map(Some),
         })
-        .collect()
+        .collect::<Option<Vec<_>>>()?;
+    Some((dims, element))
 }
 
 /// Opens `graphs` and checks each function's argument count against the manifest's contract.

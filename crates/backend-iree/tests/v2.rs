@@ -8,7 +8,7 @@ use backend_iree::{IreeKvBackend, IreeOptions};
 use backend_reference::{ReferenceKv, ReferenceModel};
 use export::{cached_export, cached_export_with, runtime_options_for, ExportOptions, Layout, Target, WeightFormat};
 use kv_core::diverge::{lockstep, LockstepOptions};
-use kv_core::manifest::MatmulInput;
+use kv_core::manifest::{CacheType, MatmulInput, Rounding};
 use kv_core::tolerance::{assert_layers_close, max_diff, Tolerance};
 use kv_core::{Error, Graph, KvBackend, KvSpec, WindowRule};
 
@@ -26,6 +26,17 @@ fn v2() -> PathBuf {
         ..ExportOptions::default()
     };
     cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)")
+}
+
+/// v2 with f16 caches (`cacheType`), compiled as the runtime compiles CPU modules.
+fn v2_f16() -> PathBuf {
+    let options = ExportOptions {
+        targets: vec![Target::cpu()],
+        layout: Layout::Shared,
+        cache_type: CacheType::F16,
+        ..runtime_options_for(&Target::cpu(), 2)
+    };
+    cached_export_with(MODEL, &options).expect("export v2 with f16 caches")
 }
 
 fn open(dir: &std::path::Path) -> IreeKvBackend {
@@ -154,8 +165,21 @@ fn v2_errors_leave_the_session_as_it_was() {
 /// (and v2's capacity) is read from the step function's declared arguments.
 #[test]
 fn a_v1_built_manifest_opens_v2_files_as_v2() {
+    learns_v2_from_the_signatures(v2());
+    // (Not `v2_f16()`: the runtime's flags encode some weights into a second archive, which the
+    // seed's ABI has no slot for.)
+    let f16 = ExportOptions {
+        targets: vec![Target::cpu()],
+        layout: Layout::Shared,
+        contract: 2,
+        cache_type: CacheType::F16,
+        ..ExportOptions::default()
+    };
+    learns_v2_from_the_signatures(cached_export_with(MODEL, &f16).expect("export v2 with f16 caches"));
+}
+
+fn learns_v2_from_the_signatures(dir: PathBuf) {
     use kv_core::manifest::Parameters;
-    let dir = v2();
     let real = kv_core::Manifest::load(&dir).unwrap();
     let files = |graph: Graph| {
         let module = real.modules["llvm-cpu"][graph.key()].clone();
@@ -200,6 +224,8 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
         IreeKvBackend::open_manifest_learning_seq(std::path::Path::new(""), built(false), options.clone()).unwrap();
     assert!(s.manifest().is_v2());
     assert_eq!(s.spec().max_positions, real.spec.max_positions);
+    // The caches' element type, from their declared type.
+    assert_eq!(s.manifest().cache_type, real.cache_type);
     // The sliding layers' views, from their declared cache shape.
     assert!(real.spec.sliding_cache_rows > 0);
     assert_eq!(s.spec().sliding_cache_rows, real.spec.sliding_cache_rows);
@@ -320,7 +346,7 @@ fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
     assert_eq!(iree.manifest().matmul_input, MatmulInput::Bf16);
     let rounding = ReferenceModel::open(&dir).unwrap();
     assert_eq!(rounding.manifest().matmul_input, MatmulInput::Bf16);
-    let plain = ReferenceModel::open_with_input(&dir, Some(MatmulInput::F32)).unwrap();
+    let plain = ReferenceModel::open_with_rounding(&dir, Some(Rounding::FP32)).unwrap();
     let mut reference = ReferenceKv::new(rounding, WindowRule::Exact);
     let mut fp32 = ReferenceKv::new(plain, WindowRule::Exact);
 
@@ -360,6 +386,63 @@ fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
         ..LockstepOptions::new(16)
     };
     let report = lockstep(&mut reference, &mut iree, &prompt(21), &options).unwrap();
+    assert_eq!(report.first_layer_out_of_tolerance, None, "{report:?}");
+    assert_ne!(report.divergence_at_near_tie, Some(false), "{report:?}");
+}
+
+/// Contract 2 with f16 caches (`cacheType`: what `--cpu host` exports keep on CPUs that convert
+/// f16 in hardware) against the reference opened on the export's own manifest, which rounds each
+/// K and V row the same way (`CacheType::round`). The caches hold f16 values (every element read
+/// back is its own rounding), the tokens and K/V agree with the rounding reference at the
+/// cross-backend tolerance through a prefill and 16 teacher-forced steps, the FP32 reference is
+/// measurably further away, and a snapshot saved to a file and loaded into a fresh session
+/// answers an utterance as the in-memory snapshot does.
+#[test]
+fn f16_caches_match_a_reference_that_rounds_the_same() {
+    let dir = v2_f16();
+    let mut iree = open(&dir);
+    assert_eq!(iree.manifest().cache_type, CacheType::F16);
+    let rounding = ReferenceModel::open(&dir).unwrap();
+    assert_eq!(rounding.manifest().cache_type, CacheType::F16);
+    let plain = ReferenceModel::open_with_rounding(&dir, Some(Rounding::FP32)).unwrap();
+    let mut reference = ReferenceKv::new(rounding, WindowRule::Exact);
+    let mut fp32 = ReferenceKv::new(plain, WindowRule::Exact);
+
+    let prefix = prompt(21);
+    assert_eq!(iree.prefill(&prefix).unwrap(), reference.prefill(&prefix).unwrap());
+    fp32.prefill(&prefix).unwrap();
+    for l in 0..iree.spec().n_layers {
+        let layer = iree.read_layer(l).unwrap();
+        for (what, values) in [("K", &layer.k), ("V", &layer.v)] {
+            let off = values.iter().find(|&&x| CacheType::F16.round(x) != x);
+            assert_eq!(off, None, "layer {l} {what}: a value off the f16 grid");
+        }
+    }
+    caches_within("after the prefill", &iree, &reference, Tolerance::CROSS_BACKEND);
+    let layers = 0..iree.spec().n_layers;
+    let (_, mean_rounding) = cache_diff(&iree, &reference, layers.clone());
+    let (_, mean_fp32) = cache_diff(&iree, &fp32, layers);
+    assert!(
+        mean_fp32 > 3.0 * mean_rounding,
+        "mean K/V difference: FP32 reference {mean_fp32:e}, rounding reference {mean_rounding:e}"
+    );
+
+    // A snapshot through a file into a fresh session: the same utterance.
+    let snapshot = iree.snapshot().unwrap();
+    let file = tempfile::tempdir().unwrap();
+    let path = file.path().join("prefix.skvsnap");
+    kv_core::snapshot_file::save(&iree, &snapshot, &path).unwrap();
+    let mut fresh = open(&dir);
+    let loaded = kv_core::snapshot_file::load(&fresh, &path).unwrap();
+    let words = prompt(5);
+    let want = utterance(&mut iree, &snapshot, &words, 6);
+    assert_eq!(utterance(&mut fresh, &loaded, &words, 6), want);
+
+    let (mut iree, mut reference) = (
+        open(&dir),
+        ReferenceKv::new(ReferenceModel::open(&dir).unwrap(), WindowRule::Exact),
+    );
+    let report = lockstep(&mut reference, &mut iree, &prompt(21), &LockstepOptions::new(16)).unwrap();
     assert_eq!(report.first_layer_out_of_tolerance, None, "{report:?}");
     assert_ne!(report.divergence_at_near_tie, Some(false), "{report:?}");
 }

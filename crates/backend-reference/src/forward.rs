@@ -144,7 +144,14 @@ impl ReferenceModel {
         // 3.–5. per head: QK-norm, RoPE at the row's position, query scale
         prepare_heads(&mut q, d, w.attn_q_norm.as_ref(), eps, inputs.rope, arch.query_scale);
         prepare_heads(&mut k, d, w.attn_k_norm.as_ref(), eps, inputs.rope, 1.0);
-        // 6. the cache rows: [rows, nKv*d] -> [nKv, rows, d]
+        // 6. the cache rows: [rows, nKv*d] -> [nKv, rows, d], as the cache type holds them
+        //    (rounded where they are computed, before this block attends to them: `CacheType`)
+        let cache = self.manifest().cache_type;
+        let (k, v) = if cache.is_f32() {
+            (k, v)
+        } else {
+            (k.mapv(|x| cache.round(x)), v.mapv(|x| cache.round(x)))
+        };
         let k_new = to_heads_first(k, n_kv_heads, d);
         let v_new = to_heads_first(v, n_kv_heads, d);
 

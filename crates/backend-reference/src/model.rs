@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntryKind};
-use kv_core::manifest::MatmulInput;
+use kv_core::manifest::Rounding;
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::quant::Quantization;
 use kv_core::{Architecture, Error, KvSpec, Manifest, Result};
@@ -54,16 +54,16 @@ impl ReferenceModel {
     /// Reads `dir/manifest.json` (which must carry `architecture`) and the weights archive it
     /// names, relative to `dir`.
     pub fn open(dir: &Path) -> Result<Arc<Self>> {
-        Self::open_with_input(dir, None)
+        Self::open_with_rounding(dir, None)
     }
 
-    /// [`Self::open`], computing the projections on `input` instead of what the manifest says
-    /// (`None`: the manifest's): a reference that rounds what some compiled artifacts round,
-    /// or the FP32 forward of artifacts that round.
-    pub fn open_with_input(dir: &Path, input: Option<MatmulInput>) -> Result<Arc<Self>> {
+    /// [`Self::open`], rounding as `rounding` says instead of as the manifest does (`None`: the
+    /// manifest's): a reference that rounds what some compiled artifacts round, or the FP32
+    /// forward of artifacts that round.
+    pub fn open_with_rounding(dir: &Path, rounding: Option<Rounding>) -> Result<Arc<Self>> {
         let mut manifest = Manifest::load(dir)?;
-        if let Some(input) = input {
-            manifest.matmul_input = input;
+        if let Some(rounding) = rounding {
+            rounding.apply(&mut manifest);
         }
         let file = manifest
             .weights_file()

@@ -178,6 +178,22 @@ pub struct TargetArgs {
     /// here, docs/benchmarks.md), else f32; `f32` keeps the FP32 forward everywhere.
     #[arg(long, value_enum, default_value = "auto")]
     pub matmul_input: MatmulInputChoice,
+    /// The KV caches of an on-demand CPU export: `auto` keeps them in f16 (manifest
+    /// `cacheType`) for contract 2 on a `--cpu host` that converts f16 in hardware (x86 F16C,
+    /// aarch64): half the bytes a step reads from its caches and half their memory; `f32`
+    /// keeps f32 caches.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub cache_type: CacheTypeChoice,
+}
+
+/// `--cache-type` of the commands that export on demand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum CacheTypeChoice {
+    /// f16 where the CPU converts f16 in hardware and the export is contract 2 on `--cpu host`.
+    #[default]
+    Auto,
+    /// f32 caches.
+    F32,
 }
 
 /// `--matmul-input` of the commands that export on demand.
@@ -205,9 +221,9 @@ pub struct ModelSource {
     /// The graph contract of an export made on demand (1, or 2: `docs/contract-v2.md`); `None`:
     /// chosen per device ([`Self::contract_for`]).
     pub contract: Option<u32>,
-    /// What the reference's projections multiply; `None`: its manifest's (the model's own:
-    /// f32). `diverge --reference-input artifacts` sets the IREE artifacts'.
-    pub reference_input: Option<kv_core::manifest::MatmulInput>,
+    /// What the reference rounds; `None`: what its manifest says (the model's own: nothing,
+    /// the FP32 forward). `diverge --reference-input artifacts` sets the IREE artifacts'.
+    pub reference_input: Option<kv_core::manifest::Rounding>,
 }
 
 impl ModelSource {
@@ -316,6 +332,13 @@ impl ModelSource {
                 ..options
             },
         };
+        let options = match self.target.cache_type {
+            CacheTypeChoice::Auto => options,
+            CacheTypeChoice::F32 => export::ExportOptions {
+                cache_type: kv_core::manifest::CacheType::F32,
+                ..options
+            },
+        };
         if !export::is_cached(&model, &options)? {
             eprintln!(
                 "skainet-kv: exporting {} for {} (once; cached under {})",
@@ -352,7 +375,7 @@ pub fn open_kv(choice: BackendChoice, source: &ModelSource, rule: RuleChoice) ->
     let _ = choice;
     let dir = source.model_dir()?;
     let t = Instant::now();
-    let model = ReferenceModel::open_with_input(&dir, source.reference_input)
+    let model = ReferenceModel::open_with_rounding(&dir, source.reference_input)
         .with_context(|| format!("opening {}", dir.display()))?;
     Ok((AnyKv::Reference(ReferenceKv::new(model, rule.into())), t.elapsed()))
 }

@@ -71,10 +71,10 @@ pub enum WeightsChoice {
     /// bf16, as imported.
     #[default]
     Bf16,
-    /// Matrices as int8 with an f32 scale per block of 32 (GGUF Q8_0 blocks copied, other types
+    /// Matrices as int8 with an f16 scale per block of 32 (GGUF Q8_0 blocks copied, other types
     /// re-quantized), dequantized inside the matmuls.
     Q8,
-    /// Matrices as signed 4-bit with an f32 scale per block of 32 (GGUF Q4_0 blocks copied,
+    /// Matrices as signed 4-bit with an f16 scale per block of 32 (GGUF Q4_0 blocks copied,
     /// other types re-quantized), dequantized inside the matmuls.
     Q4,
 }

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::manifest::{Functions, MatmulInput, Parameters, CONTRACT_V2, CONTRACT_VERSION};
+use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, CONTRACT_V2, CONTRACT_VERSION};
 use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
 use kv_core::quant::ScaleType;
 use kv_core::{Graph, Manifest};
@@ -127,6 +127,10 @@ pub struct ExportOptions {
     /// that are not block-quantized, and is then recorded in the manifest (`matmulInput`);
     /// otherwise the graphs stay f32 and the manifest says so.
     pub matmul_input: MatmulInput,
+    /// Contract 2: the element type of the KV caches ([`CacheType`]). `F16` takes effect for
+    /// exports whose targets are all CPUs (the portable Vulkan target has no 16-bit storage) and
+    /// is then recorded in the manifest (`cacheType`); otherwise the caches stay f32.
+    pub cache_type: CacheType,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -170,6 +174,7 @@ impl Default for ExportOptions {
             contract: kv_core::manifest::CONTRACT_VERSION,
             ring_slack: None,
             matmul_input: MatmulInput::F32,
+            cache_type: CacheType::F32,
         }
     }
 }
@@ -306,6 +311,12 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     } else {
         MatmulInput::F32
     };
+    let cpu_only = options.targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
+    m.cache_type = if v2 && cpu_only {
+        options.cache_type
+    } else {
+        CacheType::F32
+    };
     if !v2 {
         m.functions = Functions::with_prefix(&prefix);
     }
@@ -440,7 +451,6 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
     // One module text serves every target of the export: forms only the CPU compiles need an
     // export for the CPU alone.
-    let cpu_only = options.targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
     let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
     let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
         weights: options.weights,

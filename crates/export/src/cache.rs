@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use kv_core::manifest::{MatmulInput, CONTRACT_VERSION, MANIFEST_FILE};
+use kv_core::manifest::{CacheType, MatmulInput, CONTRACT_VERSION, MANIFEST_FILE};
 
 use sha2::{Digest, Sha256};
 
@@ -116,6 +116,10 @@ pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
             Target::Cpu { cpu } if cpu == "host" && host_has_bf16_dot() => MatmulInput::Bf16,
             _ => MatmulInput::F32,
         },
+        cache_type: match target {
+            Target::Cpu { cpu } if cpu == "host" && host_converts_f16() => CacheType::F16,
+            _ => CacheType::F32,
+        },
         ..v1
     }
 }
@@ -130,6 +134,25 @@ pub fn host_has_bf16_dot() -> bool {
         std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU converts f16 to f32 in hardware (x86: F16C; every aarch64 CPU), so that a
+/// graph reading f16 caches widens them with one instruction per 8 or 16 values instead of a
+/// software routine per value. Where it does, contract 2's `host` exports keep f16 caches
+/// ([`CacheType::F16`]).
+pub fn host_converts_f16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        true
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         false
     }
@@ -337,6 +360,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     }
     if !options.matmul_input.is_f32() {
         settings["matmulInput"] = serde_json::json!(options.matmul_input);
+    }
+    if !options.cache_type.is_f32() {
+        settings["cacheType"] = serde_json::json!(options.cache_type);
     }
     // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
     // with) another machine never runs code built for instructions that one lacks.

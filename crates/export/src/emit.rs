@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use kv_core::manifest::Name;
+use kv_core::manifest::{CacheType, Name};
 use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::quant::{scale_name, QuantFormat, ScaleType, BLOCK};
 use kv_core::rope::RopeTable;
@@ -172,11 +172,15 @@ fn dyn_dim() -> Dim {
 }
 
 /// The type of a named argument of `graph` (CONTRACT §2, §3; `docs/contract-v2.md` when `v2`).
-fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> Result<Ty, ExportError> {
+fn arg_type(manifest: &Manifest, graph: Graph, name: Name, rows: usize) -> Result<Ty, ExportError> {
+    let (spec, v2) = (&manifest.spec, manifest.is_v2());
     let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
     let ty = match name {
         Name::Pos if v2 => Ty::fixed(&[1], Elem::I32),
-        Name::K(l) | Name::V(l) if v2 => Ty::fixed(&[spec.cache_rows(spec.layer_kind(l)), nkv, d], Elem::F32),
+        Name::K(l) | Name::V(l) if v2 => Ty::fixed(
+            &[spec.cache_rows(spec.layer_kind(l)), nkv, d],
+            cache_elem(manifest.cache_type),
+        ),
         Name::Tokens if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
         Name::Tokens | Name::Token => Ty::fixed(&[rows], Elem::I32),
         Name::Emb => Ty::fixed(&[rows, h], Elem::F32),
@@ -195,6 +199,14 @@ fn arg_type(spec: &KvSpec, graph: Graph, name: Name, rows: usize, v2: bool) -> R
         }
     };
     Ok(ty)
+}
+
+/// The graph element type of a contract v2 cache.
+fn cache_elem(ty: CacheType) -> Elem {
+    match ty {
+        CacheType::F32 => Elem::F32,
+        CacheType::F16 => Elem::F16,
+    }
 }
 
 /// Quantized elements per `i32` word.
@@ -270,7 +282,7 @@ impl FuncEmitter<'_> {
         let mut args: HashMap<Name, V> = HashMap::new();
         let mut sig = Vec::new();
         for (i, name) in arg_names.iter().enumerate() {
-            let ty = arg_type(spec, graph, *name, rows, v2)?;
+            let ty = arg_type(manifest, graph, *name, rows)?;
             sig.push(format!("%arg{i}: {}", ty.text()));
             let v = V {
                 name: format!("%arg{i}"),
@@ -1030,6 +1042,74 @@ impl FuncEmitter<'_> {
         self.b.reshape_static(&o, &[r, nh * d])
     }
 
+    /// [`Self::attention_v2`] over f16 caches (`CacheType::F16`), all KV heads in each product:
+    /// the caches enter the products as the function's arguments, whole. IREE widens an f16
+    /// tensor inside the dispatch that reads it only when the `convert` reads an argument (or a
+    /// global) directly; after the per-head `slice`/`reshape` of [`Self::attention_v2`] the
+    /// convert was a dispatch of its own that wrote an f32 copy of every cache on every call
+    /// (544 dispatches a step instead of 472, and more bytes than f32 caches). `new` holds the
+    /// call's rows as the cache will (f32 values on the f16 grid).
+    fn attention_v2_batched(&mut self, q: &V, cache: (&V, &V), new: (&V, &V), masks: (&V, &V)) -> V {
+        let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
+        let group = nh / nkv;
+        let r = q.ty.static_dims()[0];
+        let p = cache.0.ty.static_dims()[0];
+        let gr = group * r;
+        // [R, nh, d] -> [nKV, group·R, d]: KV head j's query heads stacked as rows.
+        let qh = self.b.transpose(q, &[1, 0, 2]);
+        let qh = self.b.reshape_static(&qh, &[nkv, gr, d]);
+        let by_reduce = r == 1;
+        let sc = self.kv_product(&qh, cache.0, true, by_reduce);
+        let sn = self.kv_product(&qh, new.0, true, by_reduce);
+        let sc = self.masked(&sc, masks.0);
+        let sn = self.masked(&sn, masks.1);
+        // The softmax takes 2-D blocks: every KV head's rows one after another.
+        let sc = self.b.reshape_static(&sc, &[nkv * gr, p]);
+        let sn = self.b.reshape_static(&sn, &[nkv * gr, r]);
+        let (pc, pn) = self.softmax_split(&sc, &sn, self.options.tiled_softmax);
+        let pc = self.b.reshape_static(&pc, &[nkv, gr, p]);
+        let pn = self.b.reshape_static(&pn, &[nkv, gr, r]);
+        let oc = self.kv_product(&pc, cache.1, false, by_reduce);
+        let on = self.kv_product(&pn, new.1, false, by_reduce);
+        let o = self.b.add(&oc, &on);
+        // [nKV, group·R, d] -> [nh, R, d] -> [R, nh·d]
+        let o = self.b.reshape_static(&o, &[nh, r, d]);
+        let o = self.b.transpose(&o, &[1, 0, 2]);
+        self.b.reshape_static(&o, &[r, nh * d])
+    }
+
+    /// Scores `[nKV, Q, rows]` masked by `mask [Q, rows]` (the same for every KV head).
+    fn masked(&mut self, scores: &V, mask: &V) -> V {
+        let mask = self.b.broadcast(mask, &[1, 2], &scores.ty.with_elem(Elem::I1));
+        let fill = self.b.splat_f32(kv_core::mask::MASKED, &scores.ty);
+        self.b.select(&mask, scores, &fill)
+    }
+
+    /// `a [nKV, Q, x]` against every KV head of `c [rows, nKV, d]`: with `scores` the queries
+    /// against the keys (`x = d`, result `[nKV, Q, rows]`), else the probabilities against the
+    /// values (`x = rows`, result `[nKV, Q, d]`). One query row (`by_reduce`): a broadcast product
+    /// reduced over one axis of `[nKV, Q, rows, d]` (see [`Self::attention_v2`]); else a batched
+    /// `dot_general`. `c` is widened to f32 after its broadcast, or before the `dot_general`.
+    fn kv_product(&mut self, a: &V, c: &V, scores: bool, by_reduce: bool) -> V {
+        let [nkv, q, _] = a.ty.static_dims()[..] else {
+            kv_core::error::invariant("a per-KV-head operand is [nKV, Q, x]")
+        };
+        let [rows, _, d] = c.ty.static_dims()[..] else {
+            kv_core::error::invariant("a cache is [rows, nKV, d]")
+        };
+        if !by_reduce {
+            let c = self.b.convert_if(c, Elem::F32);
+            let contract: &[usize] = if scores { &[2] } else { &[0] };
+            return self.b.dot(a, &c, (&[0], &[1]), (&[2], contract));
+        }
+        let full = Ty::fixed(&[nkv, q, rows, d], Elem::F32);
+        let ab = self.b.broadcast(a, if scores { &[0, 1, 3] } else { &[0, 1, 2] }, &full);
+        let cb = self.b.broadcast(c, &[2, 0, 3], &full.with_elem(c.ty.elem));
+        let cb = self.b.convert_if(&cb, Elem::F32);
+        let prod = self.b.mul(&ab, &cb);
+        self.b.reduce(&prod, &[if scores { 3 } else { 2 }], Reduce::Add)
+    }
+
     /// `a · cᵀ` (`scores`: queries against keys) or `a · c` (probabilities against values) of
     /// `a [G, x]` and a cache head `c [P, d]`: a `dot_general`, or with `by_reduce`
     /// [`Self::mul_reduce`].
@@ -1124,8 +1204,16 @@ impl FuncEmitter<'_> {
         let q = self.b.scale(&q, arch.query_scale);
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
             let (ck, cv) = past.unwrap_or_else(|| kv_core::error::invariant("a contract v2 layer without its cache"));
-            let o = self.attention_v2(&q, (&ck, &cv), (&k, &v), (&cache, &new));
-            (o, k, v)
+            if ck.ty.elem == Elem::F16 {
+                // The new rows as the cache will hold them, and attended so (`CacheType::F16`).
+                let k = self.b.reduce_precision(&k, 5, 10);
+                let v = self.b.reduce_precision(&v, 5, 10);
+                let o = self.attention_v2_batched(&q, (&ck, &cv), (&k, &v), (&cache, &new));
+                (o, self.b.convert(&k, Elem::F16), self.b.convert(&v, Elem::F16))
+            } else {
+                let o = self.attention_v2(&q, (&ck, &cv), (&k, &v), (&cache, &new));
+                (o, k, v)
+            }
         } else {
             let to_cache = |b: &mut Body, x: &V| {
                 let t = b.transpose(x, &[1, 0, 2]);

@@ -554,6 +554,30 @@ impl Body {
         )
     }
 
+    /// `x` (f32) rounded to the precision of a float with `exponent` and `mantissa` bits, kept
+    /// f32: to nearest even, then beyond the largest finite value ±inf and below the smallest
+    /// normal ±0 (XLA's semantics, which IREE implements as plain arithmetic: it fuses like any
+    /// elementwise op, where a `convert` pair is a bit-extend that IREE dispatches alone).
+    pub fn reduce_precision(&mut self, x: &V, exponent: u32, mantissa: u32) -> V {
+        self.op(
+            x.ty.clone(),
+            format!(
+                "stablehlo.reduce_precision {}, format = e{exponent}m{mantissa} : {}",
+                x.name,
+                x.ty.text()
+            ),
+        )
+    }
+
+    /// [`Self::convert`] unless `x` already holds `elem`.
+    pub fn convert_if(&mut self, x: &V, elem: Elem) -> V {
+        if x.ty.elem == elem {
+            x.clone()
+        } else {
+            self.convert(x, elem)
+        }
+    }
+
     pub fn bitcast(&mut self, x: &V, elem: Elem) -> V {
         let ty = x.ty.with_elem(elem);
         self.op(

@@ -556,3 +556,38 @@ fn bf16_matmul_inputs_only_where_they_apply() {
     let packed = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap();
     assert_eq!(packed.matmul_input, kv_core::manifest::MatmulInput::F32);
 }
+
+/// f16 caches (`cacheType`): the v2 graphs declare every cache argument and new-row result f16
+/// and round the new rows once per K and V (`reduce_precision`, which the caches then hold); an
+/// export with a Vulkan target records f32 caches (no 16-bit storage on the portable target),
+/// and so does a contract 1 export.
+#[test]
+fn f16_caches_only_where_they_apply() {
+    use kv_core::manifest::CacheType;
+    let dir = fixture_source("tiny-gemma3:7").dir().unwrap();
+    let mut m = kv_core::Manifest::load(&dir).unwrap().into_v2();
+    m.cache_type = CacheType::F16;
+    let text = export::emit(&m, Graph::Step, &export::EmitOptions::default()).unwrap();
+    let signature = text.lines().find(|l| l.contains("func.func")).unwrap();
+    let (args, results) = signature.split_once(") -> (").unwrap();
+    let n = m.spec.n_layers;
+    assert_eq!(args.matches("xf16>").count(), 2 * n, "{signature}");
+    assert_eq!(results.matches("xf16>").count(), 2 * n, "{signature}");
+    assert_eq!(text.matches("stablehlo.reduce_precision").count(), 2 * n);
+    m.cache_type = CacheType::F32;
+    let plain = export::emit(&m, Graph::Step, &export::EmitOptions::default()).unwrap();
+    assert!(!plain.contains("xf16>") && !plain.contains("reduce_precision"));
+
+    for (contract, targets) in [(2, vec![Target::cpu(), Target::vulkan()]), (1, vec![Target::cpu()])] {
+        let out = tempfile::tempdir().unwrap();
+        let options = ExportOptions {
+            contract,
+            targets,
+            graphs: vec![Graph::Step],
+            cache_type: CacheType::F16,
+            ..ExportOptions::default()
+        };
+        let made = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap();
+        assert_eq!(made.cache_type, CacheType::F32, "contract {contract}");
+    }
+}

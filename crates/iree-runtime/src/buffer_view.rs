@@ -9,6 +9,7 @@ use crate::error::{check, Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ElementType {
     F32,
+    F16,
     /// Signless 32-bit integer (what `tensor<..xi32>` compiles to).
     I32,
     /// Any other `iree_hal_element_type_t`, raw.
@@ -19,6 +20,7 @@ impl ElementType {
     fn from_raw(raw: sys::iree_hal_element_type_t) -> ElementType {
         match raw {
             sys::IREE_HAL_ELEMENT_TYPE_FLOAT_32 => ElementType::F32,
+            sys::IREE_HAL_ELEMENT_TYPE_FLOAT_16 => ElementType::F16,
             sys::IREE_HAL_ELEMENT_TYPE_INT_32 | sys::IREE_HAL_ELEMENT_TYPE_SINT_32 => ElementType::I32,
             other => ElementType::Other(other),
         }
@@ -27,9 +29,16 @@ impl ElementType {
     fn to_raw(self) -> sys::iree_hal_element_type_t {
         match self {
             ElementType::F32 => sys::IREE_HAL_ELEMENT_TYPE_FLOAT_32,
+            ElementType::F16 => sys::IREE_HAL_ELEMENT_TYPE_FLOAT_16,
             ElementType::I32 => sys::IREE_HAL_ELEMENT_TYPE_INT_32,
             ElementType::Other(raw) => raw,
         }
+    }
+
+    /// Bytes per element: IREE's bit count (the low byte of the raw type) rounded up to bytes.
+    pub fn size(self) -> usize {
+        let bits = (self.to_raw() & 0xff) as usize;
+        bits.div_ceil(8)
     }
 }
 
@@ -98,6 +107,17 @@ impl BufferView {
         Self::from_bytes(device, shape, ElementType::I32, 4, bytes_of(data))
     }
 
+    /// A device-local tensor of `shape` and `element_type` holding `bytes` (row-major, the
+    /// elements' little-endian bytes; copied host → device).
+    pub fn from_raw_bytes(
+        device: &Device,
+        shape: &[usize],
+        element_type: ElementType,
+        bytes: &[u8],
+    ) -> Result<BufferView> {
+        Self::from_bytes(device, shape, element_type, element_type.size(), bytes)
+    }
+
     fn from_bytes(
         device: &Device,
         shape: &[usize],
@@ -158,13 +178,21 @@ impl BufferView {
     /// A device-local `f32` tensor of `shape` with undefined contents (no host data moves):
     /// fill it with [`Device::transfer`](crate::Transfer) before reading.
     pub fn allocate_f32(device: &Device, shape: &[usize]) -> Result<BufferView> {
+        Self::allocate(device, shape, ElementType::F32)
+    }
+
+    /// [`Self::allocate_f32`] for any element type.
+    pub fn allocate(device: &Device, shape: &[usize], element_type: ElementType) -> Result<BufferView> {
         const OP: &str = "allocate buffer view";
         let bytes = shape
             .iter()
-            .try_fold(4usize, |n, &d| n.checked_mul(d))
+            .try_fold(element_type.size(), |n, &d| n.checked_mul(d))
             .ok_or_else(|| Error::InvalidArgument {
                 op: OP,
-                reason: format!("shape {shape:?} of f32 exceeds the address space ({}-bit)", usize::BITS),
+                reason: format!(
+                    "shape {shape:?} of {element_type:?} exceeds the address space ({}-bit)",
+                    usize::BITS
+                ),
             })?;
         let mut buffer = std::ptr::null_mut();
         // SAFETY: allocator live; `buffer` receives one reference, released by the guard.
@@ -181,7 +209,7 @@ impl BufferView {
         view_of(
             &buffer,
             shape,
-            ElementType::F32.to_raw(),
+            element_type.to_raw(),
             sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
             device,
             OP,
@@ -247,6 +275,20 @@ impl BufferView {
         }
         let mut out = vec![0f32; count];
         self.read_into(bytes_of_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Copies the first `length` bytes to the host, whatever the element type (one device →
+    /// host transfer; waits).
+    pub fn to_bytes_prefix(&self, length: usize) -> Result<Vec<u8>> {
+        if length > self.byte_length() {
+            return Err(Error::InvalidArgument {
+                op: "read buffer view prefix as bytes",
+                reason: format!("{length} bytes asked of a view holding {}", self.byte_length()),
+            });
+        }
+        let mut out = vec![0u8; length];
+        self.read_into(&mut out)?;
         Ok(out)
     }
 

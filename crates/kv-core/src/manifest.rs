@@ -354,6 +354,10 @@ pub struct Manifest {
     /// matmul ([`MatmulInput`]); absent: f32, no rounding.
     #[serde(default, skip_serializing_if = "MatmulInput::is_f32")]
     pub matmul_input: MatmulInput,
+    /// Ours, contract v2: the element type of the KV caches and of the rows the graphs return
+    /// for them ([`CacheType`]); absent: f32.
+    #[serde(default, skip_serializing_if = "CacheType::is_f32")]
+    pub cache_type: CacheType,
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
@@ -384,6 +388,138 @@ pub enum MatmulInput {
 impl MatmulInput {
     pub fn is_f32(&self) -> bool {
         *self == MatmulInput::F32
+    }
+}
+
+/// The element type of contract v2's KV caches. With `f16`, each K and V row is rounded to f16
+/// (to nearest, ties to even) where a layer computes it, before any attention reads it, so a
+/// row attends the same whether it comes from the cache or from the call itself, and a forward
+/// that rounds there too (the reference, told by the manifest) computes the same values. Half
+/// the bytes of f32 for every cache read (the step reads every cache row) and every cache held
+/// in memory; llama.cpp keeps its caches in f16 by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl CacheType {
+    pub fn is_f32(&self) -> bool {
+        *self == CacheType::F32
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            CacheType::F32 => 4,
+            CacheType::F16 => 2,
+        }
+    }
+
+    /// `v` as a cache of this type holds it. f16: rounded to 10 mantissa bits (to nearest,
+    /// ties to even), then ±inf beyond f16's largest finite value and ±0 below its smallest
+    /// normal (2⁻¹⁴): XLA's `reduce_precision` to e5m10, what the graphs compute (it fuses into
+    /// their dispatches where a `convert` pair does not). Subnormal f16 values are flushed: a
+    /// K or V element that small (< 6.1e-5) is 0 in the cache.
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            CacheType::F32 => v,
+            CacheType::F16 => reduce_precision_e5m10(v),
+        }
+    }
+
+    /// Little-endian elements of this type as f32 (exact). A ragged tail is an invariant
+    /// violation: callers read whole rows.
+    pub fn decode(self, bytes: &[u8]) -> Vec<f32> {
+        let size = self.size();
+        if bytes.len() % size != 0 {
+            crate::error::invariant("cache bytes are whole elements");
+        }
+        match self {
+            CacheType::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            CacheType::F16 => {
+                let halves: Vec<half::f16> = bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                    .collect();
+                let mut out = vec![0f32; halves.len()];
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&halves[..], &mut out);
+                out
+            }
+        }
+    }
+
+    /// `values` as little-endian elements of this type (f16: rounded to nearest, ties to even).
+    pub fn encode(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            CacheType::F32 => crate::bf16::f32_to_bytes(values),
+            // (`round` first: the value is then an f16 exactly, or 0, or ±inf.)
+            CacheType::F16 => values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(self.round(v)).to_bits().to_le_bytes())
+                .collect(),
+        }
+    }
+}
+
+/// XLA's `reduce_precision` of an f32 to 5 exponent and 10 mantissa bits (see
+/// [`CacheType::round`]): the mantissa rounded to nearest even on the f32 bits, then the
+/// exponent range checked on the rounded value.
+fn reduce_precision_e5m10(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    const DROPPED: u32 = 23 - 10;
+    let bits = v.to_bits();
+    let half_ulp_minus_one = (1u32 << (DROPPED - 1)) - 1;
+    let rounded = bits.wrapping_add(half_ulp_minus_one + ((bits >> DROPPED) & 1)) & !((1u32 << DROPPED) - 1);
+    let r = f32::from_bits(rounded);
+    if r.abs() > 65504.0 {
+        f32::INFINITY.copysign(v)
+    } else if r.abs() < f32::powi(2.0, -14) {
+        0.0f32.copysign(v)
+    } else {
+        r
+    }
+}
+
+/// What a forward rounds beyond FP32, as a manifest says: its `matmulInput` and `cacheType`. A
+/// reference opened on a model's source directory takes an export's rounding with
+/// [`Self::apply`], to compute what that export's graphs compute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rounding {
+    pub matmul_input: MatmulInput,
+    pub cache_type: CacheType,
+}
+
+impl Rounding {
+    /// No rounding: the FP32 forward.
+    pub const FP32: Rounding = Rounding {
+        matmul_input: MatmulInput::F32,
+        cache_type: CacheType::F32,
+    };
+
+    pub fn of(manifest: &Manifest) -> Rounding {
+        Rounding {
+            matmul_input: manifest.matmul_input,
+            cache_type: manifest.cache_type,
+        }
+    }
+
+    /// `manifest` computing with this rounding.
+    pub fn apply(self, manifest: &mut Manifest) {
+        manifest.matmul_input = self.matmul_input;
+        manifest.cache_type = self.cache_type;
+    }
+
+    pub fn is_fp32(self) -> bool {
+        self == Rounding::FP32
     }
 }
 
@@ -533,6 +669,7 @@ impl Manifest {
             architecture,
             quantization: None,
             matmul_input: MatmulInput::F32,
+            cache_type: CacheType::F32,
             modules: BTreeMap::new(),
             encoded_parameters: BTreeMap::new(),
             provenance: Provenance::default(),
@@ -586,6 +723,12 @@ impl Manifest {
             return Err(Error::manifest(
                 "functions.prefill",
                 "this contract v2 manifest has no prefill graph (no prefillChunk: a prefill is chunk calls from position 0)",
+            ));
+        }
+        if !self.is_v2() && !self.cache_type.is_f32() && !self.modules.is_empty() {
+            return Err(Error::manifest(
+                "cacheType",
+                "contract v2's (the caches of contract v1 graphs are f32 inputs and outputs)",
             ));
         }
         if !self.is_v2() && self.spec.prefill_chunk != 0 {

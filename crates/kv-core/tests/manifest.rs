@@ -370,3 +370,70 @@ fn v2_ring_and_prefill_chunk_are_checked_by_key() {
     stray.functions.prefill = Some("module.gemma_prefill_at".into());
     assert_eq!(key_of(&stray), "functions.prefill");
 }
+
+/// `cacheType`: absent means f32 (and is not written), `"f16"` round-trips, a contract v1
+/// manifest with compiled modules is refused by key (its caches are f32 graph inputs), and a
+/// source manifest (no modules) may carry it for a reference that rounds as an export does.
+#[test]
+fn cache_type_round_trips_and_is_v2s() {
+    use kv_core::manifest::{CacheType, Rounding};
+    let plain = Manifest::new(small(), None, "gemma").into_v2();
+    assert!(!plain.to_json().contains("cacheType"));
+    assert_eq!(
+        Manifest::from_json(&plain.to_json()).unwrap().cache_type,
+        CacheType::F32
+    );
+    let mut f16 = plain.clone();
+    f16.cache_type = CacheType::F16;
+    assert!(f16.to_json().contains("\"cacheType\": \"f16\""), "{}", f16.to_json());
+    assert_eq!(Manifest::from_json(&f16.to_json()).unwrap(), f16);
+
+    let mut v1 = Manifest::new(small(), None, "gemma");
+    v1.cache_type = CacheType::F16;
+    v1.validate().unwrap();
+    v1.modules
+        .entry("llvm-cpu".into())
+        .or_default()
+        .insert("withPast".into(), "gemma.llvm-cpu.vmfb".into());
+    match v1.validate() {
+        Err(Error::Manifest { key, .. }) => assert_eq!(key, "cacheType"),
+        other => panic!("{other:?}"),
+    }
+
+    let mut source = Manifest::new(small(), None, "gemma");
+    Rounding::of(&f16).apply(&mut source);
+    assert_eq!(source.cache_type, CacheType::F16);
+    Rounding::FP32.apply(&mut source);
+    assert_eq!(Rounding::of(&source), Rounding::FP32);
+}
+
+/// f16 cache elements: `round` is what an f16 cache holds (the graphs' `reduce_precision`; its
+/// edge cases against the compiled graph are `export/tests/cache_rounding.rs`), `encode` and
+/// `decode` carry exactly those values in two bytes each, and f32 is the identity.
+#[test]
+fn cache_elements_encode_what_round_says() {
+    use kv_core::manifest::CacheType;
+    let values = [
+        0.0f32,
+        -1.5,
+        1.0 + 2f32.powi(-11),
+        3.0e-5,
+        65504.0,
+        70000.0,
+        0.1,
+        -123.456,
+    ];
+    let f16 = CacheType::F16;
+    let bytes = f16.encode(&values);
+    assert_eq!(bytes.len(), 2 * values.len());
+    let back = f16.decode(&bytes);
+    for (&x, &y) in values.iter().zip(&back) {
+        assert_eq!(y.to_bits(), f16.round(x).to_bits(), "{x}");
+    }
+    assert_eq!(f16.round(1.0 + 2f32.powi(-11)), 1.0, "a tie rounds to even");
+    assert_eq!(f16.round(3.0e-5), 0.0, "below the smallest normal: flushed");
+    assert_eq!(f16.round(70000.0), f32::INFINITY);
+    assert!((f16.round(0.1) - 0.1).abs() < 1e-4 && f16.round(0.1) != 0.1);
+    let f32s = CacheType::F32.decode(&CacheType::F32.encode(&values));
+    assert_eq!(f32s, values);
+}

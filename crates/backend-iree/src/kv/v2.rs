@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use iree_runtime::{BufferView, Device, ElementType, Transfer};
-use kv_core::manifest::Name;
+use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
 use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, WindowRule};
@@ -25,8 +25,10 @@ use super::{IreeKvBackend, IreeSnapshot};
 use crate::convert::{contract_err, iree_err};
 use crate::PrefillRoute;
 
-/// Every layer's K and V buffer, `[rows, nKV, d]` f32 (`KvSpec::cache_rows`), on one device.
+/// Every layer's K and V buffer, `[rows, nKV, d]` of the manifest's `cacheType`
+/// (`KvSpec::cache_rows`), on one device.
 pub(crate) struct CacheSet {
+    ty: CacheType,
     k: Vec<BufferView>,
     v: Vec<BufferView>,
     /// Per layer, the first position that holds data (0, except for sliding layers loaded from
@@ -54,11 +56,18 @@ fn row_elems(spec: &KvSpec) -> usize {
     spec.n_kv_heads * spec.head_dim
 }
 
+fn element(ty: CacheType) -> ElementType {
+    match ty {
+        CacheType::F32 => ElementType::F32,
+        CacheType::F16 => ElementType::F16,
+    }
+}
+
 impl CacheSet {
     /// A set of zeros (rows a call does not read must still be finite: a masked score has
     /// weight 0, and 0 × NaN would poison the sum).
-    fn zeroed(device: &Device, spec: &KvSpec) -> Result<Arc<CacheSet>> {
-        let set = Self::allocate(device, spec, vec![0; spec.n_layers])?;
+    fn zeroed(device: &Device, spec: &KvSpec, ty: CacheType) -> Result<Arc<CacheSet>> {
+        let set = Self::allocate(device, spec, ty, vec![0; spec.n_layers])?;
         let ops: Vec<Transfer<'_>> = set
             .buffers()
             .map(|target| Transfer::Zero {
@@ -71,12 +80,13 @@ impl CacheSet {
         Ok(Arc::new(set))
     }
 
-    fn allocate(device: &Device, spec: &KvSpec, first: Vec<usize>) -> Result<CacheSet> {
+    fn allocate(device: &Device, spec: &KvSpec, ty: CacheType, first: Vec<usize>) -> Result<CacheSet> {
         let buffers = |l: usize| {
             let shape = [spec.cache_rows(spec.layer_kind(l)), spec.n_kv_heads, spec.head_dim];
-            BufferView::allocate_f32(device, &shape).map_err(iree_err("allocate a v2 cache"))
+            BufferView::allocate(device, &shape, element(ty)).map_err(iree_err("allocate a v2 cache"))
         };
         Ok(CacheSet {
+            ty,
             k: (0..spec.n_layers).map(buffers).collect::<Result<_>>()?,
             v: (0..spec.n_layers).map(buffers).collect::<Result<_>>()?,
             first,
@@ -128,14 +138,20 @@ impl CacheSet {
         if ring_rows.is_some() {
             first = first.max(ring::kept(spec.sliding_window, position).start);
         }
+        let size = self.ty.size();
         let read = |view: &BufferView| -> Result<Vec<f32>> {
             let rows = match ring_rows {
-                None => view
-                    .to_f32_vec_prefix(position * row)
-                    .map_err(iree_err("read a v2 cache"))?
-                    .split_off(first * row),
+                None => {
+                    let bytes = view
+                        .to_bytes_prefix(position * row * size)
+                        .map_err(iree_err("read a v2 cache"))?;
+                    self.ty.decode(&bytes[first * row * size..])
+                }
                 Some(n) => {
-                    let all = view.to_f32_vec().map_err(iree_err("read a v2 ring cache"))?;
+                    let bytes = view
+                        .to_bytes_prefix(view.byte_length())
+                        .map_err(iree_err("read a v2 ring cache"))?;
+                    let all = self.ty.decode(&bytes);
                     (first..position)
                         .flat_map(|p| &all[ring::row(n, p) * row..][..row])
                         .copied()
@@ -209,7 +225,7 @@ impl IreeKvBackend {
             }
         };
         let plans = plan_pieces(&spec, tokens, big)?;
-        let fresh = CacheSet::zeroed(&self.device, &spec)?;
+        let fresh = CacheSet::zeroed(&self.device, &spec, self.manifest.cache_type)?;
         let before = (self.v2.replace(fresh), self.position, self.last_top_k.clone());
         self.position = 0;
         let result = plans
@@ -261,14 +277,19 @@ impl IreeKvBackend {
         }
         let results = self.call(graph, inputs, &|name| match name {
             Name::Token => (vec![1], ElementType::I32),
-            _ => (vec![rows, spec.n_kv_heads, spec.head_dim], ElementType::F32),
+            _ => (vec![rows, spec.n_kv_heads, spec.head_dim], element(set.ty)),
         })?;
         let token = Self::read_token(&results)?;
 
-        let row_bytes = row_elems(&spec) * 4;
+        let row_bytes = row_elems(&spec) * set.ty.size();
         let writes = position..position + real;
         let fork = if set.overwritten_by(&spec, writes.clone()) {
-            Some(Arc::new(CacheSet::allocate(&self.device, &spec, set.first.clone())?))
+            Some(Arc::new(CacheSet::allocate(
+                &self.device,
+                &spec,
+                set.ty,
+                set.first.clone(),
+            )?))
         } else {
             None
         };
@@ -371,6 +392,7 @@ impl IreeKvBackend {
     /// A snapshot holding a file's rows: one upload per buffer.
     pub(super) fn v2_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<IreeSnapshot> {
         let spec = &self.manifest.spec;
+        let ty = self.manifest.cache_type;
         let pin = if position == 0 {
             None
         } else {
@@ -398,12 +420,15 @@ impl IreeKvBackend {
                     let mut host = vec![0f32; rows * row];
                     let at = |r: usize| if ring { ring::row(rows, start + r) } else { start + r };
                     from_head_major(&mut host, &kept, at, heads, d);
-                    self.f32_view(&[rows, heads, d], &host)
+                    // (An f16 cache's rows round to themselves; a file from an f32 cache rounds.)
+                    BufferView::from_raw_bytes(&self.device, &[rows, heads, d], element(ty), &ty.encode(&host))
+                        .map_err(iree_err("upload a snapshot's caches"))
                 };
                 k.push(upload(l.k)?);
                 v.push(upload(l.v)?);
             }
             let set = Arc::new(CacheSet {
+                ty,
                 k,
                 v,
                 first,

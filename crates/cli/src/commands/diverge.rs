@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use kv_core::diverge::{lockstep, DivergeReport, LockstepOptions, NEAR_TIE_GAP};
-use kv_core::manifest::MatmulInput;
+use kv_core::manifest::{CacheType, MatmulInput, Rounding};
 use kv_core::tolerance::Tolerance;
 use serde::Serialize;
 
@@ -32,10 +32,10 @@ pub struct DivergeArgs {
     near_tie: f32,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
-    /// What the reference's projections multiply: `fp32` (the FP32 forward), or `artifacts`
-    /// (what the IREE backend's artifacts multiply, manifest `matmulInput`: where those round
-    /// activations to bf16, the reference then rounds the same, and K/V compare at the
-    /// cross-backend tolerance instead of differing by the rounding).
+    /// What the reference rounds: `fp32` (nothing: the FP32 forward), or `artifacts` (what the
+    /// IREE backend's artifacts round, manifest `matmulInput` and `cacheType`: where those round
+    /// activations to bf16 or K/V rows to f16, the reference then rounds the same, and K/V
+    /// compare at the cross-backend tolerance instead of differing by the rounding).
     #[arg(long, value_enum, default_value = "fp32")]
     reference_input: ReferenceInput,
     #[arg(long)]
@@ -52,11 +52,16 @@ enum ReferenceInput {
 #[derive(Serialize)]
 struct Output<'a> {
     model: &'a str,
-    /// The IREE artifacts' `matmulInput` and what the reference multiplied (absent without IREE).
+    /// The IREE artifacts' `matmulInput` and `cacheType`, and what the reference did (absent
+    /// without IREE).
     #[serde(skip_serializing_if = "Option::is_none")]
     iree_matmul_input: Option<MatmulInput>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reference_matmul_input: Option<MatmulInput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iree_cache_type: Option<CacheType>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference_cache_type: Option<CacheType>,
     #[serde(flatten)]
     report: &'a DivergeReport,
 }
@@ -70,12 +75,17 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (a, _) = backends::open_kv(first, &source, args.window_rule)?;
     let (b, _) = backends::open_kv(second, &source, args.window_rule)?;
-    // The IREE side's `matmulInput`, whichever of the two it is.
+    // The IREE side's rounding, whichever of the two it is.
     let rounding = [&a, &b].iter().find_map(|any| match any {
         #[cfg(feature = "iree")]
-        backends::AnyKv::Iree(b) => Some(b.manifest().matmul_input),
+        backends::AnyKv::Iree(b) => Some(Rounding::of(b.manifest())),
         _ => None,
     });
+    let reference_rounding = rounding.map(|r| match args.reference_input {
+        ReferenceInput::Artifacts => r,
+        ReferenceInput::Fp32 => Rounding::FP32,
+    });
+    let bf16_inputs = rounding.is_some_and(|r| r.matmul_input == MatmulInput::Bf16);
     let (a, b) = match (args.reference_input, rounding) {
         (ReferenceInput::Artifacts, Some(input)) => {
             source.reference_input = Some(input);
@@ -94,7 +104,7 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         near_tie: args.near_tie,
         // Two forwards that both round the matmul inputs part at the rounding's scale, not the
         // summation order's (`Tolerance::BF16_MATMUL_INPUTS`).
-        tolerance: if rounding == Some(MatmulInput::Bf16) && args.reference_input == ReferenceInput::Artifacts {
+        tolerance: if bf16_inputs && args.reference_input == ReferenceInput::Artifacts {
             Tolerance::BF16_MATMUL_INPUTS
         } else {
             Tolerance::CROSS_BACKEND
@@ -110,11 +120,10 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     if args.json {
         let output = Output {
             model: &args.model,
-            iree_matmul_input: rounding,
-            reference_matmul_input: rounding.map(|r| match args.reference_input {
-                ReferenceInput::Artifacts => r,
-                ReferenceInput::Fp32 => MatmulInput::F32,
-            }),
+            iree_matmul_input: rounding.map(|r| r.matmul_input),
+            reference_matmul_input: reference_rounding.map(|r| r.matmul_input),
+            iree_cache_type: rounding.map(|r| r.cache_type),
+            reference_cache_type: reference_rounding.map(|r| r.cache_type),
             report: &report,
         };
         println!("{}", serde_json::to_string(&output)?);
@@ -164,10 +173,16 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         None => println!("  every layer's K/V within tolerance at every step"),
         Some([step, layer]) => println!("  first layer out of tolerance: layer {layer} at step {step}"),
     }
-    if rounding == Some(MatmulInput::Bf16) && args.reference_input == ReferenceInput::Fp32 {
+    if bf16_inputs && args.reference_input == ReferenceInput::Fp32 {
         println!(
             "  note: the IREE graphs round matmul inputs to bf16 (manifest matmulInput), the FP32 reference does not: \
              K/V differ by that rounding; --reference-input artifacts compares against a reference that rounds the same"
+        );
+    }
+    if rounding.is_some_and(|r| !r.cache_type.is_f32()) && args.reference_input == ReferenceInput::Fp32 {
+        println!(
+            "  note: the IREE graphs keep f16 caches (manifest cacheType), the FP32 reference f32 ones: K/V differ by \
+             that rounding too"
         );
     }
     Ok(())

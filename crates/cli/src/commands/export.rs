@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use export::{ExportOptions, Layout, Source, Target, WeightFormat};
-use kv_core::manifest::MatmulInput;
+use kv_core::manifest::{CacheType, MatmulInput};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LayoutChoice {
@@ -92,6 +92,19 @@ pub struct ExportArgs {
     /// it and the reference then rounds the same inputs.
     #[arg(long, value_enum, default_value = "f32")]
     matmul_input: MatmulInputChoice,
+    /// The element type of contract 2's KV caches: `f32`, or `f16` (half the bytes the step
+    /// reads from its caches and half the memory a session and its snapshots hold; each K and V
+    /// row rounded to f16 where it is computed). `f16` needs `--contract 2` and CPU targets
+    /// only, and a CPU that converts f16 in hardware to be fast (x86 F16C, aarch64); the manifest
+    /// records it and the reference then rounds the same rows.
+    #[arg(long, value_enum, default_value = "f32")]
+    cache_type: CacheTypeChoice,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CacheTypeChoice {
+    F32,
+    F16,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -151,6 +164,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
             "--matmul-input bf16 needs --weights bf16 and CPU targets only (the bf16 matmuls read the weights as bf16)"
         );
     }
+    if matches!(args.cache_type, CacheTypeChoice::F16) && !(args.contract == 2 && cpu_only) {
+        bail!("--cache-type f16 needs --contract 2 and CPU targets only (IREE's portable Vulkan target has no 16-bit storage)");
+    }
     let options = ExportOptions {
         targets,
         chunk: args.chunk,
@@ -176,6 +192,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
         matmul_input: match args.matmul_input {
             MatmulInputChoice::F32 => MatmulInput::F32,
             MatmulInputChoice::Bf16 => MatmulInput::Bf16,
+        },
+        cache_type: match args.cache_type {
+            CacheTypeChoice::F32 => CacheType::F32,
+            CacheTypeChoice::F16 => CacheType::F16,
         },
         ..ExportOptions::default()
     };
