@@ -761,21 +761,30 @@ impl PersistSnapshot for IreeKvBackend {
     }
 
     /// Copies every layer's rows to the host (one read per buffer).
-    fn snapshot_layers(&self, snapshot: &IreeSnapshot) -> Result<Vec<LayerKv>> {
+    fn snapshot_layer(&self, snapshot: &IreeSnapshot, layer: usize) -> Result<LayerKv> {
         self.id.check_owner(snapshot.session)?;
         let spec = &self.manifest.spec;
+        if layer >= spec.n_layers {
+            return Err(contract_err(
+                "save snapshot",
+                format!("no layer {layer} in a model of {}", spec.n_layers),
+            ));
+        }
         if self.manifest.is_v2() {
-            return (0..spec.n_layers)
-                .map(|l| self.v2_read_layer(snapshot.pin.as_ref().map(v2::Pin::set), l, snapshot.position))
-                .collect();
+            return self.v2_read_layer(snapshot.pin.as_ref().map(v2::Pin::set), layer, snapshot.position);
         }
-        if snapshot.layers.is_empty() {
-            return Ok((0..spec.n_layers).map(|_| LayerKv::empty(spec)).collect());
+        match snapshot.layers.get(layer) {
+            Some(cache) => cache.to_host(spec),
+            None => Ok(LayerKv::empty(spec)),
         }
-        snapshot.layers.iter().map(|cache| cache.to_host(spec)).collect()
     }
 
-    /// One upload per K and V buffer, straight from the caller's slices (a mapped file).
+    fn cache_type(&self) -> CacheType {
+        self.manifest.cache_type
+    }
+
+    /// One upload per K and V buffer (v2: straight from the mapped file's bytes where it holds
+    /// the caches' type and one KV head).
     fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<IreeSnapshot> {
         if self.manifest.is_v2() {
             return self.v2_from_layers(position, layers);
@@ -790,8 +799,8 @@ impl PersistSnapshot for IreeKvBackend {
                 .map(|l| {
                     let shape = [1, spec.n_kv_heads, l.rows, spec.head_dim];
                     Ok(LayerCache {
-                        k: self.f32_view(&shape, l.k)?,
-                        v: self.f32_view(&shape, l.v)?,
+                        k: self.f32_view(&shape, &l.k.to_f32())?,
+                        v: self.f32_view(&shape, &l.v.to_f32())?,
                         first: l.first_position,
                         rows: l.rows,
                     })

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use kv_core::snapshot_file::LayerRows;
+use kv_core::manifest::CacheType;
+use kv_core::snapshot_file::{Block, LayerRows};
 use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
 use kv_core::{
     Error, KvBackend, KvSpec, LayerKv, ModelFingerprint, PersistSnapshot, Result, SessionId, TopK, WindowRule,
@@ -293,18 +294,32 @@ impl PersistSnapshot for ReferenceKv {
         self.rule
     }
 
-    fn snapshot_layers(&self, snapshot: &ReferenceSnapshot) -> Result<Vec<LayerKv>> {
+    fn snapshot_layer(&self, snapshot: &ReferenceSnapshot, layer: usize) -> Result<LayerKv> {
         self.session.check_owner(snapshot.session)?;
         let spec = self.model.spec();
-        Ok(snapshot.caches.iter().map(|cache| cache.to_host(spec)).collect())
+        match snapshot.caches.get(layer) {
+            Some(cache) => Ok(cache.to_host(spec)),
+            None if snapshot.caches.is_empty() => Ok(LayerKv::empty(spec)),
+            None => Err(Error::Backend {
+                backend: "reference",
+                op: "save snapshot".into(),
+                source: format!("no layer {layer} in a model of {}", spec.n_layers).into(),
+            }),
+        }
+    }
+
+    fn cache_type(&self) -> CacheType {
+        self.model.manifest().cache_type
     }
 
     /// The loaded snapshot has no logits of a last call (`last_logits` is `None` after restoring
     /// it until the next call).
     fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<ReferenceSnapshot> {
         let spec = self.model.spec();
-        let array = |rows: usize, data: &[f32]| {
-            Array3::from_shape_vec((spec.n_kv_heads, rows, spec.head_dim), data.to_vec())
+        // The values as this session's caches hold them (a file of another type converts).
+        let ty = self.model.manifest().cache_type;
+        let array = |rows: usize, data: &Block<'_>| {
+            Array3::from_shape_vec((spec.n_kv_heads, rows, spec.head_dim), ty.decode(&data.to_bytes_of(ty)))
                 .map(Arc::new)
                 .map_err(|e| Error::Backend {
                     backend: "reference",
@@ -317,8 +332,8 @@ impl PersistSnapshot for ReferenceKv {
             .map(|l| {
                 Ok(LayerCache {
                     first_position: l.first_position,
-                    k: array(l.rows, l.k)?,
-                    v: array(l.rows, l.v)?,
+                    k: array(l.rows, &l.k)?,
+                    v: array(l.rows, &l.v)?,
                 })
             })
             .collect::<Result<_>>()?;

@@ -12,12 +12,17 @@
 //! 16      H     header, JSON (SnapshotHeader): contract, model fingerprint, spec, window rule,
 //!               position, per-layer rows, data length, CRC-32 of the data
 //! ..            zero padding to a multiple of 64
-//! D       ..    data: per layer, K then V, f32 LE `[nKvHeads, rows, headDim]`, each block
-//!               starting at a multiple of 64 bytes (so a mapping can be read as `&[f32]` in place)
+//! D       ..    data: per layer, K then V, LE `[nKvHeads, rows, headDim]` of the header's `dtype`
+//!               (`f32`, or `f16` from sessions whose caches are f16: `CacheType`), each block
+//!               starting at a multiple of 64 bytes
 //! ```
 //!
-//! Loading maps the file and hands each layer's rows to the backend as slices of the mapping: no
-//! parsing per row, one upload per block. A file of another model (fingerprint), contract, window
+//! Loading maps the file and hands each layer's rows to the backend as byte slices of the mapping
+//! with their element type ([`Block`]): no parsing per row, one upload per block, and no
+//! conversion where the session's caches hold the file's type. A session writes its caches' own
+//! type, so an f16 session's file holds its rows exactly in half the bytes; a file of either type
+//! loads into a session of either type (f16 to f32 exactly, f32 to f16 rounded as the caches
+//! round: `CacheType::round`). A file of another model (fingerprint), contract, window
 //! rule or geometry, a truncated or corrupt one (length, CRC-32) is an [`Error::SnapshotFile`]
 //! and the session is not touched: loading makes a new snapshot, it does not restore it.
 //! Writes go to a temporary file in the same directory, renamed over the target once complete.
@@ -34,7 +39,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::{KvBackend, LayerKv};
 use crate::error::{Error, Result};
-use crate::manifest::CONTRACT_VERSION;
+use crate::manifest::{CacheType, CONTRACT_VERSION};
 use crate::spec::{KvSpec, LayerKind};
 use crate::window::WindowRule;
 
@@ -131,8 +136,32 @@ impl Geometry {
 pub struct LayerRows<'a> {
     pub first_position: usize,
     pub rows: usize,
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: Block<'a>,
+    pub v: Block<'a>,
+}
+
+/// A K or V block as stored: little-endian elements of `ty`, borrowed from the file.
+#[derive(Clone, Copy, Debug)]
+pub struct Block<'a> {
+    pub ty: CacheType,
+    pub bytes: &'a [u8],
+}
+
+impl Block<'_> {
+    /// The values (exact: f16 widens without rounding).
+    pub fn to_f32(&self) -> Vec<f32> {
+        self.ty.decode(self.bytes)
+    }
+
+    /// The elements as `ty` holds them: the stored bytes when the types agree, else converted
+    /// (f32 to f16 rounds as [`CacheType::round`]).
+    pub fn to_bytes_of(&self, ty: CacheType) -> std::borrow::Cow<'_, [u8]> {
+        if ty == self.ty {
+            std::borrow::Cow::Borrowed(self.bytes)
+        } else {
+            std::borrow::Cow::Owned(ty.encode(&self.to_f32()))
+        }
+    }
 }
 
 /// A session whose snapshots can be saved to files and loaded back. Beside [`KvBackend`] rather
@@ -144,8 +173,15 @@ pub trait PersistSnapshot: KvBackend {
     /// The rule this session's steps follow; a file made under another rule holds other rows.
     fn window_rule(&self) -> WindowRule;
 
-    /// Host copies of every layer of `snapshot`, in layer order.
-    fn snapshot_layers(&self, snapshot: &Self::Snapshot) -> Result<Vec<LayerKv>>;
+    /// A host copy of layer `layer` of `snapshot` (one at a time, so that saving holds one
+    /// layer's f32 copy, not every layer's).
+    fn snapshot_layer(&self, snapshot: &Self::Snapshot, layer: usize) -> Result<LayerKv>;
+
+    /// The element type this session's caches hold, which its files are written in (every
+    /// value exactly). Default: f32.
+    fn cache_type(&self) -> CacheType {
+        CacheType::F32
+    }
 
     /// A snapshot of this session holding `layers` at `position`, as if a prefix had been fed and
     /// snapshotted. The caller has checked the rows ([`check_layers`]); the session's own state is
@@ -160,8 +196,11 @@ impl<B: PersistSnapshot + ?Sized> PersistSnapshot for Box<B> {
     fn window_rule(&self) -> WindowRule {
         (**self).window_rule()
     }
-    fn snapshot_layers(&self, snapshot: &Self::Snapshot) -> Result<Vec<LayerKv>> {
-        (**self).snapshot_layers(snapshot)
+    fn snapshot_layer(&self, snapshot: &Self::Snapshot, layer: usize) -> Result<LayerKv> {
+        (**self).snapshot_layer(snapshot, layer)
+    }
+    fn cache_type(&self) -> CacheType {
+        (**self).cache_type()
     }
     fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<Self::Snapshot> {
         (**self).snapshot_from_layers(position, layers)
@@ -179,7 +218,7 @@ pub struct SnapshotHeader {
     /// `exact` or `seed-step`.
     pub window_rule: String,
     pub position: usize,
-    /// Element type of the data; only `f32` is written.
+    /// Element type of the data: `f32` or `f16` ([`CacheType`]'s spelling).
     pub dtype: String,
     pub layers: Vec<LayerHeader>,
     pub data_bytes: u64,
@@ -194,6 +233,13 @@ pub struct SnapshotHeader {
 pub struct LayerHeader {
     pub first_position: usize,
     pub rows: usize,
+}
+
+fn dtype_name(ty: CacheType) -> &'static str {
+    match ty {
+        CacheType::F32 => "f32",
+        CacheType::F16 => "f16",
+    }
 }
 
 fn rule_name(rule: WindowRule) -> &'static str {
@@ -222,20 +268,20 @@ fn aligned(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-/// Bytes of one K or V block of `rows` rows.
-fn block_bytes(spec: &KvSpec, rows: usize) -> Option<usize> {
+/// Bytes of one K or V block of `rows` rows of `ty`.
+fn block_bytes(spec: &KvSpec, ty: CacheType, rows: usize) -> Option<usize> {
     spec.n_kv_heads
         .checked_mul(rows)?
         .checked_mul(spec.head_dim)?
-        .checked_mul(4)
+        .checked_mul(ty.size())
 }
 
 /// Offsets of every layer's K and V blocks from the start of the data, and the data's length.
-fn data_layout(spec: &KvSpec, layers: &[LayerHeader]) -> Option<(Vec<(usize, usize)>, usize)> {
+fn data_layout(spec: &KvSpec, ty: CacheType, layers: &[LayerHeader]) -> Option<(Vec<(usize, usize)>, usize)> {
     let mut offset = 0usize;
     let mut offsets = Vec::with_capacity(layers.len());
     for layer in layers {
-        let bytes = aligned(block_bytes(spec, layer.rows)?);
+        let bytes = aligned(block_bytes(spec, ty, layer.rows)?);
         let v = offset.checked_add(bytes)?;
         offsets.push((offset, v));
         offset = v.checked_add(bytes)?;
@@ -287,46 +333,42 @@ pub fn check_layers(spec: &KvSpec, position: usize, layers: &[LayerHeader]) -> s
 pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, path: &Path) -> Result<u64> {
     let spec = backend.spec().clone();
     let position = backend.snapshot_position(snapshot);
-    // A sliding layer may hold more rows than any later call reads (a prefill keeps them all):
-    // only the window's are written, a third less for Gemma 3 at 843 tokens.
-    let layers: Vec<LayerKv> = backend
-        .snapshot_layers(snapshot)?
-        .into_iter()
-        .enumerate()
-        .map(|(l, layer)| match spec.window(spec.layer_kind(l)) {
+    let ty = backend.cache_type();
+    // Layer by layer, each encoded as soon as it is read: the encoded blocks are all held (the
+    // header, with their CRC, comes first), the f32 copies one at a time.
+    let mut headers = Vec::with_capacity(spec.n_layers);
+    let mut crc = crc32fast::Hasher::new();
+    let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(2 * spec.n_layers);
+    for l in 0..spec.n_layers {
+        let layer = backend.snapshot_layer(snapshot, l)?;
+        // A sliding layer may hold more rows than any later call reads (a prefill keeps them
+        // all): only the window's are written, a third less for Gemma 3 at 843 tokens.
+        let layer = match spec.window(spec.layer_kind(l)) {
             Some(w) if layer.rows > position.min(w) => layer.tail_from(position - position.min(w)),
             _ => layer,
-        })
-        .collect();
-    let headers: Vec<LayerHeader> = layers
-        .iter()
-        .map(|l| LayerHeader {
-            first_position: l.first_position,
-            rows: l.rows,
-        })
-        .collect();
-    check_layers(&spec, position, &headers)
-        .unwrap_or_else(|reason| crate::error::invariant(&format!("a backend's own snapshot is invalid: {reason}")));
-    let (_, data_bytes) =
-        data_layout(&spec, &headers).unwrap_or_else(|| crate::error::invariant("a held snapshot's size overflows"));
-
-    let mut crc = crc32fast::Hasher::new();
-    let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(2 * layers.len());
-    for layer in &layers {
+        };
+        headers.push(LayerHeader {
+            first_position: layer.first_position,
+            rows: layer.rows,
+        });
         for values in [&layer.k, &layer.v] {
-            let mut bytes = crate::bf16::f32_to_bytes(values);
+            let mut bytes = ty.encode(values);
             bytes.resize(aligned(bytes.len()), 0);
             crc.update(&bytes);
             blocks.push(bytes);
         }
     }
+    check_layers(&spec, position, &headers)
+        .unwrap_or_else(|reason| crate::error::invariant(&format!("a backend's own snapshot is invalid: {reason}")));
+    let (_, data_bytes) =
+        data_layout(&spec, ty, &headers).unwrap_or_else(|| crate::error::invariant("a held snapshot's size overflows"));
     let header = SnapshotHeader {
         contract_version: CONTRACT_VERSION,
         model: backend.model_fingerprint()?.to_hex(),
         spec,
         window_rule: rule_name(backend.window_rule()).into(),
         position,
-        dtype: "f32".into(),
+        dtype: dtype_name(ty).into(),
         layers: headers,
         data_bytes: data_bytes as u64,
         data_crc32: crc.finalize(),
@@ -450,16 +492,20 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
             ),
         ));
     }
-    if header.dtype != "f32" {
-        return Err(file_err(
-            path,
-            format!("dtype `{}`; only f32 is supported", header.dtype),
-        ));
-    }
+    let ty = match header.dtype.as_str() {
+        "f32" => CacheType::F32,
+        "f16" => CacheType::F16,
+        other => {
+            return Err(file_err(
+                path,
+                format!("dtype `{other}`; this runtime reads f32 and f16"),
+            ))
+        }
+    };
     // The fingerprint covers the geometry, so the header's spec can only disagree if edited.
     check_layers(spec, header.position, &header.layers).map_err(|reason| file_err(path, reason))?;
     let (offsets, data_bytes) =
-        data_layout(spec, &header.layers).ok_or_else(|| file_err(path, "layer sizes overflow"))?;
+        data_layout(spec, ty, &header.layers).ok_or_else(|| file_err(path, "layer sizes overflow"))?;
     if header.data_bytes != data_bytes as u64 {
         return Err(file_err(
             path,
@@ -490,23 +536,23 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
     if crc32fast::hash(data) != header.data_crc32 {
         return Err(file_err(path, "corrupt: the data's CRC-32 does not match the header"));
     }
-    let floats = |offset: usize, rows: usize| -> Result<&[f32]> {
-        let len = block_bytes(spec, rows).unwrap_or_else(|| crate::error::invariant("checked by data_layout"));
-        bytemuck::try_cast_slice(&data[offset..offset + len])
-            .map_err(|e| file_err(path, format!("data block not aligned for f32: {e}")))
+    let block = |offset: usize, rows: usize| {
+        let len = block_bytes(spec, ty, rows).unwrap_or_else(|| crate::error::invariant("checked by data_layout"));
+        Block {
+            ty,
+            bytes: &data[offset..offset + len],
+        }
     };
     let rows: Vec<LayerRows<'_>> = header
         .layers
         .iter()
         .zip(&offsets)
-        .map(|(layer, &(k, v))| {
-            Ok(LayerRows {
-                first_position: layer.first_position,
-                rows: layer.rows,
-                k: floats(k, layer.rows)?,
-                v: floats(v, layer.rows)?,
-            })
+        .map(|(layer, &(k, v))| LayerRows {
+            first_position: layer.first_position,
+            rows: layer.rows,
+            k: block(k, layer.rows),
+            v: block(v, layer.rows),
         })
-        .collect::<Result<_>>()?;
+        .collect();
     backend.snapshot_from_layers(header.position, &rows)
 }

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use kv_core::manifest::CacheType;
 use kv_core::snapshot_file::{self, LayerRows, ModelFingerprint, PersistSnapshot};
 use kv_core::{Error, KvBackend, KvSpec, LayerKv, Result, SessionId, WindowRule};
 
@@ -16,6 +17,8 @@ struct Fake {
     rule: WindowRule,
     /// Sliding layers keep every row, as the real backends do after a prefill.
     keep_all: bool,
+    /// What its caches hold: every row value is rounded to it.
+    cache: CacheType,
     id: SessionId,
     position: usize,
     layers: Vec<LayerKv>,
@@ -56,6 +59,7 @@ impl Fake {
             seed,
             rule: WindowRule::Exact,
             keep_all: false,
+            cache: CacheType::F32,
             id: SessionId::fresh(),
             position: 0,
             layers,
@@ -67,7 +71,7 @@ impl Fake {
         let x = (token as u32)
             .wrapping_mul(2654435761)
             .wrapping_add(p as u32 * 40503 + l as u32 * 977 + h as u32 * 131 + i as u32 * 7 + which * 3 + self.seed);
-        (x % 1000) as f32 / 1000.0 - 0.5
+        self.cache.round((x % 1000) as f32 / 1000.0 - 0.5)
     }
 
     /// Appends one token's rows to every layer (sliding layers drop what left the window) and
@@ -177,8 +181,11 @@ impl PersistSnapshot for Fake {
     fn window_rule(&self) -> WindowRule {
         self.rule
     }
-    fn snapshot_layers(&self, s: &FakeSnapshot) -> Result<Vec<LayerKv>> {
-        Ok(s.layers.clone())
+    fn snapshot_layer(&self, s: &FakeSnapshot, layer: usize) -> Result<LayerKv> {
+        Ok(s.layers[layer].clone())
+    }
+    fn cache_type(&self) -> CacheType {
+        self.cache
     }
     fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<FakeSnapshot> {
         Ok(FakeSnapshot {
@@ -191,8 +198,8 @@ impl PersistSnapshot for Fake {
                     rows: l.rows,
                     n_kv_heads: self.spec.n_kv_heads,
                     head_dim: self.spec.head_dim,
-                    k: l.k.to_vec(),
-                    v: l.v.to_vec(),
+                    k: self.cache.decode(&l.k.to_bytes_of(self.cache)),
+                    v: self.cache.decode(&l.v.to_bytes_of(self.cache)),
                 })
                 .collect(),
             last: 0,
@@ -345,7 +352,13 @@ fn headers_that_lie_about_the_rows_are_refused() {
         &mut Fake::new(0),
         "contract version 7",
     );
-    refused(&with(&|h| h["dtype"] = "f16".into()), &mut Fake::new(0), "dtype");
+    refused(&with(&|h| h["dtype"] = "f64".into()), &mut Fake::new(0), "dtype `f64`");
+    // An f32 file that claims f16: its blocks are twice what the layers need.
+    refused(
+        &with(&|h| h["dtype"] = "f16".into()),
+        &mut Fake::new(0),
+        "data bytes declared",
+    );
     refused(
         &with(&|h| h["dataBytes"] = 64.into()),
         &mut Fake::new(0),
@@ -413,5 +426,54 @@ fn only_the_window_of_a_sliding_layer_is_written() {
     original.keep_all = false;
     for t in [7, 8, 9] {
         assert_eq!(fresh.step(t).unwrap(), original.step(t).unwrap());
+    }
+}
+
+/// A session whose caches hold f16 writes f16 blocks (its rows exactly, in half the data bytes
+/// of an f32 file), a fresh f16 session gets them back bit for bit and continues alike; the same
+/// file loads into an f32 session (widened exactly), and an f32 file loads into an f16 session
+/// rounded as its caches round.
+#[test]
+fn f16_sessions_write_f16_and_either_type_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let half = |seed| Fake {
+        cache: CacheType::F16,
+        ..Fake::new(seed)
+    };
+    let mut original = half(0);
+    original.prefill(&PREFIX).unwrap();
+    let snap = original.snapshot().unwrap();
+    let path = dir.path().join("f16.skvsnap");
+    let f16_bytes = snapshot_file::save(&original, &snap, &path).unwrap();
+    assert_eq!(snapshot_file::read_header(&path).unwrap().dtype, "f16");
+    let f32_path = saved(dir.path());
+    let f32_header = snapshot_file::read_header(&f32_path).unwrap();
+    assert_eq!(f32_header.dtype, "f32");
+    let f16_header = snapshot_file::read_header(&path).unwrap();
+    // Half the bytes, up to each block's padding to 64 bytes.
+    let (f16_data, f32_data) = (f16_header.data_bytes, f32_header.data_bytes);
+    assert!(
+        f16_data < f32_data && 2 * f16_data >= f32_data,
+        "{f16_data} vs {f32_data}"
+    );
+    assert!(f16_bytes < std::fs::metadata(&f32_path).unwrap().len());
+
+    let mut fresh = half(0);
+    let loaded = snapshot_file::load(&fresh, &path).unwrap();
+    assert_eq!(loaded.layers, snap.layers, "f16 rows come back bit for bit");
+    fresh.restore(&loaded).unwrap();
+    let a: Vec<i32> = [7, 8, 9].iter().map(|&t| original.step(t).unwrap()).collect();
+    let b: Vec<i32> = [7, 8, 9].iter().map(|&t| fresh.step(t).unwrap()).collect();
+    assert_eq!(a, b);
+
+    let wide = snapshot_file::load(&Fake::new(0), &path).unwrap();
+    assert_eq!(wide.layers, snap.layers, "f16 widens to f32 exactly");
+
+    let (_, f32_snap) = prefixed(0, &PREFIX);
+    let narrow = snapshot_file::load(&half(0), &f32_path).unwrap();
+    for (got, want) in narrow.layers.iter().zip(&f32_snap.layers) {
+        let rounded: Vec<f32> = want.k.iter().map(|&x| CacheType::F16.round(x)).collect();
+        assert_eq!(got.k, rounded);
+        assert_ne!(got.k, want.k, "the rows were rounded");
     }
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use iree_runtime::{BufferView, Device, ElementType, Transfer};
 use kv_core::manifest::{CacheType, Name};
-use kv_core::snapshot_file::LayerRows;
+use kv_core::snapshot_file::{Block, LayerRows};
 use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
 use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, WindowRule};
 
@@ -183,12 +183,20 @@ fn to_head_major(rows: &[f32], heads: usize, d: usize) -> Vec<f32> {
     out
 }
 
-/// `[nKV, rows, d]` written into `target` (`[rows', nKV, d]`): source row `r` to row `at(r)`.
-fn from_head_major(target: &mut [f32], src: &[f32], at: impl Fn(usize) -> usize, heads: usize, d: usize) {
-    let n = src.len() / (heads * d);
+/// Rows `skip..` of `src` (`[nKV, n, d]` elements of `size` bytes) written into `target`
+/// (`[rows', nKV, d]`): source row `skip + r` to row `at(r)`.
+fn from_head_major(
+    target: &mut [u8],
+    src: &[u8],
+    skip: usize,
+    at: impl Fn(usize) -> usize,
+    (heads, d, size): (usize, usize, usize),
+) {
+    let n = src.len() / (heads * d * size);
+    let width = d * size;
     for h in 0..heads {
-        for r in 0..n {
-            target[(at(r) * heads + h) * d..][..d].copy_from_slice(&src[(h * n + r) * d..][..d]);
+        for r in 0..n - skip {
+            target[(at(r) * heads + h) * width..][..width].copy_from_slice(&src[(h * n + skip + r) * width..][..width]);
         }
     }
 }
@@ -411,21 +419,18 @@ impl IreeKvBackend {
                 let skip = if ring { l.rows.saturating_sub(rows) } else { 0 };
                 let start = l.first_position + skip;
                 first.push(start);
-                let row = heads * d;
-                let upload = |all: &[f32]| -> Result<BufferView> {
-                    let kept: Vec<f32> = (0..heads)
-                        .flat_map(|h| &all[(h * l.rows + skip) * d..(h * l.rows + l.rows) * d])
-                        .copied()
-                        .collect();
-                    let mut host = vec![0f32; rows * row];
+                let size = ty.size();
+                let upload = |block: &Block<'_>| -> Result<BufferView> {
+                    // The file's bytes where it holds the caches' type (else converted).
+                    let stored = block.to_bytes_of(ty);
+                    let mut host = vec![0u8; rows * heads * d * size];
                     let at = |r: usize| if ring { ring::row(rows, start + r) } else { start + r };
-                    from_head_major(&mut host, &kept, at, heads, d);
-                    // (An f16 cache's rows round to themselves; a file from an f32 cache rounds.)
-                    BufferView::from_raw_bytes(&self.device, &[rows, heads, d], element(ty), &ty.encode(&host))
+                    from_head_major(&mut host, &stored, skip, at, (heads, d, size));
+                    BufferView::from_raw_bytes(&self.device, &[rows, heads, d], element(ty), &host)
                         .map_err(iree_err("upload a snapshot's caches"))
                 };
-                k.push(upload(l.k)?);
-                v.push(upload(l.v)?);
+                k.push(upload(&l.k)?);
+                v.push(upload(&l.v)?);
             }
             let set = Arc::new(CacheSet {
                 ty,
@@ -457,9 +462,14 @@ mod tests {
         let hm = to_head_major(&rows, heads, d);
         // Row 1, head 2 of the row-major input is [1*6 + 2*2, +1] = [10, 11].
         assert_eq!(&hm[(2 * n + 1) * d..][..d], &[10.0, 11.0]);
-        let mut back = vec![0.0; (n + 2) * heads * d];
-        from_head_major(&mut back, &hm, |r| r + 2, heads, d);
-        assert_eq!(&back[2 * heads * d..], &rows[..]);
-        assert!(back[..2 * heads * d].iter().all(|&x| x == 0.0));
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut back = vec![0u8; (n + 2) * heads * d * 4];
+        from_head_major(&mut back, &bytes(&hm), 0, |r| r + 2, (heads, d, 4));
+        assert_eq!(&back[2 * heads * d * 4..], &bytes(&rows)[..]);
+        assert!(back[..2 * heads * d * 4].iter().all(|&x| x == 0));
+        // Skipping the first source row: row 1 lands at row 0.
+        let mut tail = vec![0u8; n * heads * d * 4];
+        from_head_major(&mut tail, &bytes(&hm), 1, |r| r, (heads, d, 4));
+        assert_eq!(&tail[..(n - 1) * heads * d * 4], &bytes(&rows[heads * d..])[..]);
     }
 }

@@ -159,10 +159,12 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
     let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
     let short = (long / 8).max(1);
     let prefix = demo_prefix(&spec, long);
+    // The fresh session's state (position 0, no caches): restored before each prefix prefill
+    // and before the file loads, as an app prefills its prefix at launch (or loads it) in a
+    // session that holds nothing, so a stage holds the caches an app's would and no more.
+    let empty = backend.snapshot()?;
     let mut decoder = KvDecoder::new(backend);
 
-    // The short prefix first, so that no stage holds more prefixes than an app does: the
-    // session's, and a fresh prefill's while it runs.
     let short_snapshot = decoder.prefill_prefix(&prefix[..short])?;
     let short_ms = restore_median(&mut decoder, &short_snapshot)?;
     drop(short_snapshot);
@@ -171,6 +173,7 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
     for _ in 0..args.repeat.max(1) {
         // Each repeat replaces the last: an app holds one prefix, not one per try.
         drop(snapshot.take());
+        decoder.backend_mut().restore(&empty)?;
         let t = Instant::now();
         snapshot = Some(decoder.prefill_prefix(&prefix)?);
         prefill.push(t.elapsed().as_secs_f64() * 1e3);
@@ -185,7 +188,7 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         long_prefix_tokens: long,
         long_ms: restore_median(&mut decoder, &snapshot)?,
     };
-    let (snapshot, snapshot_file) = snapshot_file_stage(&decoder, snapshot, args)?;
+    let (snapshot, snapshot_file) = snapshot_file_stage(&mut decoder, snapshot, &empty, args)?;
     let (mut chunk, mut decode, mut totals, mut per_token) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repeat.max(1) {
         for i in 0..args.utterances {
@@ -230,8 +233,9 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
 /// Saves the prefix's snapshot to a temporary file (or takes `--prefix-snapshot`) and loads it
 /// `repeat` times; the utterances then run from the loaded snapshot, as an app's would.
 fn snapshot_file_stage<B: PersistSnapshot>(
-    decoder: &KvDecoder<B>,
+    decoder: &mut KvDecoder<B>,
     prefilled: B::Snapshot,
+    empty: &B::Snapshot,
     args: &BenchArgs,
 ) -> Result<(B::Snapshot, SnapshotFileReport)> {
     let backend = decoder.backend();
@@ -247,6 +251,8 @@ fn snapshot_file_stage<B: PersistSnapshot>(
     };
     // From here on the file is the prefix, as after an app's restart.
     drop(prefilled);
+    decoder.backend_mut().restore(empty)?;
+    let backend = decoder.backend();
     let mut loads = Vec::new();
     let mut loaded = None;
     for _ in 0..args.repeat.max(1) {
