@@ -785,7 +785,11 @@ impl PersistSnapshot for IreeKvBackend {
 
     /// One upload per K and V buffer (v2: straight from the mapped file's bytes where it holds
     /// the caches' type and one KV head).
-    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<IreeSnapshot> {
+    fn snapshot_from_layers<'a>(
+        &self,
+        position: usize,
+        layers: &mut dyn Iterator<Item = LayerRows<'a>>,
+    ) -> Result<IreeSnapshot> {
         if self.manifest.is_v2() {
             return self.v2_from_layers(position, layers);
         }
@@ -795,7 +799,6 @@ impl PersistSnapshot for IreeKvBackend {
             Vec::new()
         } else {
             layers
-                .iter()
                 .map(|l| {
                     let shape = [1, spec.n_kv_heads, l.rows, spec.head_dim];
                     Ok(LayerCache {

@@ -314,7 +314,11 @@ impl PersistSnapshot for ReferenceKv {
 
     /// The loaded snapshot has no logits of a last call (`last_logits` is `None` after restoring
     /// it until the next call).
-    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<ReferenceSnapshot> {
+    fn snapshot_from_layers<'a>(
+        &self,
+        position: usize,
+        layers: &mut dyn Iterator<Item = LayerRows<'a>>,
+    ) -> Result<ReferenceSnapshot> {
         let spec = self.model.spec();
         // The values as this session's caches hold them (a file of another type converts).
         let ty = self.model.manifest().cache_type;
@@ -328,7 +332,6 @@ impl PersistSnapshot for ReferenceKv {
                 })
         };
         let caches = layers
-            .iter()
             .map(|l| {
                 Ok(LayerCache {
                     first_position: l.first_position,

@@ -62,10 +62,15 @@ fn two_identical_backends_never_diverge() {
 #[cfg(feature = "iree")]
 #[test]
 fn iree_cpu_tracks_the_reference() {
-    let v = diverge_with("tiny-gemma3:7", "reference,iree-cpu", &["--matmul-input", "f32"]);
+    let v = diverge_with(
+        "tiny-gemma3:7",
+        "reference,iree-cpu",
+        &["--matmul-input", "f32", "--cache-type", "f32"],
+    );
     check_report(&v, false);
     assert!(v["backend_b"].as_str().unwrap().contains("iree"), "{v}");
     assert_eq!(v["iree_matmul_input"], "f32", "{v}");
+    assert_eq!(v["iree_cache_type"], "f32", "{v}");
 }
 
 /// The default export for this CPU: bf16 matmul inputs where it has bf16 dot products (else the
@@ -82,6 +87,9 @@ fn iree_cpu_on_its_default_matmul_inputs_tracks_a_reference_that_rounds_the_same
     let rounds = export::host_has_bf16_dot();
     assert_eq!(v["iree_matmul_input"], if rounds { "bf16" } else { "f32" }, "{v}");
     assert_eq!(v["reference_matmul_input"], v["iree_matmul_input"], "{v}");
+    let f16 = export::host_converts_f16();
+    assert_eq!(v["iree_cache_type"], if f16 { "f16" } else { "f32" }, "{v}");
+    assert_eq!(v["reference_cache_type"], v["iree_cache_type"], "{v}");
     let tolerance = if rounds { 4e-2 } else { 2e-3 };
     assert_eq!(v["tolerance_abs"].as_f64().unwrap() as f32, tolerance, "{v}");
     check_report(&v, false);
@@ -108,20 +116,26 @@ fn diverge_wants_two_backends() {
 /// Block-quantized weights (`--weights q8|q4`, the fixture re-quantized once, f16 scales): the
 /// IREE CPU graphs dequantize inside their matmuls exactly as the reference does on the host, so
 /// the tokens agree and the caches stay within the cross-backend tolerance (q8 on Gemma's shape,
-/// q4 on Llama's grouped heads under contract 2). On Vulkan (lavapipe) the export widens the
-/// scales to f32 in its archive; the same agreement says it did so exactly.
+/// q4 on Llama's grouped heads under contract 2), against a reference that rounds the K/V rows as
+/// the CPU artifacts' caches do (f16 where this CPU converts it). On Vulkan (lavapipe, f32
+/// caches) the export widens the scales to f32 in its archive; the same agreement says it did so
+/// exactly.
 #[cfg(feature = "iree")]
 #[test]
 fn iree_cpu_tracks_the_reference_on_quantized_weights() {
     check_report(
-        &diverge_with("tiny-gemma3:7", "reference,iree-cpu", &["--weights", "q8"]),
+        &diverge_with(
+            "tiny-gemma3:7",
+            "reference,iree-cpu",
+            &["--weights", "q8", "--reference-input", "artifacts"],
+        ),
         false,
     );
     check_report(
         &diverge_with(
             "tiny-llama:3",
             "reference,iree-cpu",
-            &["--weights", "q4", "--contract", "2"],
+            &["--weights", "q4", "--contract", "2", "--reference-input", "artifacts"],
         ),
         false,
     );

@@ -35,8 +35,8 @@ pub mod mlir;
 
 pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS};
 pub use cache::{
-    cache_root, cached_export, cached_export_in, cached_export_with, entry_name, host_has_bf16_dot, is_cached,
-    runtime_options, runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
+    cache_root, cached_export, cached_export_in, cached_export_with, entry_name, host_converts_f16, host_has_bf16_dot,
+    is_cached, runtime_options, runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
 };
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, WeightFormat};

@@ -187,12 +187,15 @@ impl PersistSnapshot for Fake {
     fn cache_type(&self) -> CacheType {
         self.cache
     }
-    fn snapshot_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<FakeSnapshot> {
+    fn snapshot_from_layers<'a>(
+        &self,
+        position: usize,
+        layers: &mut dyn Iterator<Item = LayerRows<'a>>,
+    ) -> Result<FakeSnapshot> {
         Ok(FakeSnapshot {
             session: self.id,
             position,
             layers: layers
-                .iter()
                 .map(|l| LayerKv {
                     first_position: l.first_position,
                     rows: l.rows,

@@ -398,17 +398,21 @@ impl IreeKvBackend {
     }
 
     /// A snapshot holding a file's rows: one upload per buffer.
-    pub(super) fn v2_from_layers(&self, position: usize, layers: &[LayerRows<'_>]) -> Result<IreeSnapshot> {
+    pub(super) fn v2_from_layers<'a>(
+        &self,
+        position: usize,
+        layers: &mut dyn Iterator<Item = LayerRows<'a>>,
+    ) -> Result<IreeSnapshot> {
         let spec = &self.manifest.spec;
         let ty = self.manifest.cache_type;
         let pin = if position == 0 {
             None
         } else {
             let (heads, d) = (spec.n_kv_heads, spec.head_dim);
-            let mut k = Vec::with_capacity(layers.len());
-            let mut v = Vec::with_capacity(layers.len());
-            let mut first = Vec::with_capacity(layers.len());
-            for (index, l) in layers.iter().enumerate() {
+            let mut k = Vec::with_capacity(spec.n_layers);
+            let mut v = Vec::with_capacity(spec.n_layers);
+            let mut first = Vec::with_capacity(spec.n_layers);
+            for (index, l) in layers.enumerate() {
                 if l.first_position + l.rows > spec.max_positions {
                     return Err(contract_err("load snapshot", "a layer's rows end past maxPositions"));
                 }

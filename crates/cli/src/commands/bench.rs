@@ -159,9 +159,10 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
     let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
     let short = (long / 8).max(1);
     let prefix = demo_prefix(&spec, long);
-    // The fresh session's state (position 0, no caches): restored before each prefix prefill
-    // and before the file loads, as an app prefills its prefix at launch (or loads it) in a
-    // session that holds nothing, so a stage holds the caches an app's would and no more.
+    // The fresh session's state (position 0, no caches): restored before each prefix prefill,
+    // before the file loads and before the short prompt, as an app prefills its prefix at launch
+    // (or loads it) in a session that holds nothing, so that each stage holds the caches the
+    // app it stands for would hold and no more (peak RSS is the largest stage's).
     let empty = backend.snapshot()?;
     let mut decoder = KvDecoder::new(backend);
 
@@ -203,6 +204,9 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         }
     }
     let max = totals.iter().cloned().fold(0.0, f64::max);
+    // A prompt without a prefix: the stage of an app that keeps none.
+    drop(snapshot);
+    decoder.backend_mut().restore(&empty)?;
     let prompt = short_prompt(&spec, args.prompt_tokens);
     let mut first_token = Vec::new();
     for _ in 0..args.repeat.max(1) {
