@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
+use kv_core::manifest::Rounding;
 use kv_core::tolerance::Tolerance;
 use kv_core::{PersistSnapshot, RedecodeBackend, Result, WindowRule};
 
@@ -34,21 +35,46 @@ pub trait BackendFactory {
     fn supports_seed_step_rule(&self) -> bool {
         true
     }
+
+    /// What this backend rounds beyond FP32 (its artifacts' `matmulInput` and `cacheType`): the
+    /// problems compare it with a reference that rounds the same.
+    fn rounding(&self) -> Rounding {
+        Rounding::FP32
+    }
 }
 
-/// The FP32 reference. Models are loaded once per process.
-#[derive(Default)]
-pub struct ReferenceFactory;
+/// The reference: the FP32 forward, or one that rounds as some artifacts do (`rounding`).
+/// Models are loaded once per process and rounding.
+#[derive(Clone, Copy, Default)]
+pub struct ReferenceFactory {
+    pub rounding: Rounding,
+}
 
+impl ReferenceFactory {
+    /// The reference that rounds as `factory`'s backend does.
+    pub fn like<F: BackendFactory>(factory: &F) -> Self {
+        ReferenceFactory {
+            rounding: factory.rounding(),
+        }
+    }
+}
+
+/// The FP32 reference model.
 pub fn reference_model(model: &str) -> Result<Arc<ReferenceModel>> {
-    static CACHE: Mutex<Option<HashMap<String, Arc<ReferenceModel>>>> = Mutex::new(None);
+    rounding_model(model, Rounding::FP32)
+}
+
+fn rounding_model(model: &str, rounding: Rounding) -> Result<Arc<ReferenceModel>> {
+    type Cache = HashMap<(String, Rounding), Arc<ReferenceModel>>;
+    static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(m) = cache.get(model) {
+    let key = (model.to_string(), rounding);
+    if let Some(m) = cache.get(&key) {
         return Ok(m.clone());
     }
-    let loaded = ReferenceModel::open(&fixtures::materialize(model)?)?;
-    cache.insert(model.to_string(), loaded.clone());
+    let loaded = ReferenceModel::open_with_rounding(&fixtures::materialize(model)?, Some(rounding))?;
+    cache.insert(key, loaded.clone());
     Ok(loaded)
 }
 
@@ -61,7 +87,7 @@ impl BackendFactory for ReferenceFactory {
     }
 
     fn kv(&self, model: &str, rule: WindowRule) -> Result<ReferenceKv> {
-        Ok(ReferenceKv::new(reference_model(model)?, rule))
+        Ok(ReferenceKv::new(rounding_model(model, self.rounding)?, rule))
     }
 
     /// The reference holds every logit: any `k` works.
@@ -70,11 +96,15 @@ impl BackendFactory for ReferenceFactory {
     }
 
     fn redecode(&self, model: &str) -> Result<ReferenceRedecode> {
-        Ok(ReferenceRedecode::new(reference_model(model)?))
+        Ok(ReferenceRedecode::new(rounding_model(model, self.rounding)?))
     }
 
     fn tolerance(&self) -> Tolerance {
         Tolerance::SAME_BACKEND
+    }
+
+    fn rounding(&self) -> Rounding {
+        self.rounding
     }
 
     fn cases(&self) -> u32 {

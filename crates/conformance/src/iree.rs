@@ -3,6 +3,7 @@
 
 use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend, PrefillRoute};
 use export::{Layout, Target};
+use kv_core::manifest::{CacheType, Rounding};
 use kv_core::tolerance::Tolerance;
 use kv_core::{Error, Result, WindowRule};
 
@@ -17,6 +18,9 @@ pub struct IreeFactory {
     pub layout: Layout,
     /// The graph contract of the exports: 1 (`shared/CONTRACT.md`) or 2 (`docs/contract-v2.md`).
     pub contract: u32,
+    /// The caches' element type (contract 2 on the CPU may keep f16 ones: `CacheType`); the
+    /// problems then compare with a reference that rounds the same K/V rows.
+    pub cache_type: CacheType,
 }
 
 impl IreeFactory {
@@ -43,7 +47,7 @@ pub fn cpu_triple() -> Option<String> {
 /// The cached export of `model` (see `export::cached_export`); CPU modules for [`cpu_triple`]
 /// (its own cache entry: the flag is part of the options' key).
 pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::path::PathBuf> {
-    artifacts_with(model, target, layout, 0, 1)
+    artifacts_with(model, target, layout, 0, 1, CacheType::F32)
 }
 
 /// [`artifacts`] with `top_k` results (`0`: none; only the KV graphs then, to keep the extra
@@ -54,6 +58,7 @@ pub fn artifacts_with(
     layout: Layout,
     top_k: usize,
     contract: u32,
+    cache_type: CacheType,
 ) -> Result<std::path::PathBuf> {
     let defaults = export::ExportOptions::default();
     // v2 exports only its chunk and step graphs (the exporter drops the prefill graph, which v2
@@ -65,6 +70,7 @@ pub fn artifacts_with(
         // Sliding rings of the window and 4 rows more: the problems wrap them many times, and
         // a restored snapshot's next call often forks.
         ring_slack: (contract == 2).then_some(4),
+        cache_type,
         graphs: defaults
             .graphs
             .iter()
@@ -107,22 +113,23 @@ impl BackendFactory for IreeFactory {
     type Redecode = IreeRedecodeBackend;
 
     fn name(&self) -> String {
+        let caches = if self.cache_type.is_f32() { "" } else { "-f16" };
         match self.contract {
             1 => format!("iree-{}", self.device),
-            c => format!("iree-{}-v{c}", self.device),
+            c => format!("iree-{}-v{c}{caches}", self.device),
         }
     }
 
     fn kv(&self, model: &str, rule: WindowRule) -> Result<IreeKvBackend> {
         self.open_kv(
-            &artifacts_with(model, &self.target(), self.layout, 0, self.contract)?,
+            &artifacts_with(model, &self.target(), self.layout, 0, self.contract, self.cache_type)?,
             rule,
         )
     }
 
     fn kv_with_top_k(&self, model: &str, k: usize) -> Result<IreeKvBackend> {
         self.open_kv(
-            &artifacts_with(model, &self.target(), self.layout, k, self.contract)?,
+            &artifacts_with(model, &self.target(), self.layout, k, self.contract, self.cache_type)?,
             WindowRule::Exact,
         )
     }
@@ -151,5 +158,12 @@ impl BackendFactory for IreeFactory {
 
     fn supports_seed_step_rule(&self) -> bool {
         self.contract == 1
+    }
+
+    fn rounding(&self) -> Rounding {
+        Rounding {
+            cache_type: self.cache_type,
+            ..Rounding::FP32
+        }
     }
 }

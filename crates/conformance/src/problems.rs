@@ -565,7 +565,7 @@ pub fn kv_matches_reference_call_by_call<F: BackendFactory>(factory: &F) {
             let spec = spec_of(model);
             let stream: Vec<i32> = (0..60).map(|i| (i * 53 + 1) % spec.vocab_size as i32).collect();
             let mut backend = factory.kv(model, WindowRule::Exact).unwrap();
-            let mut reference = ReferenceFactory.kv(model, WindowRule::Exact).unwrap();
+            let mut reference = ReferenceFactory::like(factory).kv(model, WindowRule::Exact).unwrap();
             let prefix = 2 * spec.sliding_window.max(4) + 1;
             let mut context = stream[..prefix].to_vec();
             let (got, want) = (backend.prefill(&context).unwrap(), reference.prefill(&context).unwrap());
@@ -660,7 +660,7 @@ pub fn snapshot_files_continue_like_the_session<F: BackendFactory>(factory: &F) 
         assert_eq!(continue_from(&mut fresh, &utterance).0, want);
 
         // A file saved by the reference continues here as the reference continues.
-        let mut reference = ReferenceFactory.kv(model, WindowRule::Exact).unwrap();
+        let mut reference = ReferenceFactory::like(factory).kv(model, WindowRule::Exact).unwrap();
         let reference_snap = prefilled(&mut reference, &prefix);
         let from_reference = dir.path().join("reference.skvsnap");
         snapshot_file::save(&reference, &reference_snap, &from_reference).expect("save reference");
@@ -722,7 +722,7 @@ pub fn seeded_sampling_matches_the_reference<F: BackendFactory>(factory: &F) {
             },
         ];
         let mut backend = KvDecoder::new(factory.kv_with_top_k(model, k).unwrap());
-        let mut oracle = KvDecoder::new(ReferenceFactory.kv(model, WindowRule::Exact).unwrap());
+        let mut oracle = KvDecoder::new(ReferenceFactory::like(factory).kv(model, WindowRule::Exact).unwrap());
         let prefix = backend.prefill_prefix(&prompt[..13]).unwrap();
         let oracle_prefix = oracle.prefill_prefix(&prompt[..13]).unwrap();
         for (c, config) in configs.iter().enumerate() {

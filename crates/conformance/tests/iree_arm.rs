@@ -9,7 +9,8 @@ mod local_sync {
     conformance::conformance_suite!(conformance::iree::IreeFactory {
         device: "local-sync",
         layout: export::Layout::Shared,
-        contract: 1
+        contract: 1,
+        cache_type: kv_core::manifest::CacheType::F32
     });
 }
 
@@ -17,6 +18,7 @@ mod local_task {
     conformance::conformance_suite!(conformance::iree::IreeFactory {
         device: "local-task",
         layout: export::Layout::Shared,
-        contract: 1
+        contract: 1,
+        cache_type: kv_core::manifest::CacheType::F32
     });
 }

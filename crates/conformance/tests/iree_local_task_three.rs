@@ -6,5 +6,6 @@
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "local-task",
     layout: export::Layout::Three,
-    contract: 1
+    contract: 1,
+    cache_type: kv_core::manifest::CacheType::F32
 });

@@ -4,5 +4,6 @@
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "vulkan",
     layout: export::Layout::Three,
-    contract: 2
+    contract: 2,
+    cache_type: kv_core::manifest::CacheType::F32
 });

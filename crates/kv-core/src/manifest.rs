@@ -377,7 +377,7 @@ pub struct Manifest {
 /// the rounding of the activation is the one difference from f32, and a forward that rounds the
 /// same inputs (the reference, told by the manifest) computes the same values up to summation
 /// order. Attention (QKᵀ, PV) and the norms stay f32 either way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MatmulInput {
     #[default]
@@ -397,7 +397,7 @@ impl MatmulInput {
 /// that rounds there too (the reference, told by the manifest) computes the same values. Half
 /// the bytes of f32 for every cache read (the step reads every cache row) and every cache held
 /// in memory; llama.cpp keeps its caches in f16 by default.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheType {
     #[default]
@@ -491,7 +491,7 @@ fn reduce_precision_e5m10(v: f32) -> f32 {
 /// What a forward rounds beyond FP32, as a manifest says: its `matmulInput` and `cacheType`. A
 /// reference opened on a model's source directory takes an export's rounding with
 /// [`Self::apply`], to compute what that export's graphs compute.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rounding {
     pub matmul_input: MatmulInput,
