@@ -31,8 +31,9 @@ const EMITTER_REVISION_V2: u32 = 6;
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row
 /// projections and wherever aggressive fusion is off, hoisting off; 4: i32 words with packed
-/// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets).
-const QUANTIZED_REVISION: u32 = 5;
+/// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets); 6: many-row
+/// projections as a `dot_general` over the blocks (CPU data tiling: mmt4d ukernels).
+const QUANTIZED_REVISION: u32 = 6;
 
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.

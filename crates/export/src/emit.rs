@@ -56,13 +56,15 @@ pub struct EmitOptions {
     /// ([`FuncEmitter::softmax_split`]); `false` = one row per query, as v1.
     pub tiled_softmax: bool,
     /// The archive's block-quantized parameters (the source manifest's `quantization`): each is
-    /// declared as its values `[out, in/32, 32]` (`i8` or `i4`) and scales `[out, in/32]` f32
-    /// and dequantized inside the matmul that reads it ([`crate::mlir::Body::block_contract`]);
+    /// declared as its values `[out, in/32, 32]` (`i8` or `i4`) and scales `[out, in/32]` (f16,
+    /// or f32) and dequantized where the matmul that reads it does (see [`Self::fused_dequant`]);
     /// [`Self::weights`] declares the rest.
     pub quantization: Option<kv_core::quant::Quantization>,
-    /// Many-row projections of quantized weights take a separate dequantization that IREE fuses
-    /// into the matmul ([`crate::mlir::Body::block_contract`]; only with aggressive fusion,
-    /// on from `--iree-opt-level=O2` unless turned off); `false` = every projection dequantizes
+    /// Many-row projections of quantized weights take a separate dequantization feeding a
+    /// `dot_general` over the blocks (`[R, nb, 32] · [O, nb, 32]`), which CPU data tiling puts on
+    /// the f32 `mmt4d` ukernels with the dequantization fused into the weight's packing (one f32
+    /// copy of the weight per call, as IREE 3.13 materialises for any many-row form; only with
+    /// aggressive fusion, on from `--iree-opt-level=O2`); `false` = every projection dequantizes
     /// in its contraction's body ([`crate::mlir::Body::block_contract_q`]), which never
     /// materialises a dequantized weight but is no matmul to IREE (slower for many rows).
     pub fused_dequant: bool,
@@ -714,10 +716,14 @@ impl FuncEmitter<'_> {
                 let s = self.scales_f32(&s);
                 self.b.block_contract_q(&x3, &q, &s)
             } else {
-                // Many rows: a matmul to IREE, fed by a dequantization it fuses into the
-                // dispatch with aggressive fusion on (v2's CPU flags), else computes per call.
+                // Many rows: a matmul to IREE. As a `dot_general` over the blocks, data tiling
+                // runs it on the mmt4d ukernels with the dequantization fused into the weight's
+                // pack; as a two-reduction `linalg.generic` it was a generic matmul after a
+                // separate dequantization (both write an f32 copy of the weight per call). Gemma
+                // 3 270M q8, bench, 3 rounds alternating: chunk call 68–74 → 56–72 ms, utterance
+                // p50 304–345 → 267–314 ms, peak RSS 339 → 335 MB (docs/benchmarks.md).
                 let w = self.quant_param(weight, format);
-                self.b.block_contract(&x3, &w)
+                self.b.dot(&x3, &w, (&[], &[]), (&[1, 2], &[1, 2]))
             }
         } else if self.options.bf16_matmul_inputs && self.options.weights == WeightFormat::Bf16 {
             // bf16 × bf16 products are exact in f32, so this differs from f32 × f32 only by the

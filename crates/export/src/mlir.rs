@@ -898,35 +898,14 @@ impl Body {
         V { name, ty }
     }
 
-    /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
-    /// `linalg.generic` with two reduction dimensions. A `stablehlo.dot_general` over two
-    /// contracting dimensions is rewritten by IREE into a transpose and a reshape of `w` to
-    /// `[in, O]`, which splits `w`'s producer (a block dequantization: its scales are indexed by
-    /// the block axis only) from the matmul and materialises an f32 copy of the weight per call;
-    /// against the generic, IREE clones the dequantization into the matmul's dispatch (one
-    /// `matvec_like_OxNBxBLK` dispatch reading the narrow values).
-    pub fn block_contract(&mut self, x: &V, w: &V) -> V {
-        let o = w.ty.static_dims()[0];
-        self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, |b, args| {
-            let [a, w, acc] = args else {
-                kv_core::error::invariant("a block argument per input, then the accumulator")
-            };
-            let (p, q) = (b.fresh(), b.fresh());
-            (
-                format!("{p} = arith.mulf {a}, {w} : f32\n{q} = arith.addf {acc}, {p} : f32"),
-                q,
-            )
-        })
-    }
-
     /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
     /// (`i8`, `i4`) and scales `s [O, nb]`: `[R, O]` f32, one `linalg.generic` whose body
     /// dequantizes (shark-ai's `mmt_block_scaled_q8_0` form). Nothing is left for IREE to fuse or
     /// hoist, so it is one dispatch reading the narrow values whatever the fusion flags (v1's CPU
-    /// flags turn aggressive fusion off, which splits [`Self::block_contract`] from its
-    /// dequantization). As fast as the fused form for one row (Gemma's 262144 × 640 head, q8:
+    /// flags turn aggressive fusion off, which splits a separate dequantization from the matmul
+    /// reading it). As fast as the fused form for one row (Gemma's 262144 × 640 head, q8:
     /// 12.8 against 12.2 ms here); for 32 rows 2.7× slower (it is not a matmul to IREE), so the
-    /// many-row graphs take [`Self::block_contract`].
+    /// many-row graphs take a `dot_general` over the blocks (`FuncEmitter::proj`).
     pub fn block_contract_q(&mut self, x: &V, q: &V, s: &V) -> V {
         let (o, qe) = (q.ty.static_dims()[0], q.ty.elem.name());
         let maps = ["d0, d2, d3", "d1, d2, d3", "d1, d2"];
