@@ -32,8 +32,9 @@ const EMITTER_REVISION_V2: u32 = 6;
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row
 /// projections and wherever aggressive fusion is off, hoisting off; 4: i32 words with packed
 /// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets); 6: many-row
-/// projections as a `dot_general` over the blocks (CPU data tiling: mmt4d ukernels).
-const QUANTIZED_REVISION: u32 = 6;
+/// projections as a `dot_general` over the blocks (CPU data tiling: mmt4d ukernels); 7: q8 only
+/// (q4's chunk calls were slower so).
+const QUANTIZED_REVISION: u32 = 7;
 
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.

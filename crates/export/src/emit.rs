@@ -61,10 +61,11 @@ pub struct EmitOptions {
     /// [`Self::weights`] declares the rest.
     pub quantization: Option<kv_core::quant::Quantization>,
     /// Many-row projections of quantized weights take a separate dequantization feeding a
-    /// `dot_general` over the blocks (`[R, nb, 32] · [O, nb, 32]`), which CPU data tiling puts on
-    /// the f32 `mmt4d` ukernels with the dequantization fused into the weight's packing (one f32
-    /// copy of the weight per call, as IREE 3.13 materialises for any many-row form; only with
-    /// aggressive fusion, on from `--iree-opt-level=O2`); `false` = every projection dequantizes
+    /// `dot_general` over the blocks (`[R, nb, 32] · [O, nb, 32]`; q8), which CPU data tiling
+    /// puts on the f32 `mmt4d` ukernels with the dequantization fused into the weight's packing,
+    /// or a two-reduction contraction ([`crate::mlir::Body::block_contract`]; q4): one f32 copy
+    /// of the weight per call either way, as IREE 3.13 materialises for any many-row form (only
+    /// with aggressive fusion, on from `--iree-opt-level=O2`); `false` = every projection dequantizes
     /// in its contraction's body ([`crate::mlir::Body::block_contract_q`]), which never
     /// materialises a dequantized weight but is no matmul to IREE (slower for many rows).
     pub fused_dequant: bool,
@@ -716,14 +717,18 @@ impl FuncEmitter<'_> {
                 let s = self.scales_f32(&s);
                 self.b.block_contract_q(&x3, &q, &s)
             } else {
-                // Many rows: a matmul to IREE. As a `dot_general` over the blocks, data tiling
-                // runs it on the mmt4d ukernels with the dequantization fused into the weight's
-                // pack; as a two-reduction `linalg.generic` it was a generic matmul after a
-                // separate dequantization (both write an f32 copy of the weight per call). Gemma
-                // 3 270M q8, bench, 3 rounds alternating: chunk call 68–74 → 56–72 ms, utterance
-                // p50 304–345 → 267–314 ms, peak RSS 339 → 335 MB (docs/benchmarks.md).
+                // Many rows: a matmul to IREE. q8 as a `dot_general` over the blocks: data
+                // tiling runs it on the mmt4d ukernels with the dequantization fused into the
+                // weight's pack (Gemma 3 270M, bench, 3 rounds alternating: chunk call 68–74 →
+                // 56–72 ms, utterance p50 304–345 → 267–314 ms). q4 keeps the two-reduction
+                // generic (a generic matmul after a separate dequantization): the i4 unpacking
+                // in the pack made its chunk calls 76–82 → 130–188 ms. Both write an f32 copy
+                // of the weight per call (docs/benchmarks.md, session 11).
                 let w = self.quant_param(weight, format);
-                self.b.dot(&x3, &w, (&[], &[]), (&[1, 2], &[1, 2]))
+                match format {
+                    QuantFormat::Q8 => self.b.dot(&x3, &w, (&[], &[]), (&[1, 2], &[1, 2])),
+                    QuantFormat::Q4 => self.b.block_contract(&x3, &w),
+                }
             }
         } else if self.options.bf16_matmul_inputs && self.options.weights == WeightFormat::Bf16 {
             // bf16 × bf16 products are exact in f32, so this differs from f32 × f32 only by the

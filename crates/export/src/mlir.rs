@@ -898,6 +898,26 @@ impl Body {
         V { name, ty }
     }
 
+    /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
+    /// `linalg.generic` with two reduction dimensions: the q4 many-row projections'. IREE 3.13
+    /// runs it as a generic matmul after a separate dequantization of `w` (an f32 copy of the
+    /// weight per call); as a `dot_general` over the blocks (q8's form, on the mmt4d ukernels)
+    /// the i4 unpacking inside the weight's pack made Gemma 3 270M's q4 chunk calls 1.6–2.5×
+    /// slower (docs/benchmarks.md, session 11).
+    pub fn block_contract(&mut self, x: &V, w: &V) -> V {
+        let o = w.ty.static_dims()[0];
+        self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, |b, args| {
+            let [a, w, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let (p, q) = (b.fresh(), b.fresh());
+            (
+                format!("{p} = arith.mulf {a}, {w} : f32\n{q} = arith.addf {acc}, {p} : f32"),
+                q,
+            )
+        })
+    }
+
     /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
     /// (`i8`, `i4`) and scales `s [O, nb]`: `[R, O]` f32, one `linalg.generic` whose body
     /// dequantizes (shark-ai's `mmt_block_scaled_q8_0` form). Nothing is left for IREE to fuse or
@@ -905,7 +925,7 @@ impl Body {
     /// flags turn aggressive fusion off, which splits a separate dequantization from the matmul
     /// reading it). As fast as the fused form for one row (Gemma's 262144 × 640 head, q8:
     /// 12.8 against 12.2 ms here); for 32 rows 2.7× slower (it is not a matmul to IREE), so the
-    /// many-row graphs take a `dot_general` over the blocks (`FuncEmitter::proj`).
+    /// many-row graphs take a `dot_general` over the blocks (q8) or [`Self::block_contract`] (q4).
     pub fn block_contract_q(&mut self, x: &V, q: &V, s: &V) -> V {
         let (o, qe) = (q.ty.static_dims()[0], q.ty.elem.name());
         let maps = ["d0, d2, d3", "d1, d2, d3", "d1, d2"];
