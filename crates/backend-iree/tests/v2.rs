@@ -318,6 +318,22 @@ fn cache_diff<A: KvBackend, B: KvBackend>(a: &A, b: &B, layers: std::ops::Range<
 }
 
 /// Every layer within `tol`, labelled.
+/// An IREE session on `dir`, the reference opened on the export's own manifest (rounding as its
+/// graphs do; the model is returned too) and the FP32 reference, all prefilled with `prefix`
+/// (the rounding reference to the same token).
+fn prefilled_with_references(
+    dir: &std::path::Path,
+    prefix: &[i32],
+) -> (IreeKvBackend, std::sync::Arc<ReferenceModel>, ReferenceKv, ReferenceKv) {
+    let rounding = ReferenceModel::open(dir).unwrap();
+    let plain = ReferenceModel::open_with_rounding(dir, Some(Rounding::FP32)).unwrap();
+    let (mut iree, mut reference) = (open(dir), ReferenceKv::new(rounding.clone(), WindowRule::Exact));
+    let mut fp32 = ReferenceKv::new(plain, WindowRule::Exact);
+    assert_eq!(iree.prefill(prefix).unwrap(), reference.prefill(prefix).unwrap());
+    fp32.prefill(prefix).unwrap();
+    (iree, rounding, reference, fp32)
+}
+
 fn caches_within<A: KvBackend, B: KvBackend>(what: &str, a: &A, b: &B, tol: Tolerance) {
     for l in 0..a.spec().n_layers {
         let (got, want) = (a.read_layer(l).unwrap(), b.read_layer(l).unwrap());
@@ -342,17 +358,9 @@ fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
         ..runtime_options_for(&Target::cpu(), 2)
     };
     let dir = cached_export_with(MODEL, &options).expect("export v2 with bf16 matmul inputs");
-    let mut iree = open(&dir);
+    let (iree, rounding, reference, fp32) = prefilled_with_references(&dir, &prompt(21));
     assert_eq!(iree.manifest().matmul_input, MatmulInput::Bf16);
-    let rounding = ReferenceModel::open(&dir).unwrap();
     assert_eq!(rounding.manifest().matmul_input, MatmulInput::Bf16);
-    let plain = ReferenceModel::open_with_rounding(&dir, Some(Rounding::FP32)).unwrap();
-    let mut reference = ReferenceKv::new(rounding, WindowRule::Exact);
-    let mut fp32 = ReferenceKv::new(plain, WindowRule::Exact);
-
-    let prefix = prompt(21);
-    assert_eq!(iree.prefill(&prefix).unwrap(), reference.prefill(&prefix).unwrap());
-    fp32.prefill(&prefix).unwrap();
     let (layer0_rounding, _) = cache_diff(&iree, &reference, 0..1);
     let (layer0_fp32, _) = cache_diff(&iree, &fp32, 0..1);
     assert_layers_close(
@@ -400,17 +408,9 @@ fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
 #[test]
 fn f16_caches_match_a_reference_that_rounds_the_same() {
     let dir = v2_f16();
-    let mut iree = open(&dir);
+    let (mut iree, rounding, reference, fp32) = prefilled_with_references(&dir, &prompt(21));
     assert_eq!(iree.manifest().cache_type, CacheType::F16);
-    let rounding = ReferenceModel::open(&dir).unwrap();
     assert_eq!(rounding.manifest().cache_type, CacheType::F16);
-    let plain = ReferenceModel::open_with_rounding(&dir, Some(Rounding::FP32)).unwrap();
-    let mut reference = ReferenceKv::new(rounding, WindowRule::Exact);
-    let mut fp32 = ReferenceKv::new(plain, WindowRule::Exact);
-
-    let prefix = prompt(21);
-    assert_eq!(iree.prefill(&prefix).unwrap(), reference.prefill(&prefix).unwrap());
-    fp32.prefill(&prefix).unwrap();
     for l in 0..iree.spec().n_layers {
         let layer = iree.read_layer(l).unwrap();
         for (what, values) in [("K", &layer.k), ("V", &layer.v)] {
