@@ -334,6 +334,18 @@ fn prefilled_with_references(
     (iree, rounding, reference, fp32)
 }
 
+/// The FP32 reference is measurably further from `iree` on average than the rounding one:
+/// the rounding happens, and in both.
+fn rounding_happens_in_both(iree: &IreeKvBackend, reference: &ReferenceKv, fp32: &ReferenceKv) {
+    let layers = 0..iree.spec().n_layers;
+    let (_, mean_rounding) = cache_diff(iree, reference, layers.clone());
+    let (_, mean_fp32) = cache_diff(iree, fp32, layers);
+    assert!(
+        mean_fp32 > 3.0 * mean_rounding,
+        "mean K/V difference: FP32 reference {mean_fp32:e}, rounding reference {mean_rounding:e}"
+    );
+}
+
 fn caches_within<A: KvBackend, B: KvBackend>(what: &str, a: &A, b: &B, tol: Tolerance) {
     for l in 0..a.spec().n_layers {
         let (got, want) = (a.read_layer(l).unwrap(), b.read_layer(l).unwrap());
@@ -373,13 +385,7 @@ fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
         layer0_fp32 > 10.0 * layer0_rounding.max(1e-6),
         "layer 0: the FP32 reference ({layer0_fp32:e}) is not further than the rounding one ({layer0_rounding:e})"
     );
-    let layers = 0..iree.spec().n_layers;
-    let (_, mean_rounding) = cache_diff(&iree, &reference, layers.clone());
-    let (_, mean_fp32) = cache_diff(&iree, &fp32, layers);
-    assert!(
-        mean_fp32 > 3.0 * mean_rounding,
-        "mean K/V difference: FP32 reference {mean_fp32:e}, rounding reference {mean_rounding:e}"
-    );
+    rounding_happens_in_both(&iree, &reference, &fp32);
     caches_within("after the prefill", &iree, &reference, Tolerance::BF16_MATMUL_INPUTS);
 
     // Teacher-forced from a fresh start (a flip can turn a near-tie either way; the real
@@ -419,13 +425,7 @@ fn f16_caches_match_a_reference_that_rounds_the_same() {
         }
     }
     caches_within("after the prefill", &iree, &reference, Tolerance::CROSS_BACKEND);
-    let layers = 0..iree.spec().n_layers;
-    let (_, mean_rounding) = cache_diff(&iree, &reference, layers.clone());
-    let (_, mean_fp32) = cache_diff(&iree, &fp32, layers);
-    assert!(
-        mean_fp32 > 3.0 * mean_rounding,
-        "mean K/V difference: FP32 reference {mean_fp32:e}, rounding reference {mean_rounding:e}"
-    );
+    rounding_happens_in_both(&iree, &reference, &fp32);
 
     // A snapshot through a file into a fresh session: the same utterance.
     let snapshot = iree.snapshot().unwrap();
