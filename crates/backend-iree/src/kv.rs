@@ -18,9 +18,7 @@ use kv_core::{
 
 use crate::convert::{contract_err, iree_err};
 use crate::embedding::Embedding;
-use crate::open::{
-    check_arg_counts, declared_input, declared_input_dims, open_graphs, open_sessions, IreeOptions, Opened,
-};
+use crate::open::{check_arg_counts, declared_input, open_graphs, open_sessions, IreeOptions, Opened};
 use crate::shared::SharedModule;
 
 /// One layer's cache: a `[1, nKvHeads, rows, d]` view covering positions `first..first + rows`.
@@ -134,18 +132,14 @@ impl IreeKvBackend {
     pub fn open_manifest_learning_seq(dir: &Path, mut manifest: Manifest, options: IreeOptions) -> Result<Self> {
         manifest.validate()?;
         let mut opened = open_sessions(dir, &manifest, manifest.kv_graphs(), &options)?;
+        // A graph's function name and the dims and element type it declares for argument `name`.
         let declared = |opened: &Opened, graph: Graph, name: Name, manifest: &Manifest| {
             let (_, function) = opened.functions.get(&graph)?;
             let index = manifest.canonical_args(graph).iter().position(|&a| a == name)?;
-            Some((function.name.clone(), declared_input_dims(function, index)))
-        };
-        let declared_element = |opened: &Opened, graph: Graph, name: Name, manifest: &Manifest| {
-            let (_, function) = opened.functions.get(&graph)?;
-            let index = manifest.canonical_args(graph).iter().position(|&a| a == name)?;
-            declared_input(function, index).map(|(_, element)| element)
+            Some((function.name.clone(), declared_input(function, index)))
         };
         let step_pos = declared(&opened, Graph::Step, Name::Cos(manifest.spec.layer_kind(0)), &manifest);
-        if let Some((_, Some(dims))) = &step_pos {
+        if let Some((_, Some((dims, _)))) = &step_pos {
             if dims.as_slice() == [Some(1)] {
                 if let Some((_, prefill)) = opened.functions.get(&Graph::Prefill) {
                     return Err(contract_err(
@@ -159,7 +153,7 @@ impl IreeKvBackend {
                 manifest = manifest.into_v2();
                 let rows_of = |layer: usize, manifest: &Manifest| -> Result<usize> {
                     match declared(&opened, Graph::Step, Name::K(layer), manifest) {
-                        Some((_, Some(dims))) => match dims.as_slice() {
+                        Some((_, Some((dims, _)))) => match dims.as_slice() {
                             &[Some(p), Some(kv), Some(d)]
                                 if kv == manifest.spec.n_kv_heads && d == manifest.spec.head_dim =>
                             {
@@ -183,17 +177,19 @@ impl IreeKvBackend {
                 })?;
                 let capacity = rows_of(global, &manifest)?;
                 // The caches' element type, as the step declares them (`cacheType`).
-                manifest.cache_type =
-                    match declared_element(&opened, Graph::Step, Name::K(global), &manifest).as_deref() {
-                        Some("f32") => CacheType::F32,
-                        Some("f16") => CacheType::F16,
-                        other => {
-                            return Err(contract_err(
-                                "open",
-                                format!("a v2 step's cache is declared of element type {other:?}, expected f32 or f16"),
-                            ))
-                        }
-                    };
+                let element = declared(&opened, Graph::Step, Name::K(global), &manifest)
+                    .and_then(|(_, input)| input)
+                    .map(|(_, element)| element);
+                manifest.cache_type = match element.as_deref() {
+                    Some("f32") => CacheType::F32,
+                    Some("f16") => CacheType::F16,
+                    other => {
+                        return Err(contract_err(
+                            "open",
+                            format!("a v2 step's cache is declared of element type {other:?}, expected f32 or f16"),
+                        ))
+                    }
+                };
                 let sliding = match spec.first_layer_of(LayerKind::Sliding) {
                     Some(l) => rows_of(l, &manifest)?,
                     None => capacity,
@@ -204,8 +200,8 @@ impl IreeKvBackend {
                 manifest.validate()?;
             }
         }
-        if let Some((name, dims)) = declared(&opened, Graph::Prefill, Name::Tokens, &manifest) {
-            let seq = match dims.as_deref() {
+        if let Some((name, input)) = declared(&opened, Graph::Prefill, Name::Tokens, &manifest) {
+            let seq = match input.as_ref().map(|(dims, _)| dims.as_slice()) {
                 Some(&[Some(seq)]) => seq,
                 other => {
                     return Err(contract_err(

@@ -297,15 +297,18 @@ impl PersistSnapshot for ReferenceKv {
     fn snapshot_layer(&self, snapshot: &ReferenceSnapshot, layer: usize) -> Result<LayerKv> {
         self.session.check_owner(snapshot.session)?;
         let spec = self.model.spec();
-        match snapshot.caches.get(layer) {
-            Some(cache) => Ok(cache.to_host(spec)),
-            None if snapshot.caches.is_empty() => Ok(LayerKv::empty(spec)),
-            None => Err(Error::Backend {
+        if layer >= spec.n_layers {
+            return Err(Error::Backend {
                 backend: "reference",
                 op: "save snapshot".into(),
                 source: format!("no layer {layer} in a model of {}", spec.n_layers).into(),
-            }),
+            });
         }
+        // A snapshot at position 0 holds no layers.
+        Ok(snapshot
+            .caches
+            .get(layer)
+            .map_or_else(|| LayerKv::empty(spec), |cache| cache.to_host(spec)))
     }
 
     fn cache_type(&self) -> CacheType {
