@@ -90,6 +90,9 @@ pub struct IreeKvBackend {
     /// Each session's parameter archive as it was at open (checked before each call).
     archives: Vec<Vec<FileStamp>>,
     functions: HashMap<Graph, (usize, Function)>,
+    /// Contract v2: the prefill graph's token-less variants by span (`KvSpec::prefill_spans`),
+    /// in the prefill graph's session.
+    spans: Vec<(usize, Function)>,
     args: HashMap<Graph, Vec<Name>>,
     outputs: HashMap<Graph, Vec<Name>>,
     embedding: Embedding,
@@ -227,6 +230,7 @@ impl IreeKvBackend {
             sessions,
             archives,
             functions,
+            spans,
             target,
         } = opened;
         // The seed reads the table from the with-past archive; its key there is `embeddingParameter`.
@@ -259,6 +263,7 @@ impl IreeKvBackend {
             sessions,
             archives,
             functions,
+            spans,
             args,
             outputs,
             embedding,
@@ -328,10 +333,30 @@ impl IreeKvBackend {
     fn call(
         &mut self,
         graph: Graph,
+        inputs: HashMap<Name, BufferView>,
+        expect: &dyn Fn(Name) -> (Vec<usize>, ElementType),
+    ) -> Result<HashMap<Name, BufferView>> {
+        self.call_variant(graph, None, inputs, expect)
+    }
+
+    /// [`Self::call`] of `graph`'s own function, or with `span` of the prefill graph's
+    /// token-less variant over that span (`KvSpec::prefill_spans`): its results are the
+    /// prefill's but the token and top-k.
+    fn call_variant(
+        &mut self,
+        graph: Graph,
+        span: Option<usize>,
         mut inputs: HashMap<Name, BufferView>,
         expect: &dyn Fn(Name) -> (Vec<usize>, ElementType),
     ) -> Result<HashMap<Name, BufferView>> {
-        let (index, function) = self.functions.get(&graph).ok_or_else(|| self.missing(graph))?;
+        let (index, own) = self.functions.get(&graph).ok_or_else(|| self.missing(graph))?;
+        let function = match span {
+            None => own,
+            Some(span) => match self.spans.iter().find(|(s, _)| *s == span) {
+                Some((_, f)) => f,
+                None => kv_core::error::invariant("a prefill variant the session did not open"),
+            },
+        };
         let ordered: Vec<BufferView> = self.args[&graph]
             .iter()
             .map(|name| {
@@ -351,7 +376,10 @@ impl IreeKvBackend {
             .lock()
             .call_function(function, &refs)
             .map_err(iree_err(format!("call {}", function.name)))?;
-        let names = &self.outputs[&graph];
+        let mut names = self.outputs[&graph].clone();
+        if span.is_some() {
+            names.retain(|n| !matches!(n, Name::Token | Name::TopKLogits | Name::TopKIds));
+        }
         if results.len() != names.len() {
             return Err(contract_err(
                 graph.key(),

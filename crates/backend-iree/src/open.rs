@@ -98,6 +98,9 @@ pub(crate) struct Opened {
     pub archives: Vec<Vec<FileStamp>>,
     /// Graph → (index into `sessions`, function).
     pub functions: HashMap<Graph, (usize, Function)>,
+    /// The prefill graph's token-less variants by span (`KvSpec::prefill_spans`), in its
+    /// session; empty without a prefill graph.
+    pub spans: Vec<(usize, Function)>,
     pub target: String,
 }
 
@@ -195,17 +198,26 @@ pub(crate) fn check_arg_counts(manifest: &Manifest, opened: &Opened) -> Result<(
             Graph::RedecodeAt => 2,
             _ => manifest.args_or_canonical(graph).len(),
         };
-        let got = arg_count(&function.calling_convention);
-        if got != want {
-            return Err(Error::ContractMismatch {
-                backend: "iree",
-                op: format!("open `{}`", function.name),
-                message: format!(
-                    "the module's function takes {got} arguments but the `{}` contract for this manifest has {want}: a vmfb of another contract or shape",
-                    graph.key()
-                ),
-            });
-        }
+        check_arg_count(function, graph, want)?;
+    }
+    let prefill = manifest.args_or_canonical(Graph::Prefill).len();
+    for (_, function) in &opened.spans {
+        check_arg_count(function, Graph::Prefill, prefill)?;
+    }
+    Ok(())
+}
+
+fn check_arg_count(function: &Function, graph: Graph, want: usize) -> Result<()> {
+    let got = arg_count(&function.calling_convention);
+    if got != want {
+        return Err(Error::ContractMismatch {
+            backend: "iree",
+            op: format!("open `{}`", function.name),
+            message: format!(
+                "the module's function takes {got} arguments but the `{}` contract for this manifest has {want}: a vmfb of another contract or shape",
+                graph.key()
+            ),
+        });
     }
     Ok(())
 }
@@ -275,11 +287,27 @@ pub(crate) fn open_sessions(
             .map_err(iree_err(format!("look up `{}` function", graph.key())))?;
         functions.insert(graph, (index, function));
     }
+    let mut spans = Vec::new();
+    if let Some((index, _)) = functions.get(&Graph::Prefill) {
+        let session = sessions[*index]
+            .as_ref()
+            .unwrap_or_else(|| kv_core::error::invariant("session just opened"));
+        for &span in &manifest.spec.prefill_spans {
+            let Some(name) = manifest.functions.prefill_span(span) else {
+                kv_core::error::invariant("a validated manifest with prefill spans names its prefill graph")
+            };
+            let function = session.lock().lookup(&name).map_err(iree_err(format!(
+                "look up the prefill graph's variant over {span} rows (prefillSpans)"
+            )))?;
+            spans.push((span, function));
+        }
+    }
     Ok(Opened {
         device,
         sessions,
         archives,
         functions,
+        spans,
         target,
     })
 }

@@ -446,3 +446,49 @@ fn f16_caches_match_a_reference_that_rounds_the_same() {
     assert_eq!(report.first_layer_out_of_tolerance, None, "{report:?}");
     assert_ne!(report.divergence_at_near_tie, Some(false), "{report:?}");
 }
+
+/// The prefill graph and its token-less variants read only the rows their calls see
+/// (`KvSpec::prefill_spans`): a prefill through every variant (ring of 16 rows, calls of 16:
+/// ending by 32, 64 and 128, then past them) answers and caches as v1 and as an export
+/// without variants do; a manifest naming a variant its module lacks fails at open.
+#[test]
+fn prefill_spans_read_what_their_calls_see() {
+    let export = |spans: Vec<usize>| {
+        let options = ExportOptions {
+            targets: vec![Target::cpu()],
+            layout: Layout::Shared,
+            contract: 2,
+            ring_slack: Some(4),
+            prefill_spans: Some(spans),
+            ..ExportOptions::default()
+        };
+        cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)")
+    };
+    let (spanned, plain) = (export(vec![32, 64, 128]), export(vec![]));
+    let (mut one, mut two, mut three) = (open(&v1()), open(&spanned), open(&plain));
+    assert_eq!(two.spec().prefill_spans, [32, 64, 128]);
+    assert_eq!((two.spec().prefill_span, three.spec().prefill_span), (256, 256));
+    // 150 = 9 calls of 16 (ending at 16, 32 | 48, 64 | 80 … 128 | 144) and one chunk call.
+    let prefix = prompt(150);
+    let token = one.prefill(&prefix).unwrap();
+    assert_eq!(two.prefill(&prefix).unwrap(), token);
+    assert_eq!(three.prefill(&prefix).unwrap(), token);
+    same_caches(&one, &two);
+    same_caches(&three, &two);
+    let (p1, p2) = (one.snapshot().unwrap(), two.snapshot().unwrap());
+    let words = [5, 17, 99];
+    assert_eq!(utterance(&mut two, &p2, &words, 6), utterance(&mut one, &p1, &words, 6));
+
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&plain).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let mut manifest = kv_core::Manifest::load(dir.path()).unwrap();
+    manifest.spec.prefill_spans = vec![64];
+    manifest.save(dir.path()).unwrap();
+    match IreeKvBackend::open(dir.path(), IreeOptions::new("local-task")) {
+        Err(e) => assert!(e.to_string().contains("prefillSpans"), "{e}"),
+        Ok(_) => panic!("a manifest naming a variant its module lacks opened"),
+    }
+}

@@ -122,6 +122,10 @@ pub struct ExportOptions {
     /// default ([`kv_core::spec::DEFAULT_RING_SLACK`], rounded up to 64 rows); a slack that
     /// leaves the ring no smaller than `maxPositions`: a linear cache.
     pub ring_slack: Option<usize>,
+    /// Contract 2: the spans of the prefill graph's token-less variants (`KvSpec::prefill_spans`);
+    /// `None`: [`KvSpec::default_prefill_spans`]. The prefill graph's own span is always the
+    /// default (`seq` rounded up to `prefillChunk`).
+    pub prefill_spans: Option<Vec<usize>>,
     /// What the projections multiply ([`MatmulInput`]): `Bf16` rounds each projection's input to
     /// bf16 for bf16 × bf16 → f32 matmuls. Takes effect with [`WeightFormat::Bf16`] and weights
     /// that are not block-quantized, and is then recorded in the manifest (`matmulInput`);
@@ -173,6 +177,7 @@ impl Default for ExportOptions {
             top_k: 0,
             contract: kv_core::manifest::CONTRACT_VERSION,
             ring_slack: None,
+            prefill_spans: None,
             matmul_input: MatmulInput::F32,
             cache_type: CacheType::F32,
         }
@@ -295,6 +300,13 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     };
     if v2 && m.spec.prefill_chunk == 0 {
         graphs.retain(|&g| g != Graph::Prefill);
+    }
+    // A prefill's calls read only the rows they can see (`KvSpec::prefill_span`).
+    let (span, spans) = m.spec.default_prefill_spans();
+    m.spec.prefill_span = span;
+    m.spec.prefill_spans = options.prefill_spans.clone().unwrap_or(spans);
+    if m.spec.prefill_chunk == 0 {
+        m.spec.prefill_spans.clear();
     }
     if v2 {
         // v2's argument lists are its own (the source's, if reordered, are v1 lists): canonical

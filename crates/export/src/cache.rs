@@ -26,7 +26,9 @@ const EMITTER_REVISION: u32 = 7;
 /// 5: sliding layers keep a ring of rows (`slidingCacheRows`, `kv_core::ring`), not
 /// `maxPositions` (4, a view of a linear cache, was never released). 6: the step
 /// multiplies-and-reduces over the caches instead of `dot_general` (`FuncEmitter::attention_v2`).
-const EMITTER_REVISION_V2: u32 = 6;
+/// 7: the prefill graph reads `prefillSpan` rows of each cache, beside token-less variants
+/// over `prefillSpans`.
+const EMITTER_REVISION_V2: u32 = 7;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row
@@ -359,6 +361,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     }
     if let Some(slack) = options.ring_slack {
         settings["ringSlack"] = serde_json::json!(slack);
+    }
+    if let Some(spans) = &options.prefill_spans {
+        settings["prefillSpans"] = serde_json::json!(spans);
     }
     if !options.matmul_input.is_f32() {
         settings["matmulInput"] = serde_json::json!(options.matmul_input);

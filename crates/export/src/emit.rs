@@ -124,29 +124,41 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
             .get(graph)
             .map(str::to_string)
             .unwrap_or_else(|| format!("module.{}{}", arch.family.default_prefix(), graph.function_suffix()));
-        let (module, func) = qualified.rsplit_once('.').unwrap_or(("module", qualified.as_str()));
-        match &module_name {
-            None => module_name = Some(module.to_string()),
-            Some(m) if m != module => {
-                return Err(ExportError::Unsupported(format!(
-                    "functions of one module must share the module name: `{m}` and `{module}`"
-                )))
+        // v2's prefill graph reads `prefillSpan` rows of each cache, its token-less variants
+        // their own spans (`KvSpec::prefill_spans`).
+        let mut variants = vec![(qualified.clone(), 0, true)];
+        if graph == Graph::Prefill && manifest.is_v2() {
+            variants[0].1 = spec.prefill_span;
+            for &s in &spec.prefill_spans {
+                variants.push((format!("{qualified}_span{s}"), s, false));
             }
-            _ => {}
         }
-        let mut f = FuncEmitter {
-            spec: &spec,
-            arch: &arch,
-            options,
-            table: &table,
-            scope: &manifest.parameter_scope,
-            b: Body::new(),
-            loaded: HashMap::new(),
-            fuse_widening: rows_of(&spec, graph, options) == 1,
-            globals: &mut globals,
-        };
-        let text = f.function(manifest, graph, func)?;
-        funcs.push_str(&text);
+        for (qualified, span, token) in variants {
+            let (module, func) = qualified.rsplit_once('.').unwrap_or(("module", qualified.as_str()));
+            match &module_name {
+                None => module_name = Some(module.to_string()),
+                Some(m) if m != module => {
+                    return Err(ExportError::Unsupported(format!(
+                        "functions of one module must share the module name: `{m}` and `{module}`"
+                    )))
+                }
+                _ => {}
+            }
+            let spanned = if span == 0 { spec.clone() } else { spec.spanned(span) };
+            let mut f = FuncEmitter {
+                spec: &spanned,
+                arch: &arch,
+                options,
+                table: &table,
+                scope: &manifest.parameter_scope,
+                b: Body::new(),
+                loaded: HashMap::new(),
+                fuse_widening: rows_of(&spec, graph, options) == 1,
+                globals: &mut globals,
+            };
+            let text = f.function(manifest, graph, func, token)?;
+            funcs.push_str(&text);
+        }
     }
     let mut out = String::new();
     writeln!(out, "module @{} {{", module_name.unwrap_or_else(|| "module".into())).unwrap();
@@ -175,8 +187,10 @@ fn dyn_dim() -> Dim {
 }
 
 /// The type of a named argument of `graph` (CONTRACT §2, §3; `docs/contract-v2.md` when `v2`).
-fn arg_type(manifest: &Manifest, graph: Graph, name: Name, rows: usize) -> Result<Ty, ExportError> {
-    let (spec, v2) = (&manifest.spec, manifest.is_v2());
+/// `spec`: the manifest's, or the geometry of a graph reading a span of each cache
+/// ([`KvSpec::spanned`]).
+fn arg_type(manifest: &Manifest, spec: &KvSpec, graph: Graph, name: Name, rows: usize) -> Result<Ty, ExportError> {
+    let v2 = manifest.is_v2();
     let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
     let ty = match name {
         Name::Pos if v2 => Ty::fixed(&[1], Elem::I32),
@@ -264,7 +278,9 @@ fn symbol(name: &str) -> String {
 }
 
 impl FuncEmitter<'_> {
-    fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str) -> Result<String, ExportError> {
+    /// The function `func` of `graph`; without `token`, its results but the token and top-k (a
+    /// prefill's token-less variant: the LM head is never computed).
+    fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str, token: bool) -> Result<String, ExportError> {
         let spec = self.spec;
         let v2 = manifest.is_v2();
         if v2 && graph == Graph::Prefill && spec.prefill_chunk == 0 {
@@ -281,11 +297,14 @@ impl FuncEmitter<'_> {
         }
         let rows = rows_of(spec, graph, self.options);
         let arg_names = manifest.args_or_canonical(graph);
-        let out_names = manifest.outputs_or_canonical(graph);
+        let mut out_names = manifest.outputs_or_canonical(graph);
+        if !token {
+            out_names.retain(|n| !matches!(n, Name::Token | Name::TopKLogits | Name::TopKIds));
+        }
         let mut args: HashMap<Name, V> = HashMap::new();
         let mut sig = Vec::new();
         for (i, name) in arg_names.iter().enumerate() {
-            let ty = arg_type(manifest, graph, *name, rows)?;
+            let ty = arg_type(manifest, spec, graph, *name, rows)?;
             sig.push(format!("%arg{i}: {}", ty.text()));
             let v = V {
                 name: format!("%arg{i}"),

@@ -168,6 +168,8 @@ pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Ar
         mask_heads: 0,
         sliding_cache_rows: 0,
         prefill_chunk: 0,
+        prefill_span: 0,
+        prefill_spans: Vec::new(),
     };
     let mut architecture = match family {
         Family::Gemma3 => Architecture::gemma3(&spec, ffn),

@@ -71,6 +71,8 @@ fn small_spec() -> KvSpec {
         mask_heads: 0,
         sliding_cache_rows: 0,
         prefill_chunk: 0,
+        prefill_span: 0,
+        prefill_spans: Vec::new(),
     }
 }
 

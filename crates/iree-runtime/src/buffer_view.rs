@@ -409,6 +409,51 @@ impl BufferView {
         view_of(&buffer, &new_shape, element_type, encoding, &self.device, OP)
     }
 
+    /// The first `n` entries of axis 0 (`[n, ...]` of a `[N, ...]` view): a zero-copy subspan
+    /// sharing the buffer, so writes through either are seen by both.
+    pub fn leading(&self, n: usize) -> Result<BufferView> {
+        const OP: &str = "take leading rows of buffer view";
+        let mut shape = self.shape();
+        let Some(&rows) = shape.first() else {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "a scalar view has no rows".into(),
+            });
+        };
+        if n > rows {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("{n} rows of {rows}"),
+            });
+        }
+        let row_bytes = self.byte_length() / rows.max(1);
+        shape[0] = n;
+        // SAFETY: the view is live; its buffer is borrowed (not retained) for this call.
+        let source = unsafe { sys::iree_hal_buffer_view_buffer(self.as_ptr()) };
+        let mut buffer = std::ptr::null_mut();
+        // SAFETY: the range lies inside the buffer (checked above); the subspan retains the
+        // source buffer and its reference goes to `buffer`.
+        let status = unsafe {
+            sys::iree_hal_buffer_subspan(
+                source,
+                0,
+                (n * row_bytes) as sys::iree_device_size_t,
+                self.device.host_allocator(),
+                &mut buffer,
+            )
+        };
+        check(status, OP)?;
+        let buffer = OwnedBuffer(buffer);
+        // SAFETY: the view is live.
+        let (element_type, encoding) = unsafe {
+            (
+                sys::iree_hal_buffer_view_element_type(self.as_ptr()),
+                sys::iree_hal_buffer_view_encoding_type(self.as_ptr()),
+            )
+        };
+        view_of(&buffer, &shape, element_type, encoding, &self.device, OP)
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_buffer_view_t {
         self.raw.as_ptr()
     }

@@ -26,6 +26,7 @@ device_tests!(
     i32_round_trip,
     rows_of_single_head_result,
     rows_of_two_head_result,
+    leading_rows_share_the_buffer,
     functions_share_one_session,
     missing_function_is_named,
     sessions_share_one_device,
@@ -130,6 +131,33 @@ fn rows_of_two_head_result(device_name: &str) {
     let again = session.call("module.double_kv", &[&all]).unwrap().remove(0);
     let expected: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
     assert_close(&again.to_f32_vec().unwrap(), &expected);
+}
+
+fn leading_rows_share_the_buffer(device_name: &str) {
+    let mut session = open_session(device_name);
+    let device = session.device().clone();
+    let data: Vec<f32> = (0..15).map(|i| i as f32 + 0.5).collect();
+    let view = BufferView::from_f32(&device, &[5, 3], &data).unwrap();
+    let lead = view.leading(2).unwrap();
+    assert_eq!(lead.shape(), vec![2, 3]);
+    assert_close(&lead.to_f32_vec().unwrap(), &data[..6]);
+    // Zero-copy: a write through the whole view is seen through the leading one.
+    device
+        .transfer(&[Transfer::Zero {
+            target: &view,
+            offset: 0,
+            length: 3 * 4,
+        }])
+        .unwrap();
+    assert_close(&lead.to_f32_vec().unwrap(), &[0.0, 0.0, 0.0, 3.5, 4.5, 5.5]);
+    // A call input like any other view.
+    let flat = BufferView::from_f32(&device, &[6], &data[..6]).unwrap();
+    let out = session
+        .call("module.double_dynamic", &[&flat.leading(4).unwrap()])
+        .unwrap();
+    assert_close(&out[0].to_f32_vec().unwrap(), &[1.0, 3.0, 5.0, 7.0]);
+    assert_eq!(view.leading(5).unwrap().shape(), vec![5, 3]);
+    assert!(view.leading(6).is_err(), "rows past N must be rejected");
 }
 
 fn functions_share_one_session(device_name: &str) {

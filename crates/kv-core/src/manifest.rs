@@ -289,6 +289,12 @@ impl Functions {
         }
     }
 
+    /// The prefill graph's token-less variant reading `span` rows of each cache
+    /// (`KvSpec::prefill_spans`): `<prefill>_span<span>`, in the prefill graph's module.
+    pub fn prefill_span(&self, span: usize) -> Option<String> {
+        self.prefill.as_ref().map(|p| format!("{p}_span{span}"))
+    }
+
     pub fn get(&self, graph: Graph) -> Option<&str> {
         match graph {
             Graph::Prefill => self.prefill.as_deref(),
@@ -735,6 +741,12 @@ impl Manifest {
             return Err(Error::manifest(
                 "prefillChunk",
                 "contract v2's (contract v1's prefill graph has `seq` rows)",
+            ));
+        }
+        if !self.spec.prefill_spans.is_empty() && self.functions.prefill.is_none() {
+            return Err(Error::manifest(
+                "prefillSpans",
+                "variants of a prefill graph this manifest does not name (functions.prefill)",
             ));
         }
         self.spec.validate()?;

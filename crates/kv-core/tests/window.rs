@@ -23,6 +23,8 @@ fn spec(window: usize) -> KvSpec {
         mask_heads: 0,
         sliding_cache_rows: 0,
         prefill_chunk: 0,
+        prefill_span: 0,
+        prefill_spans: Vec::new(),
     }
 }
 
@@ -257,5 +259,119 @@ proptest! {
         let rest = ring::complement(rows, &taken);
         let covered: usize = taken.iter().chain(&rest).map(|r| r.len()).sum();
         prop_assert_eq!(covered, rows);
+    }
+}
+
+/// What a cache row holds before a call at `position` in `spec`'s geometry for `kind`.
+fn held(spec: &KvSpec, kind: LayerKind, position: usize, row: usize) -> Option<usize> {
+    if spec.is_ring(kind) {
+        ring::position_of(spec.cache_rows(kind), position, row)
+    } else {
+        (row < position).then_some(row)
+    }
+}
+
+/// Contract v2's prefill spans: defaults, and the checks by key (window 4, chunk 4,
+/// maxPositions 20, seq 8).
+#[test]
+fn prefill_spans_and_their_checks() {
+    let s = KvSpec {
+        sliding_cache_rows: 7,
+        prefill_chunk: 5,
+        max_positions: 40,
+        seq: 12,
+        ..spec(4)
+    };
+    // seq 12 in calls of 5 ends by 15; variants at 10 (twice 5), below 15.
+    assert_eq!(s.default_prefill_spans(), (15, vec![10]));
+    let long = KvSpec { seq: 40, ..s.clone() };
+    // A prefill may reach maxPositions: the graph reads every row; the two largest of 10, 20.
+    assert_eq!(long.default_prefill_spans(), (0, vec![10, 20]));
+    assert_eq!(spec(4).default_prefill_spans(), (0, vec![]));
+    let ok = KvSpec {
+        prefill_span: 15,
+        prefill_spans: vec![5, 10],
+        ..s.clone()
+    };
+    ok.validate().unwrap();
+    assert_eq!(ok.prefill_graph_span(), 15);
+    assert_eq!(
+        (ok.span_rows(LayerKind::Sliding, 5), ok.span_rows(LayerKind::Global, 5)),
+        (5, 5)
+    );
+    assert_eq!(
+        (
+            ok.span_rows(LayerKind::Sliding, 15),
+            ok.span_rows(LayerKind::Global, 15)
+        ),
+        (7, 15)
+    );
+    for (span, spans, key) in [
+        (10, vec![], "prefillSpan"), // a prefill of 12 in calls of 5 ends at 15
+        (40, vec![], "prefillSpan"), // not below maxPositions
+        (15, vec![10, 5], "prefillSpans"),
+        (15, vec![4], "prefillSpans"),  // below a call
+        (15, vec![15], "prefillSpans"), // not below the graph's own
+        (0, vec![40], "prefillSpans"),
+    ] {
+        let bad = KvSpec {
+            prefill_span: span,
+            prefill_spans: spans.clone(),
+            ..s.clone()
+        };
+        match bad.validate() {
+            Err(Error::Manifest { key: k, .. }) => assert_eq!(k, key, "{span} {spans:?}"),
+            other => panic!("{span} {spans:?}: {other:?}"),
+        }
+    }
+    let none = KvSpec {
+        prefill_chunk: 0,
+        prefill_spans: vec![10],
+        ..s.clone()
+    };
+    assert!(matches!(none.validate(), Err(Error::Manifest { key, .. }) if key == "prefillSpans"));
+}
+
+proptest! {
+    /// A call of `rows` at `position` ending by `span` sees through [`KvSpec::spanned`] the
+    /// same keys in the same rows as through the whole caches: every row holding a key one of
+    /// its queries attends lies within the span, and holds there the position the spanned
+    /// geometry (linear, or a smaller ring) says.
+    #[test]
+    fn a_span_holds_every_row_a_call_sees(
+        window in 2usize..24,
+        slack in 1usize..20,
+        extra in 1usize..60,
+        position in 0usize..100,
+        rows in 1usize..12,
+        beyond in 0usize..40,
+    ) {
+        let ring_rows = window + slack;
+        let s = KvSpec {
+            sliding_window: window,
+            sliding_cache_rows: ring_rows,
+            chunk: 1,
+            max_positions: ring_rows + extra,
+            seq: 1,
+            ..spec(window)
+        };
+        let span = position + rows + beyond;
+        prop_assume!(span <= s.max_positions);
+        let spanned = s.spanned(span);
+        for kind in [LayerKind::Sliding, LayerKind::Global] {
+            let n = s.span_rows(kind, span);
+            prop_assert_eq!(spanned.cache_rows(kind), n);
+            for row in 0..s.cache_rows(kind) {
+                let full = held(&s, kind, position, row);
+                let seen = |p: Option<usize>| {
+                    p.filter(|&p| (0..rows).any(|i| attends(position + i, p, s.window(kind))))
+                };
+                if row >= n {
+                    prop_assert_eq!(seen(full), None, "row {} past the span {}", row, n);
+                } else {
+                    prop_assert_eq!(seen(full), seen(held(&spanned, kind, position, row)), "row {}", row);
+                }
+            }
+        }
     }
 }

@@ -25,6 +25,15 @@ use super::{IreeKvBackend, IreeSnapshot};
 use crate::convert::{contract_err, iree_err};
 use crate::PrefillRoute;
 
+/// What a call reads of the caches: the first `span` rows of each (`KvSpec::span_rows`; at
+/// least `maxPositions` = all of them), through the graph's own function or (`variant`) the
+/// prefill graph's token-less variant over that span.
+#[derive(Clone, Copy)]
+struct Reads {
+    span: usize,
+    variant: Option<usize>,
+}
+
 /// Every layer's K and V buffer, `[rows, nKV, d]` of the manifest's `cacheType`
 /// (`KvSpec::cache_rows`), on one device.
 pub(crate) struct CacheSet {
@@ -236,10 +245,12 @@ impl IreeKvBackend {
         let fresh = CacheSet::zeroed(&self.device, &spec, self.manifest.cache_type)?;
         let before = (self.v2.replace(fresh), self.position, self.last_top_k.clone());
         self.position = 0;
+        let last = plans.len() - 1;
         let result = plans
             .iter()
-            .try_fold(None, |_, plan| self.v2_run_chunk(plan).map(Some))
-            .map(|t| t.unwrap_or_else(|| kv_core::error::invariant("a prefill plans one chunk at least")));
+            .enumerate()
+            .try_fold(None, |_, (i, plan)| self.v2_run_piece(plan, i == last))
+            .map(|t| t.unwrap_or_else(|| kv_core::error::invariant("a prefill's last call returns its token")));
         if result.is_err() {
             (self.v2, self.position, self.last_top_k) = before;
         }
@@ -248,30 +259,66 @@ impl IreeKvBackend {
 
     pub(super) fn v2_chunk(&mut self, tokens: &[i32]) -> Result<i32> {
         let plan = plan_chunk(&self.manifest.spec, self.position, tokens)?;
-        self.v2_run_chunk(&plan)
+        self.v2_advance(Graph::Chunk, self.chunk_inputs(&plan)?, plan.tokens.len(), plan.n)
     }
 
-    fn v2_run_chunk(&mut self, plan: &ChunkPlan) -> Result<i32> {
+    /// One piece of a prefill: a chunk call, or a call of the prefill graph over the rows of
+    /// each cache its span holds; a piece before the prefill's `last` runs the smallest
+    /// token-less variant whose span holds it, if any (`KvSpec::prefill_spans`), and returns
+    /// no token.
+    fn v2_run_piece(&mut self, plan: &ChunkPlan, last: bool) -> Result<Option<i32>> {
         let inputs = self.chunk_inputs(plan)?;
         let rows = plan.tokens.len();
-        let graph = if rows == self.manifest.spec.chunk {
-            Graph::Chunk
-        } else {
-            Graph::Prefill
+        let spec = &self.manifest.spec;
+        if rows == spec.chunk {
+            return self.v2_advance(Graph::Chunk, inputs, rows, plan.n).map(Some);
+        }
+        let end = self.position + rows;
+        let variant = match last {
+            true => None,
+            false => spec.prefill_spans.iter().copied().find(|&s| end <= s),
         };
-        self.v2_advance(graph, inputs, rows, plan.n)
+        let span = variant.unwrap_or_else(|| spec.prefill_graph_span());
+        if end > span {
+            return Err(contract_err(
+                "prefill",
+                format!(
+                    "a prefill graph call over positions {}..{end} reaches past the {span} rows it reads (prefillSpan)",
+                    self.position
+                ),
+            ));
+        }
+        let reads = Reads { span, variant };
+        self.v2_advance_reading(Graph::Prefill, reads, inputs, rows, plan.n)
+    }
+
+    /// [`Self::v2_advance_reading`] of `graph`'s own function over every cache row.
+    pub(super) fn v2_advance(
+        &mut self,
+        graph: Graph,
+        inputs: HashMap<Name, BufferView>,
+        rows: usize,
+        real: usize,
+    ) -> Result<i32> {
+        let reads = Reads {
+            span: self.manifest.spec.max_positions,
+            variant: None,
+        };
+        self.v2_advance_reading(graph, reads, inputs, rows, real)?
+            .ok_or_else(|| kv_core::error::invariant("a graph's own function returns its token"))
     }
 
     /// Calls `graph` at the session's position over its set, then writes the `real` first of
     /// the `rows` new rows into the set (or into a fork of it, when a snapshot needs the rows
     /// being overwritten). Nothing changes if the call or a result check fails.
-    pub(super) fn v2_advance(
+    fn v2_advance_reading(
         &mut self,
         graph: Graph,
+        reads: Reads,
         mut inputs: HashMap<Name, BufferView>,
         rows: usize,
         real: usize,
-    ) -> Result<i32> {
+    ) -> Result<Option<i32>> {
         let spec = self.manifest.spec.clone();
         let position = self.position;
         let set = self
@@ -280,14 +327,24 @@ impl IreeKvBackend {
             .unwrap_or_else(|| kv_core::error::invariant("a v2 call past position 0 without caches"));
         inputs.insert(Name::Pos, self.i32_view(&[1], &[position as i32])?);
         for l in 0..spec.n_layers {
-            inputs.insert(Name::K(l), set.k[l].clone());
-            inputs.insert(Name::V(l), set.v[l].clone());
+            let kind = spec.layer_kind(l);
+            let n = spec.span_rows(kind, reads.span);
+            for (name, cache) in [(Name::K(l), &set.k[l]), (Name::V(l), &set.v[l])] {
+                let view = match n == spec.cache_rows(kind) {
+                    true => cache.clone(),
+                    false => cache.leading(n).map_err(iree_err("take the rows a span reads"))?,
+                };
+                inputs.insert(name, view);
+            }
         }
-        let results = self.call(graph, inputs, &|name| match name {
+        let results = self.call_variant(graph, reads.variant, inputs, &|name| match name {
             Name::Token => (vec![1], ElementType::I32),
             _ => (vec![rows, spec.n_kv_heads, spec.head_dim], element(set.ty)),
         })?;
-        let token = Self::read_token(&results)?;
+        let token = match reads.variant {
+            None => Some(Self::read_token(&results)?),
+            Some(_) => None,
+        };
 
         let row_bytes = row_elems(&spec) * set.ty.size();
         let writes = position..position + real;

@@ -86,6 +86,11 @@ pub struct ExportArgs {
     /// rounded up to 64 rows; a slack reaching maxPositions keeps a linear cache).
     #[arg(long)]
     ring_slack: Option<usize>,
+    /// Contract 2: the spans (cache rows read) of the prefill graph's token-less variants, which
+    /// a long prefill's calls before its last run: comma-separated, or `none`. Default: twice
+    /// the prefill graph's rows, doubling, below its own span (`seq` rounded up), at most two.
+    #[arg(long, value_parser = parse_spans)]
+    prefill_spans: Option<Spans>,
     /// What the projections multiply: `f32`, or `bf16` (each projection's input rounded to bf16,
     /// bf16 × bf16 → f32 matmuls: the fast kernels of CPUs with bf16 dot products, e.g.
     /// AVX-512 BF16). `bf16` needs `--weights bf16` and CPU targets only; the manifest records
@@ -164,6 +169,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
             "--matmul-input bf16 needs --weights bf16 and CPU targets only (the bf16 matmuls read the weights as bf16)"
         );
     }
+    if args.prefill_spans.is_some() && args.contract != 2 {
+        bail!("--prefill-spans needs --contract 2 (contract 1's prefill graph reads no caches)");
+    }
     if matches!(args.cache_type, CacheTypeChoice::F16) && !(args.contract == 2 && cpu_only) {
         bail!("--cache-type f16 needs --contract 2 and CPU targets only (IREE's portable Vulkan target has no 16-bit storage)");
     }
@@ -189,6 +197,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         top_k: args.top_k,
         contract: args.contract,
         ring_slack: args.ring_slack,
+        prefill_spans: args.prefill_spans.map(|s| s.0),
         matmul_input: match args.matmul_input {
             MatmulInputChoice::F32 => MatmulInput::F32,
             MatmulInputChoice::Bf16 => MatmulInput::Bf16,
@@ -212,4 +221,18 @@ pub fn run(args: ExportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--prefill-spans`: a list of row counts, or `none`.
+#[derive(Clone, Debug)]
+struct Spans(Vec<usize>);
+
+fn parse_spans(text: &str) -> Result<Spans, String> {
+    if text == "none" {
+        return Ok(Spans(Vec::new()));
+    }
+    text.split(',')
+        .map(|s| s.trim().parse::<usize>().map_err(|e| format!("`{s}`: {e}")))
+        .collect::<Result<_, _>>()
+        .map(Spans)
 }
