@@ -30,6 +30,9 @@ for v in $VARIANTS; do
     packed) export_twin packed --targets vulkan ;;
     i16-ampere) export_twin i16-ampere --targets vulkan --weights i16 --vulkan-target ampere ;;
     i16-ampere-v2) export_twin i16-ampere-v2 --targets vulkan --weights i16 --vulkan-target ampere --contract 2 ;;
+    # The prefill graph without its token-less variants (prefill-spans.sh).
+    i16-ampere-v2-nospans) export_twin i16-ampere-v2-nospans --targets vulkan --weights i16 --vulkan-target ampere \
+      --contract 2 --prefill-spans none ;;
     # The CPU runtime flags of each contract (export::CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2).
     cpu) export_twin cpu --targets cpu --cpu x86-64-v3 --weights bf16 \
       --compile-flag=--iree-opt-level=O3 --compile-flag=--iree-dispatch-creation-enable-aggressive-fusion=false ;;

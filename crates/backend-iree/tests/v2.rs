@@ -190,9 +190,12 @@ fn learns_v2_from_the_signatures(dir: PathBuf) {
         let spec = KvSpec {
             seq: real.spec.chunk,
             max_positions: i32::MAX as usize,
-            // Kotlin's IreeKvSpec knows neither: both come from the declared cache shapes.
+            // Kotlin's IreeKvSpec knows none of these: the ring comes from the declared cache
+            // shapes, and the seed's ABI has no prefill graph for v2 (nor its spans).
             sliding_cache_rows: 0,
             prefill_chunk: 0,
+            prefill_span: 0,
+            prefill_spans: Vec::new(),
             ..real.spec.clone()
         };
         let mut m = kv_core::Manifest::new(spec, None, "jni");
