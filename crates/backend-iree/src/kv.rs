@@ -376,10 +376,11 @@ impl IreeKvBackend {
             .lock()
             .call_function(function, &refs)
             .map_err(iree_err(format!("call {}", function.name)))?;
-        let mut names = self.outputs[&graph].clone();
-        if span.is_some() {
-            names.retain(|n| !matches!(n, Name::Token | Name::TopKLogits | Name::TopKIds));
-        }
+        let names: Vec<Name> = self.outputs[&graph]
+            .iter()
+            .copied()
+            .filter(|n| span.is_none() || !n.from_head())
+            .collect();
         if results.len() != names.len() {
             return Err(contract_err(
                 graph.key(),

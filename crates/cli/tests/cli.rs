@@ -311,6 +311,32 @@ fn errors_are_one_line_and_fail() {
             ],
             "--matmul-input bf16 needs --weights bf16",
         ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--prefill-spans",
+                "256",
+            ],
+            "--prefill-spans needs --contract 2",
+        ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--contract",
+                "2",
+                "--prefill-spans",
+                "256,many",
+            ],
+            "`many`: invalid digit",
+        ),
     ];
     for (args, needle) in cases {
         let (ok, _, stderr) = skainet(args);

@@ -299,7 +299,7 @@ impl FuncEmitter<'_> {
         let arg_names = manifest.args_or_canonical(graph);
         let mut out_names = manifest.outputs_or_canonical(graph);
         if !token {
-            out_names.retain(|n| !matches!(n, Name::Token | Name::TopKLogits | Name::TopKIds));
+            out_names.retain(|n| !n.from_head());
         }
         let mut args: HashMap<Name, V> = HashMap::new();
         let mut sig = Vec::new();

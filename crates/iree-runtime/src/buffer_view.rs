@@ -399,14 +399,7 @@ impl BufferView {
                 check(status, format!("{OP}: copy head {head}"))?;
             }
         }
-        // SAFETY: the view is live.
-        let (element_type, encoding) = unsafe {
-            (
-                sys::iree_hal_buffer_view_element_type(self.as_ptr()),
-                sys::iree_hal_buffer_view_encoding_type(self.as_ptr()),
-            )
-        };
-        view_of(&buffer, &new_shape, element_type, encoding, &self.device, OP)
+        self.view_like(&buffer, &new_shape, OP)
     }
 
     /// The first `n` entries of axis 0 (`[n, ...]` of a `[N, ...]` view): a zero-copy subspan
@@ -443,7 +436,11 @@ impl BufferView {
             )
         };
         check(status, OP)?;
-        let buffer = OwnedBuffer(buffer);
+        self.view_like(&OwnedBuffer(buffer), &shape, OP)
+    }
+
+    /// A view of `shape` over `buffer` with this view's element type and encoding.
+    fn view_like(&self, buffer: &OwnedBuffer, shape: &[usize], op: &'static str) -> Result<BufferView> {
         // SAFETY: the view is live.
         let (element_type, encoding) = unsafe {
             (
@@ -451,7 +448,7 @@ impl BufferView {
                 sys::iree_hal_buffer_view_encoding_type(self.as_ptr()),
             )
         };
-        view_of(&buffer, &shape, element_type, encoding, &self.device, OP)
+        view_of(buffer, shape, element_type, encoding, &self.device, op)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::iree_hal_buffer_view_t {

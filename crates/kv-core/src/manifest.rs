@@ -91,6 +91,12 @@ pub enum Name {
 }
 
 impl Name {
+    /// Whether the LM head computes this result (`token`, top-k): what a prefill graph's
+    /// token-less variants (`KvSpec::prefill_spans`) do not return.
+    pub fn from_head(self) -> bool {
+        matches!(self, Name::Token | Name::TopKLogits | Name::TopKIds)
+    }
+
     /// The layer of a cache name.
     pub fn layer(self) -> Option<usize> {
         match self {
