@@ -5,6 +5,7 @@ mod v2;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use iree_runtime::{BufferView, Device, ElementType, Function};
 use kv_core::irpa::FileStamp;
@@ -13,7 +14,7 @@ use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
     Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result,
-    SessionId, TopK, WindowRule,
+    SessionId, StepPhases, TopK, WindowRule,
 };
 
 use crate::convert::{contract_err, iree_err};
@@ -105,6 +106,11 @@ pub struct IreeKvBackend {
     position: usize,
     /// The top-k results of the last call, when the graphs have them (`Manifest::top_k`).
     last_top_k: Option<TopKViews>,
+    /// Time of every call by phase since open (`inputs` unused); a step moves its share into
+    /// `steps`.
+    clock: StepPhases,
+    /// The steps' phases since the last `take_step_phases`.
+    steps: StepPhases,
 }
 
 impl IreeKvBackend {
@@ -273,6 +279,8 @@ impl IreeKvBackend {
             v2: None,
             position: 0,
             last_top_k: None,
+            clock: StepPhases::default(),
+            steps: StepPhases::default(),
         };
         if backend.manifest.is_v2() {
             backend.v2_check_rule()?;
@@ -372,10 +380,10 @@ impl IreeKvBackend {
         let session = self.sessions[*index]
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));
-        let results = session
-            .lock()
-            .call_function(function, &refs)
-            .map_err(iree_err(format!("call {}", function.name)))?;
+        let t = Instant::now();
+        let results = session.lock().call_function(function, &refs);
+        self.clock.invoke += t.elapsed();
+        let results = results.map_err(iree_err(format!("call {}", function.name)))?;
         let names: Vec<Name> = self.outputs[&graph]
             .iter()
             .copied()
@@ -418,9 +426,11 @@ impl IreeKvBackend {
         Ok(out)
     }
 
-    fn read_token(results: &HashMap<Name, BufferView>) -> Result<i32> {
-        let token = results[&Name::Token].to_i32_vec().map_err(iree_err("read token"))?;
-        Ok(token[0])
+    fn read_token(&mut self, results: &HashMap<Name, BufferView>) -> Result<i32> {
+        let t = Instant::now();
+        let token = results[&Name::Token].to_i32_vec().map_err(iree_err("read token"));
+        self.clock.read += t.elapsed();
+        Ok(token?[0])
     }
 
     /// A call's top-k results (views; nothing is read from the device here).
@@ -464,6 +474,25 @@ impl IreeKvBackend {
         Ok(())
     }
 
+    /// [`KvBackend::step`] without its timing.
+    fn step_inner(&mut self, token: i32) -> Result<i32> {
+        let spec = self.manifest.spec.clone();
+        // A v2 session runs the exact rule only (refused otherwise at open).
+        let plan = plan_step(&spec, self.position, token, self.options.rule)?;
+        let mut inputs = HashMap::new();
+        inputs.insert(Name::Token, self.i32_view(&[1], &[token])?);
+        inputs.insert(
+            Name::Emb,
+            self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
+        );
+        self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
+        if self.manifest.is_v2() {
+            return self.v2_advance(Graph::Step, inputs, 1, 1);
+        }
+        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+        self.advance(Graph::Step, inputs, &pasts, 1, 1)
+    }
+
     fn kv_shape(spec: &KvSpec, rows: usize) -> (Vec<usize>, ElementType) {
         (vec![1, spec.n_kv_heads, rows, spec.head_dim], ElementType::F32)
     }
@@ -495,7 +524,7 @@ impl KvBackend for IreeKvBackend {
             Name::Token => (vec![1], ElementType::I32),
             _ => Self::kv_shape(&spec, spec.seq),
         })?;
-        let token = Self::read_token(&results)?;
+        let token = self.read_token(&results)?;
         self.layers = (0..spec.n_layers)
             .map(|l| Self::kept(&results, l, 0, spec.seq, plan.n))
             .collect::<Result<_>>()?;
@@ -513,21 +542,20 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn step(&mut self, token: i32) -> Result<i32> {
-        let spec = self.manifest.spec.clone();
-        // A v2 session runs the exact rule only (refused otherwise at open).
-        let plan = plan_step(&spec, self.position, token, self.options.rule)?;
-        let mut inputs = HashMap::new();
-        inputs.insert(Name::Token, self.i32_view(&[1], &[token])?);
-        inputs.insert(
-            Name::Emb,
-            self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
-        );
-        self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
-        if self.manifest.is_v2() {
-            return self.v2_advance(Graph::Step, inputs, 1, 1);
-        }
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
-        self.advance(Graph::Step, inputs, &pasts, 1, 1)
+        let (start, before) = (Instant::now(), self.clock);
+        let result = self.step_inner(token);
+        let (spent, c) = (start.elapsed(), self.clock);
+        let inner = (c.invoke - before.invoke) + (c.read - before.read) + (c.writes - before.writes);
+        self.steps.steps += 1;
+        self.steps.inputs += spent.saturating_sub(inner);
+        self.steps.invoke += c.invoke - before.invoke;
+        self.steps.read += c.read - before.read;
+        self.steps.writes += c.writes - before.writes;
+        result
+    }
+
+    fn take_step_phases(&mut self) -> Option<StepPhases> {
+        Some(std::mem::take(&mut self.steps))
     }
 
     fn snapshot(&self) -> Result<IreeSnapshot> {
@@ -700,7 +728,7 @@ impl IreeKvBackend {
             Name::Token => (vec![1], ElementType::I32),
             _ => Self::kv_shape(&spec, 1 + spec.chunk),
         })?;
-        let token = Self::read_token(&results)?;
+        let token = self.read_token(&results)?;
         self.layers = (0..spec.n_layers)
             .map(|l| {
                 let (k, v) = (&results[&Name::K(l)], &results[&Name::V(l)]);
@@ -739,7 +767,7 @@ impl IreeKvBackend {
             Name::K(l) | Name::V(l) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + rows),
             _ => (vec![], ElementType::F32),
         })?;
-        let token = Self::read_token(&results)?;
+        let token = self.read_token(&results)?;
         let position = self.position;
         self.layers = (0..spec.n_layers)
             .map(|l| Self::kept(&results, l, position - pasts[l], pasts[l] + rows, pasts[l] + real))

@@ -234,6 +234,12 @@ fn per_word(format: QuantFormat) -> usize {
     }
 }
 
+/// The most rows a call may have for Gemma's Q/K norms and the rotation to be emitted as one
+/// dispatch each ([`FuncEmitter::norm_rope`]): IREE 3.13's SPIR-V path fails on that form over
+/// 1,024 rows ("failed to legalize operation 'memref.alloc'", a redecode graph of FunctionGemma's
+/// geometry); it compiles at 128. Larger calls keep the norm, then the rotation.
+const NORM_ROPE_MAX_ROWS: usize = 128;
+
 /// Keys per tile of contract v2's softmax over the cache ([`FuncEmitter::softmax_split`]).
 const SOFTMAX_TILE: usize = 64;
 
@@ -774,16 +780,59 @@ impl FuncEmitter<'_> {
 
     /// `x·cos + swap_halves(x)·sin` on `x [R, heads, d]` with tables `[R, d]`.
     fn rope(&mut self, x: &V, cos: &V, sin: &V) -> V {
-        let dims = x.ty.static_dims();
-        let (r, h, d) = (dims[0], dims[1], dims[2]);
-        let first = self.b.slice(x, &[(0, r), (0, h), (0, d / 2)]);
-        let second = self.b.slice(x, &[(0, r), (0, h), (d / 2, d)]);
-        let swapped = self.b.concat(&[second, first], 2);
         let cb = self.b.broadcast(cos, &[0, 2], &x.ty);
         let sb = self.b.broadcast(sin, &[0, 2], &x.ty);
+        let swapped = self.swap_halves(x);
         let a = self.b.mul(x, &cb);
         let s = self.b.mul(&swapped, &sb);
         self.b.add(&a, &s)
+    }
+
+    /// `x [R, heads, d]` with the two halves of each head exchanged. A `reverse` over the halves
+    /// (an elementwise read at another index, which IREE fuses into the consumer), not slices
+    /// and a `concatenate`, which were two copy dispatches per call site (`slow_memcpy`).
+    fn swap_halves(&mut self, x: &V) -> V {
+        let [r, h, d] = x.ty.static_dims()[..] else {
+            kv_core::error::invariant("rotary inputs are [R, heads, d]")
+        };
+        let halves = self.b.reshape_static(x, &[r, h, 2, d / 2]);
+        let swapped = self.b.reverse(&halves, &[2]);
+        self.b.reshape_static(&swapped, &[r, h, d])
+    }
+
+    /// `rope(rmsnorm(x, w))` on `x [R, heads, d]` (Gemma's per-head Q/K norms), with the norm's
+    /// per-head factor `rsqrt(mean(x²) + eps)` applied last: it is constant within a head, so
+    /// it commutes with the rotation. Then the rotation reads only `x` and the weight, and IREE
+    /// forms the reduction and everything after it as one dispatch (the rotation of the
+    /// normalized tensor was three: the normalization, a copy of it, the rotation). Equal to
+    /// the two steps up to float rounding.
+    fn norm_rope(&mut self, x: &V, w: &str, cos: &V, sin: &V) -> V {
+        let w = self.param(w);
+        let d = x.ty.static_dims()[2];
+        let sq = self.b.mul(x, x);
+        let sum = self.b.reduce(&sq, &[2], Reduce::Add);
+        let count = self.b.splat_f32(d as f32, &sum.ty);
+        let mean = self.b.div(&sum, &count);
+        let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
+        let var = self.b.add(&mean, &eps);
+        let r = self.b.unary("rsqrt", &var);
+        // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin: each factor read from an input of the
+        // dispatch (a swap of an intermediate product is materialised first).
+        let halves = self.b.reshape_static(&w, &[2, d / 2]);
+        let w_swapped = self.b.reverse(&halves, &[0]);
+        let w_swapped = self.b.reshape_static(&w_swapped, &[d]);
+        let wb = self.b.broadcast(&w, &[2], &x.ty);
+        let wsb = self.b.broadcast(&w_swapped, &[2], &x.ty);
+        let cb = self.b.broadcast(cos, &[0, 2], &x.ty);
+        let sb = self.b.broadcast(sin, &[0, 2], &x.ty);
+        let xw = self.b.mul(x, &wb);
+        let a = self.b.mul(&xw, &cb);
+        let swapped = self.swap_halves(x);
+        let sw = self.b.mul(&swapped, &wsb);
+        let s = self.b.mul(&sw, &sb);
+        let rotated = self.b.add(&a, &s);
+        let rb = self.b.broadcast(&r, &[0, 1], &x.ty);
+        self.b.mul(&rotated, &rb)
     }
 
     /// `[1, nKV, T, d]` → `[nHeads, T, d]`: query head `h` gets KV head `h / (nHeads / nKV)`.
@@ -1222,15 +1271,21 @@ impl FuncEmitter<'_> {
         let q = self.proj(&h, &p("attn_q.weight"), bias("attn_q.bias").as_deref());
         let k = self.proj(&h, &p("attn_k.weight"), bias("attn_k.bias").as_deref());
         let v = self.proj(&h, &p("attn_v.weight"), bias("attn_v.bias").as_deref());
-        let mut q = self.b.reshape_static(&q, &[r, nh, d]);
-        let mut k = self.b.reshape_static(&k, &[r, nkv, d]);
+        let q = self.b.reshape_static(&q, &[r, nh, d]);
+        let k = self.b.reshape_static(&k, &[r, nkv, d]);
         let v = self.b.reshape_static(&v, &[r, nkv, d]);
-        if arch.qk_norm {
-            q = self.norm_param(&q, &p("attn_q_norm.weight"));
-            k = self.norm_param(&k, &p("attn_k_norm.weight"));
-        }
-        let q = self.rope(&q, cos, sin);
-        let k = self.rope(&k, cos, sin);
+        let (q, k) = if arch.qk_norm && r <= NORM_ROPE_MAX_ROWS {
+            (
+                self.norm_rope(&q, &p("attn_q_norm.weight"), cos, sin),
+                self.norm_rope(&k, &p("attn_k_norm.weight"), cos, sin),
+            )
+        } else if arch.qk_norm {
+            let q = self.norm_param(&q, &p("attn_q_norm.weight"));
+            let k = self.norm_param(&k, &p("attn_k_norm.weight"));
+            (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
+        } else {
+            (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
+        };
         let q = self.b.scale(&q, arch.query_scale);
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
             let (ck, cv) = past.unwrap_or_else(|| kv_core::error::invariant("a contract v2 layer without its cache"));

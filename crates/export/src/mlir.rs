@@ -363,6 +363,19 @@ impl Body {
         )
     }
 
+    /// `x` with the order of its elements along `dims` reversed.
+    pub fn reverse(&mut self, x: &V, dims: &[usize]) -> V {
+        self.op(
+            x.ty.clone(),
+            format!(
+                "stablehlo.reverse {}, dims = [{}] : {}",
+                x.name,
+                list(dims),
+                x.ty.text()
+            ),
+        )
+    }
+
     /// Static slice `[start, limit)` per dimension of a static tensor.
     pub fn slice(&mut self, x: &V, ranges: &[(usize, usize)]) -> V {
         assert!(x.ty.is_static(), "static slice of a dynamic tensor");

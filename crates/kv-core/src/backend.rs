@@ -105,6 +105,29 @@ impl LayerKv {
     }
 }
 
+/// Where the wall time of a backend's decode steps went, summed over the steps since the last
+/// [`KvBackend::take_step_phases`] (`bench` reports the means). A device backend's step is host
+/// work around one device call, and on a GPU that work can cost as much as the call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepPhases {
+    pub steps: u32,
+    /// Building the inputs: the embedding row, the rotary rows, their uploads.
+    pub inputs: std::time::Duration,
+    /// The graph's invocation, from the call until its results exist.
+    pub invoke: std::time::Duration,
+    /// Reading the token back to the host.
+    pub read: std::time::Duration,
+    /// Writing the new K/V rows into the caches (contract v2's runtime-owned caches).
+    pub writes: std::time::Duration,
+}
+
+impl StepPhases {
+    /// The whole steps' time.
+    pub fn total(&self) -> std::time::Duration {
+        self.inputs + self.invoke + self.read + self.writes
+    }
+}
+
 /// A stateful KV-cache session (CONTRACT §2).
 ///
 /// Calls take `&mut self` because they replace the per-layer caches; a session is used from one
@@ -165,6 +188,12 @@ pub trait KvBackend {
 
     /// A short name for reports (`reference`, `iree-local-task`, ...).
     fn name(&self) -> String;
+
+    /// The phases of the steps since the last take, and starts a new sum; `None` for a backend
+    /// that does not time them.
+    fn take_step_phases(&mut self) -> Option<StepPhases> {
+        None
+    }
 }
 
 /// A fixed-length graph re-run per token (CONTRACT §3).
@@ -222,6 +251,9 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     }
     fn name(&self) -> String {
         (**self).name()
+    }
+    fn take_step_phases(&mut self) -> Option<StepPhases> {
+        (**self).take_step_phases()
     }
 }
 

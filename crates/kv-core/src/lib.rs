@@ -41,7 +41,7 @@ pub mod spec;
 pub mod tolerance;
 pub mod window;
 
-pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId};
+pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId, StepPhases};
 pub use decoder::{DecodeOptions, Generation, KvDecoder, RedecodeDecoder, StageTiming};
 pub use error::{Error, Result};
 pub use manifest::{Graph, Manifest};

@@ -342,7 +342,7 @@ impl IreeKvBackend {
             _ => (vec![rows, spec.n_kv_heads, spec.head_dim], element(set.ty)),
         })?;
         let token = match reads.variant {
-            None => Some(Self::read_token(&results)?),
+            None => Some(self.read_token(&results)?),
             Some(_) => None,
         };
 
@@ -416,7 +416,10 @@ impl IreeKvBackend {
             }
         }
         ops.retain(|op| !matches!(op, Transfer::Copy { length: 0, .. } | Transfer::Zero { length: 0, .. }));
-        self.device.transfer(&ops).map_err(iree_err("write the new rows"))?;
+        let t = std::time::Instant::now();
+        let written = self.device.transfer(&ops);
+        self.clock.writes += t.elapsed();
+        written.map_err(iree_err("write the new rows"))?;
         if let Some(fork) = fork {
             self.v2 = Some(fork);
         }

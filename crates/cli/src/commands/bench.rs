@@ -98,8 +98,34 @@ struct BenchReport {
     peak_rss_mb: Option<f64>,
     /// Utterance time over ids generated (restore + chunks + steps).
     kv_ms_per_generated_token: f64,
+    /// Where the utterances' decode steps spent their time (backends that time it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decode_phases: Option<PhasesReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     redecode: Option<RedecodeReport>,
+}
+
+/// Means per step over every decode step of the timed utterances (`kv_core::StepPhases`).
+#[derive(Serialize)]
+struct PhasesReport {
+    steps: u32,
+    inputs_ms: f64,
+    invoke_ms: f64,
+    read_ms: f64,
+    writes_ms: f64,
+}
+
+impl PhasesReport {
+    fn of(p: kv_core::StepPhases) -> Option<Self> {
+        let per = |d: Duration| ms(d) / p.steps as f64;
+        (p.steps > 0).then(|| PhasesReport {
+            steps: p.steps,
+            inputs_ms: per(p.inputs),
+            invoke_ms: per(p.invoke),
+            read_ms: per(p.read),
+            writes_ms: per(p.writes),
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -191,6 +217,7 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
     };
     let (snapshot, snapshot_file) = snapshot_file_stage(&mut decoder, snapshot, &empty, args)?;
     let (mut chunk, mut decode, mut totals, mut per_token) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    decoder.backend_mut().take_step_phases();
     for _ in 0..args.repeat.max(1) {
         for i in 0..args.utterances {
             let g = decoder.generate(&snapshot, &utterance(&spec, i), None, args.max_new)?;
@@ -203,6 +230,7 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
             per_token.push(ms(t.total()) / g.ids.len().max(1) as f64);
         }
     }
+    let phases = decoder.backend_mut().take_step_phases();
     let max = totals.iter().cloned().fold(0.0, f64::max);
     // A prompt without a prefix: the stage of an app that keeps none.
     drop(snapshot);
@@ -230,6 +258,7 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         utterance_max_ms: max,
         peak_rss_mb: peak_rss_mb(),
         kv_ms_per_generated_token: median(per_token),
+        decode_phases: phases.and_then(PhasesReport::of),
         redecode: None,
     })
 }
@@ -383,6 +412,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     println!("  chunk call (7-12 tokens)    {:>10.3} ms", r.chunk_call_ms);
     println!("  decode                      {:>10.3} ms/token", r.decode_ms_per_token);
+    if let Some(p) = &r.decode_phases {
+        println!(
+            "    per step (mean of {}): inputs {:.3}, invoke {:.3}, token read {:.3}, row writes {:.3} ms",
+            p.steps, p.inputs_ms, p.invoke_ms, p.read_ms, p.writes_ms
+        );
+    }
     println!(
         "  first token ({:>3} tok prompt) {:>9.3} ms  (from position 0)",
         r.prompt_tokens, r.prompt_first_token_ms
