@@ -87,6 +87,25 @@ fn device_local_params() -> sys::iree_hal_buffer_params_t {
     }
 }
 
+/// Inputs up to this size are written straight into host memory the device reads
+/// ([`host_visible_params`]); larger ones are copied into device memory.
+pub const HOST_VISIBLE_UPLOAD_MAX: usize = 64 * 1024;
+
+/// Host memory the device can read, mapped for the write that fills it: no queue transfer and no
+/// wait. A decode step's inputs (a token, an embedding row, rotary rows) went through a
+/// device-local buffer each, one host-to-device round trip apiece: ~1 ms each on the H200 over
+/// Vulkan, 4.8 ms of a 12 ms step (`bench`'s `decode_phases`, docs/benchmarks.md session 13).
+/// The device reads them once per call, so where they live costs nothing measurable.
+fn host_visible_params() -> sys::iree_hal_buffer_params_t {
+    sys::iree_hal_buffer_params_t {
+        usage: sys::IREE_HAL_BUFFER_USAGE_DEFAULT | sys::IREE_HAL_BUFFER_USAGE_MAPPING,
+        access: sys::IREE_HAL_MEMORY_ACCESS_ALL as sys::iree_hal_memory_access_t,
+        type_: sys::IREE_HAL_MEMORY_TYPE_HOST_LOCAL | sys::IREE_HAL_MEMORY_TYPE_DEVICE_VISIBLE,
+        queue_affinity: 0,
+        min_alignment: 0,
+    }
+}
+
 impl BufferView {
     /// Takes over `raw`'s reference.
     ///
@@ -97,18 +116,19 @@ impl BufferView {
         BufferView { raw, device }
     }
 
-    /// A device-local `f32` tensor of `shape` holding `data` (row-major; copied host → device).
+    /// An `f32` tensor of `shape` holding `data` (row-major): in host memory the device reads
+    /// up to [`HOST_VISIBLE_UPLOAD_MAX`] bytes, else copied into device memory.
     pub fn from_f32(device: &Device, shape: &[usize], data: &[f32]) -> Result<BufferView> {
         Self::from_bytes(device, shape, ElementType::F32, 4, bytes_of(data))
     }
 
-    /// A device-local `i32` tensor of `shape` holding `data` (row-major; copied host → device).
+    /// [`Self::from_f32`] for `i32`.
     pub fn from_i32(device: &Device, shape: &[usize], data: &[i32]) -> Result<BufferView> {
         Self::from_bytes(device, shape, ElementType::I32, 4, bytes_of(data))
     }
 
-    /// A device-local tensor of `shape` and `element_type` holding `bytes` (row-major, the
-    /// elements' little-endian bytes; copied host → device).
+    /// A tensor of `shape` and `element_type` holding `bytes` (row-major, the elements'
+    /// little-endian bytes), placed as [`Self::from_f32`] places its data.
     pub fn from_raw_bytes(
         device: &Device,
         shape: &[usize],
@@ -148,6 +168,9 @@ impl BufferView {
                 ),
             });
         }
+        if bytes.len() <= HOST_VISIBLE_UPLOAD_MAX {
+            return Self::from_bytes_mapped(device, shape, element_type, bytes);
+        }
         let dims: Vec<sys::iree_hal_dim_t> = shape.iter().map(|&d| d as sys::iree_hal_dim_t).collect();
         let mut raw = std::ptr::null_mut();
         // SAFETY: device and its allocator are live; `dims` and `bytes` are valid for the call
@@ -173,6 +196,50 @@ impl BufferView {
         let raw = NonNull::new(raw).expect("iree_hal_buffer_view_allocate_buffer_copy: null");
         // SAFETY: fresh view, our reference, allocated on `device`.
         Ok(unsafe { BufferView::from_owned(raw, device.clone()) })
+    }
+
+    /// `bytes` (checked against `shape`) in a new host-visible buffer, written through a
+    /// mapping.
+    fn from_bytes_mapped(
+        device: &Device,
+        shape: &[usize],
+        element_type: ElementType,
+        bytes: &[u8],
+    ) -> Result<BufferView> {
+        const OP: &str = "create buffer view";
+        let mut buffer = std::ptr::null_mut();
+        // SAFETY: allocator live; `buffer` receives one reference, released by the guard.
+        let status = unsafe {
+            sys::iree_hal_allocator_allocate_buffer(
+                device.allocator(),
+                host_visible_params(),
+                bytes.len().max(1) as sys::iree_device_size_t,
+                &mut buffer,
+            )
+        };
+        check(status, format!("{OP} {shape:?} (host-visible) on `{}`", device.name()))?;
+        let buffer = OwnedBuffer(buffer);
+        if !bytes.is_empty() {
+            // SAFETY: the buffer is live, mappable and holds at least `bytes.len()` bytes;
+            // `bytes` is valid for the call, which copies it before returning.
+            let status = unsafe {
+                sys::iree_hal_buffer_map_write(
+                    buffer.0,
+                    0,
+                    bytes.as_ptr().cast(),
+                    bytes.len() as sys::iree_device_size_t,
+                )
+            };
+            check(status, format!("{OP} {shape:?}: write through a mapping"))?;
+        }
+        view_of(
+            &buffer,
+            shape,
+            element_type.to_raw(),
+            sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
+            device,
+            OP,
+        )
     }
 
     /// A device-local `f32` tensor of `shape` with undefined contents (no host data moves):
@@ -240,6 +307,13 @@ impl BufferView {
     pub fn element_type(&self) -> ElementType {
         // SAFETY: the view is live.
         ElementType::from_raw(unsafe { sys::iree_hal_buffer_view_element_type(self.as_ptr()) })
+    }
+
+    /// Whether the host can map the view's memory (small inputs: [`HOST_VISIBLE_UPLOAD_MAX`]).
+    pub fn is_host_visible(&self) -> bool {
+        // SAFETY: the view and its buffer are live.
+        let memory = unsafe { sys::iree_hal_buffer_memory_type(sys::iree_hal_buffer_view_buffer(self.as_ptr())) };
+        memory & sys::IREE_HAL_MEMORY_TYPE_HOST_VISIBLE == sys::IREE_HAL_MEMORY_TYPE_HOST_VISIBLE
     }
 
     /// Size of the view's contents in bytes.

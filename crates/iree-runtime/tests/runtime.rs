@@ -33,6 +33,7 @@ device_tests!(
     function_of_another_session_is_refused,
     function_outlives_its_session,
     transfers_copy_and_zero_in_one_submission,
+    inputs_either_side_of_the_host_visible_limit,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -56,6 +57,25 @@ fn dynamic_shape_input(device_name: &str) {
         let x = BufferView::from_f32(&device, &[n], &data).unwrap();
         let out = session.call("module.double_dynamic", &[&x]).unwrap();
         assert_eq!(out[0].shape(), vec![n]);
+        let expected: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
+        assert_close(&out[0].to_f32_vec().unwrap(), &expected);
+    }
+}
+
+/// Small inputs are written into host-visible memory, larger ones copied into device memory;
+/// a call reads both alike, and both read back.
+fn inputs_either_side_of_the_host_visible_limit(device_name: &str) {
+    let mut session = open_session(device_name);
+    let device = session.device().clone();
+    let at_limit = iree_runtime::HOST_VISIBLE_UPLOAD_MAX / 4;
+    for n in [1, at_limit, at_limit + 1] {
+        let data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 - 3.5).collect();
+        let x = BufferView::from_f32(&device, &[n], &data).unwrap();
+        if n <= at_limit {
+            assert!(x.is_host_visible(), "{n} f32 on {device_name}");
+        }
+        assert_eq!(x.to_f32_vec().unwrap(), data);
+        let out = session.call("module.double_dynamic", &[&x]).unwrap();
         let expected: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
         assert_close(&out[0].to_f32_vec().unwrap(), &expected);
     }

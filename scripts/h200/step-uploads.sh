@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine: `bench`'s decode step with its small inputs uploaded through a
+# device-local buffer each (`bin/skainet-kv`, before) and written into host-visible memory
+# (`bin/skainet-kv-up`, after; `iree_runtime::HOST_VISIBLE_UPLOAD_MAX`), alternating, on the
+# `i16-ampere-nr` (v1) and `i16-ampere-v2-nr` (v2) exports; then the greedy ids of a 400-token
+# prompt against the FP32 reference with the new binary (docs/benchmarks.md, session 13).
+# Carry [".cache/device", ".gl"].
+set -u
+source "$(dirname "$0")/device-env.sh"
+VARIANTS=$(for v in i16-ampere-nr i16-ampere-v2-nr; do [ -d $D/$v ] && echo $v; done)
+for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+for round in 1 2; do
+  for v in $VARIANTS; do
+    for bin in skainet-kv skainet-kv-up; do
+      echo "== round $round, $v, $bin"
+      timeout 200 $D/bin/$bin bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 \
+        --utterances 8 --repeat 2 2>&1 | grep -E "decode|per step|chunk call|utterance p50|first token|prefix prefill"
+    done
+  done
+done
+ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')
+for v in $VARIANTS; do
+  echo "== diverge vs reference, 400-token prompt, $v, skainet-kv-up"
+  timeout 240 $D/bin/skainet-kv-up diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+    --ids "$ids" --max-new 12 2>&1 | tail -3
+done
