@@ -378,7 +378,35 @@ impl BufferView {
         }
     }
 
+    /// Whether the host may map the view's buffer: host-visible memory allocated for mapping
+    /// (this crate's small inputs and read-back buffers; on a CPU device also results, where
+    /// IREE allows it).
+    pub fn is_mappable(&self) -> bool {
+        // SAFETY: the view and its buffer are live.
+        let usage = unsafe { sys::iree_hal_buffer_allowed_usage(sys::iree_hal_buffer_view_buffer(self.as_ptr())) };
+        self.is_host_visible()
+            && usage & sys::IREE_HAL_BUFFER_USAGE_MAPPING_SCOPED == sys::IREE_HAL_BUFFER_USAGE_MAPPING_SCOPED
+    }
+
     fn read_into(&self, target: &mut [u8]) -> Result<()> {
+        if self.is_mappable() {
+            // A mapped read: no queue submission and no wait (the caller has waited for
+            // whatever wrote the buffer).
+            // SAFETY: view and buffer are live; `target` holds `target.len()` bytes, at most
+            // the view's length.
+            let status = unsafe {
+                sys::iree_hal_buffer_map_read(
+                    sys::iree_hal_buffer_view_buffer(self.as_ptr()),
+                    0,
+                    target.as_mut_ptr().cast(),
+                    target.len() as sys::iree_device_size_t,
+                )
+            };
+            return check(
+                status,
+                format!("read buffer view from `{}` (mapped)", self.device.name()),
+            );
+        }
         // SAFETY: view, buffer and device are live; `target` has exactly `byte_length` bytes
         // and the call returns only after the transfer completed (infinite timeout).
         let status = unsafe {

@@ -115,9 +115,10 @@ pub struct StepPhases {
     pub inputs: std::time::Duration,
     /// The graph's invocation, from the call until its results exist.
     pub invoke: std::time::Duration,
-    /// Reading the token back to the host.
+    /// Reading the token back to the host (alone: contract 1).
     pub read: std::time::Duration,
-    /// Writing the new K/V rows into the caches (contract v2's runtime-owned caches).
+    /// Writing the new K/V rows into the caches (contract 2's runtime-owned caches), with the
+    /// token's read-back in the same submission.
     pub writes: std::time::Duration,
 }
 

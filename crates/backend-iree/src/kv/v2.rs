@@ -341,8 +341,9 @@ impl IreeKvBackend {
             Name::Token => (vec![1], ElementType::I32),
             _ => (vec![rows, spec.n_kv_heads, spec.head_dim], element(set.ty)),
         })?;
-        let token = match reads.variant {
-            None => Some(self.read_token(&results)?),
+        // The token is read by the submission that writes the rows (one round trip, not two).
+        let readback = match reads.variant {
+            None => Some(self.readback()?),
             Some(_) => None,
         };
 
@@ -417,9 +418,18 @@ impl IreeKvBackend {
         }
         ops.retain(|op| !matches!(op, Transfer::Copy { length: 0, .. } | Transfer::Zero { length: 0, .. }));
         let t = std::time::Instant::now();
-        let written = self.device.transfer(&ops);
+        let token = match &readback {
+            Some(readback) => self
+                .submit_and_read_token(&results[&Name::Token], readback, ops)
+                .map(Some),
+            None => self
+                .device
+                .transfer(&ops)
+                .map_err(iree_err("write the new rows"))
+                .map(|()| None),
+        };
         self.clock.writes += t.elapsed();
-        written.map_err(iree_err("write the new rows"))?;
+        let token = token?;
         if let Some(fork) = fork {
             self.v2 = Some(fork);
         }
