@@ -8,7 +8,7 @@
 use iree_runtime_sys as sys;
 
 use crate::buffer_view::BufferView;
-use crate::device::Device;
+use crate::device::{Device, Timeline};
 use crate::error::{check, Error, Result};
 
 /// One operation of [`Device::transfer`]. Offsets and lengths are in bytes.
@@ -55,16 +55,6 @@ impl Drop for OwnedCommandBuffer {
     fn drop(&mut self) {
         // SAFETY: our reference (or null, which IREE ignores).
         unsafe { sys::iree_hal_command_buffer_release(self.0) };
-    }
-}
-
-/// A semaphore reference released on drop.
-struct OwnedSemaphore(*mut sys::iree_hal_semaphore_t);
-
-impl Drop for OwnedSemaphore {
-    fn drop(&mut self) {
-        // SAFETY: our reference (or null, which IREE ignores).
-        unsafe { sys::iree_hal_semaphore_release(self.0) };
     }
 }
 
@@ -181,22 +171,34 @@ impl Device {
             check(sys::iree_hal_command_buffer_end(cb), format!("{OP}: end"))?;
         }
 
-        let mut semaphore = OwnedSemaphore(std::ptr::null_mut());
-        // SAFETY: device live; the semaphore's reference goes to the guard.
-        check(
-            unsafe {
-                sys::iree_hal_semaphore_create(
-                    self.as_ptr(),
-                    QUEUE_AFFINITY_ANY,
-                    0,
-                    sys::IREE_HAL_SEMAPHORE_FLAG_NONE as _,
-                    &mut semaphore.0,
-                )
-            },
-            format!("{OP}: create semaphore"),
-        )?;
-        let mut semaphores = [semaphore.0];
-        let mut values = [1u64];
+        let mut timeline = self.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        let result = self.submit_and_wait(&mut timeline, cb);
+        if result.is_err() {
+            timeline.reset();
+        }
+        result
+    }
+
+    /// Submits `cb` signalling the device's timeline at its next value and waits for it.
+    fn submit_and_wait(&self, timeline: &mut Timeline, cb: *mut sys::iree_hal_command_buffer_t) -> Result<()> {
+        if timeline.semaphore.is_null() {
+            // SAFETY: device live; the semaphore's reference goes to the timeline.
+            check(
+                unsafe {
+                    sys::iree_hal_semaphore_create(
+                        self.as_ptr(),
+                        QUEUE_AFFINITY_ANY,
+                        0,
+                        sys::IREE_HAL_SEMAPHORE_FLAG_NONE as _,
+                        &mut timeline.semaphore,
+                    )
+                },
+                format!("{OP}: create semaphore"),
+            )?;
+        }
+        let next = timeline.value + 1;
+        let mut semaphores = [timeline.semaphore];
+        let mut values = [next];
         let signal = sys::iree_hal_semaphore_list_t {
             count: 1,
             semaphores: semaphores.as_mut_ptr(),
@@ -225,10 +227,13 @@ impl Device {
                 ),
                 format!("{OP}: submit on `{}`", self.name()),
             )?;
-            check(
-                sys::iree_hal_semaphore_wait(semaphore.0, 1, sys::iree_infinite_timeout(), 0 as _),
-                format!("{OP}: wait on `{}`", self.name()),
-            )
         }
+        // SAFETY: the semaphore is live (the timeline holds it).
+        check(
+            unsafe { sys::iree_hal_semaphore_wait(timeline.semaphore, next, sys::iree_infinite_timeout(), 0 as _) },
+            format!("{OP}: wait on `{}`", self.name()),
+        )?;
+        timeline.value = next;
+        Ok(())
     }
 }

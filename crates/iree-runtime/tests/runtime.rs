@@ -34,6 +34,7 @@ device_tests!(
     function_outlives_its_session,
     transfers_copy_and_zero_in_one_submission,
     inputs_either_side_of_the_host_visible_limit,
+    transfers_in_sequence_and_from_threads,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -380,6 +381,36 @@ fn views_outlive_session_and_device_handles() {
 
 /// What a contract v2 session does per call: copy a call's new rows into rows of a
 /// runtime-owned buffer, and fork a buffer by copying it whole, all in one submission.
+/// A device's transfers signal one semaphore at increasing values: many in a row, and from
+/// several threads at once, each see their own copy done when they return.
+fn transfers_in_sequence_and_from_threads(device_name: &str) {
+    let device = open_session(device_name).device().clone();
+    let copy_through = |seed: i32| {
+        let data: Vec<i32> = (0..64).map(|i| i * 7 + seed).collect();
+        let source = BufferView::from_i32(&device, &[64], &data).unwrap();
+        let target = BufferView::allocate(&device, &[64], ElementType::I32).unwrap();
+        device
+            .transfer(&[Transfer::Copy {
+                source: &source,
+                source_offset: 0,
+                target: &target,
+                target_offset: 0,
+                length: 64 * 4,
+            }])
+            .unwrap();
+        assert_eq!(target.to_i32_vec().unwrap(), data, "transfer {seed} on {device_name}");
+    };
+    for seed in 0..20 {
+        copy_through(seed);
+    }
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let copy_through = &copy_through;
+            s.spawn(move || (0..10).for_each(|i| copy_through(100 * (t + 1) + i)));
+        }
+    });
+}
+
 fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
     let mut session = open_session(device_name);
     let device = session.device().clone();
