@@ -4,14 +4,18 @@
 # (`bin/skainet-kv-up`, after; `iree_runtime::HOST_VISIBLE_UPLOAD_MAX`), alternating, on the
 # `i16-ampere-nr` (v1) and `i16-ampere-v2-nr` (v2) exports; then the greedy ids of a 400-token
 # prompt against the FP32 reference with the new binary (docs/benchmarks.md, session 13).
+# BINS names the two binaries in .cache/device/bin to compare (default: the upload change; the
+# token read-back change was `BINS="skainet-kv-up skainet-kv-rb"`), the last one runs `diverge`.
 # Carry [".cache/device", ".gl"].
 set -u
 source "$(dirname "$0")/device-env.sh"
+BINS=${BINS:-skainet-kv skainet-kv-up}
+LAST=${BINS##* }
 VARIANTS=$(for v in i16-ampere-nr i16-ampere-v2-nr; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
 for round in 1 2; do
   for v in $VARIANTS; do
-    for bin in skainet-kv skainet-kv-up; do
+    for bin in $BINS; do
       echo "== round $round, $v, $bin"
       timeout 200 $D/bin/$bin bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 \
         --utterances 8 --repeat 2 2>&1 | grep -E "decode|per step|chunk call|utterance p50|first token|prefix prefill"
@@ -20,7 +24,7 @@ for round in 1 2; do
 done
 ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')
 for v in $VARIANTS; do
-  echo "== diverge vs reference, 400-token prompt, $v, skainet-kv-up"
-  timeout 240 $D/bin/skainet-kv-up diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+  echo "== diverge vs reference, 400-token prompt, $v, $LAST"
+  timeout 240 $D/bin/$LAST diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
     --ids "$ids" --max-new 12 2>&1 | tail -3
 done

@@ -142,17 +142,6 @@ fn target_for(manifest: &Manifest, options: &IreeOptions) -> Result<String> {
 }
 
 /// Argument count of a VM calling convention such as `0rrr_rr`.
-fn arg_count(convention: &str) -> usize {
-    convention
-        .split('_')
-        .next()
-        .unwrap_or("")
-        .trim_start_matches('0')
-        .chars()
-        .filter(|&c| c == 'r')
-        .count()
-}
-
 /// The dimensions (`None` for `?`) of input `index` as the function's `iree.abi.declaration`
 /// reflection spells them (`sync func @f(%input0: tensor<1x24xi32>) -> ...`); `None` when the
 /// module carries no such declaration.
@@ -208,7 +197,7 @@ pub(crate) fn check_arg_counts(manifest: &Manifest, opened: &Opened) -> Result<(
 }
 
 fn check_arg_count(function: &Function, graph: Graph, want: usize) -> Result<()> {
-    let got = arg_count(&function.calling_convention);
+    let got = function.argument_count();
     if got != want {
         return Err(Error::ContractMismatch {
             backend: "iree",

@@ -19,8 +19,9 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// many-row graphs' contractions. 7: exports for the CPU alone take the argmax as a maximum then
 /// the lowest index holding it (`Body::argmax_rows_by_max`). 8: Gemma's Q/K norms and the
 /// rotation as one dispatch each in calls of up to 128 rows (`FuncEmitter::norm_rope`), the
-/// rotation's half swap a `reverse` (was slices and a `concatenate`).
-const EMITTER_REVISION: u32 = 8;
+/// rotation's half swap a `reverse` (was slices and a `concatenate`). 9: Vulkan modules' functions
+/// are async (`--iree-execution-model=async-external`).
+const EMITTER_REVISION: u32 = 9;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.

@@ -55,7 +55,14 @@ impl Target {
                 format!("--iree-llvmcpu-target-cpu={cpu}"),
             ],
             Target::Vulkan { target } => {
-                let mut f = vec!["--iree-hal-target-device=vulkan".to_string()];
+                // Async functions (a wait and a signal fence after the tensors): the runtime
+                // passes fences on a semaphore that outlives the call, where a synchronous
+                // function creates one per call (~0.65 ms each on the H200: docs/benchmarks.md,
+                // session 13). `iree_runtime::Session::call_function` tells them apart.
+                let mut f = vec![
+                    "--iree-hal-target-device=vulkan".to_string(),
+                    "--iree-execution-model=async-external".to_string(),
+                ];
                 if let Some(t) = target {
                     f.push(format!("--iree-vulkan-target={t}"));
                 }

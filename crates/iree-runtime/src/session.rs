@@ -68,8 +68,33 @@ pub struct Function {
     pub calling_convention: String,
     /// Reflection attributes (e.g. `iree.abi.declaration`), in module order.
     pub attributes: Vec<(String, String)>,
+    /// Compiled with `--iree-execution-model=async-external` (`iree.abi.model` `coarse-fences`):
+    /// its last two arguments are a wait and a signal fence, which [`Session::call_function`]
+    /// passes on the device's timeline semaphore.
+    coarse_fences: bool,
     raw: sys::iree_vm_function_t,
     context: Context,
+}
+
+impl Function {
+    /// The tensors the function takes: its VM arguments but the two fences of an async one.
+    pub fn argument_count(&self) -> usize {
+        let refs = self
+            .calling_convention
+            .split('_')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('0')
+            .chars()
+            .filter(|&c| c == 'r')
+            .count();
+        refs - if self.coarse_fences { 2.min(refs) } else { 0 }
+    }
+
+    /// Whether the call passes fences ([`Self::coarse_fences`](Function)).
+    pub fn is_async(&self) -> bool {
+        self.coarse_fences
+    }
 }
 
 impl std::fmt::Debug for Function {
@@ -258,10 +283,14 @@ impl Session {
             }
             attributes.push((from_string_view(key), from_string_view(value)));
         }
+        let coarse_fences = attributes
+            .iter()
+            .any(|(k, v)| k == "iree.abi.model" && v == "coarse-fences");
         Ok(Function {
             name: name.to_owned(),
             calling_convention,
             attributes,
+            coarse_fences,
             raw,
             context: self.context.clone(),
         })
@@ -346,19 +375,49 @@ impl Session {
             check(status, format!("{op}: pass argument"))?;
         }
         let output_list = VmList::new(4, host)?;
-        // SAFETY: context, function (checked to be of this context) and both lists are live.
-        let status = unsafe {
-            sys::iree_vm_invoke(
-                self.context.0.as_ptr(),
-                function.raw,
-                sys::IREE_VM_INVOCATION_FLAG_NONE,
-                std::ptr::null(),
-                input_list.raw.as_ptr(),
-                output_list.raw.as_ptr(),
-                host,
-            )
+        let invoke = || {
+            // SAFETY: context, function (checked to be of this context) and both lists are live.
+            let status = unsafe {
+                sys::iree_vm_invoke(
+                    self.context.0.as_ptr(),
+                    function.raw,
+                    sys::IREE_VM_INVOCATION_FLAG_NONE,
+                    std::ptr::null(),
+                    input_list.raw.as_ptr(),
+                    output_list.raw.as_ptr(),
+                    host,
+                )
+            };
+            check(status, op.clone())
         };
-        check(status, op.clone())?;
+        if function.coarse_fences {
+            // The call waits for the timeline's current value and signals the next, which we
+            // wait for: the semaphore outlives the call, where a synchronous function creates
+            // one per call (~0.65 ms each on the H200 over Vulkan, docs/benchmarks.md session 13).
+            let mut timeline = self.device.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
+            let result = self.device.ensure_timeline(&mut timeline).and_then(|()| {
+                let next = timeline.value + 1;
+                for value in [timeline.value, next] {
+                    push_fence(&input_list, timeline.semaphore, value, host, &op)?;
+                }
+                invoke()?;
+                // SAFETY: the semaphore is live (the timeline holds it).
+                check(
+                    unsafe {
+                        sys::iree_hal_semaphore_wait(timeline.semaphore, next, sys::iree_infinite_timeout(), 0 as _)
+                    },
+                    format!("{op}: wait"),
+                )?;
+                timeline.value = next;
+                Ok(())
+            });
+            if result.is_err() {
+                timeline.reset();
+            }
+            result?;
+        } else {
+            invoke()?;
+        }
         // SAFETY: the output list is live and owned by us.
         let count = unsafe { sys::iree_vm_list_size(output_list.raw.as_ptr()) };
         (0..count)
@@ -382,6 +441,33 @@ impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session").field("device", &self.device).finish()
     }
+}
+
+/// Appends a fence at `value` of `semaphore` to `list`.
+fn push_fence(
+    list: &VmList,
+    semaphore: *mut sys::iree_hal_semaphore_t,
+    value: u64,
+    host: sys::iree_allocator_t,
+    op: &str,
+) -> Result<()> {
+    let mut fence = std::ptr::null_mut();
+    // SAFETY: the semaphore is live; the fence retains it and its reference moves into the list
+    // (released here if the push fails).
+    let status = unsafe {
+        let status = sys::iree_hal_fence_create_at(semaphore, value, host, &mut fence);
+        if !status.is_null() {
+            status
+        } else {
+            let mut value = sys::iree_hal_fence_move_ref(fence);
+            let status = sys::iree_vm_list_push_ref_move(list.raw.as_ptr(), &mut value);
+            if !status.is_null() {
+                sys::iree_vm_ref_release(&mut value);
+            }
+            status
+        }
+    };
+    check(status, format!("{op}: pass a fence"))
 }
 
 /// An `iree_vm_list_t` of any element type, released on drop.

@@ -179,23 +179,29 @@ impl Device {
         result
     }
 
+    /// Creates the timeline's semaphore if it has none (first use, or after a failure).
+    pub(crate) fn ensure_timeline(&self, timeline: &mut Timeline) -> Result<()> {
+        if !timeline.semaphore.is_null() {
+            return Ok(());
+        }
+        // SAFETY: device live; the semaphore's reference goes to the timeline.
+        check(
+            unsafe {
+                sys::iree_hal_semaphore_create(
+                    self.as_ptr(),
+                    QUEUE_AFFINITY_ANY,
+                    0,
+                    sys::IREE_HAL_SEMAPHORE_FLAG_NONE as _,
+                    &mut timeline.semaphore,
+                )
+            },
+            format!("{OP}: create semaphore"),
+        )
+    }
+
     /// Submits `cb` signalling the device's timeline at its next value and waits for it.
     fn submit_and_wait(&self, timeline: &mut Timeline, cb: *mut sys::iree_hal_command_buffer_t) -> Result<()> {
-        if timeline.semaphore.is_null() {
-            // SAFETY: device live; the semaphore's reference goes to the timeline.
-            check(
-                unsafe {
-                    sys::iree_hal_semaphore_create(
-                        self.as_ptr(),
-                        QUEUE_AFFINITY_ANY,
-                        0,
-                        sys::IREE_HAL_SEMAPHORE_FLAG_NONE as _,
-                        &mut timeline.semaphore,
-                    )
-                },
-                format!("{OP}: create semaphore"),
-            )?;
-        }
+        self.ensure_timeline(timeline)?;
         let next = timeline.value + 1;
         let mut semaphores = [timeline.semaphore];
         let mut values = [next];

@@ -101,7 +101,15 @@ pub fn fixture() -> &'static Fixture {
                 "--iree-llvmcpu-target-cpu=generic",
             ],
         );
-        compile(&fixture.vulkan_vmfb, &["--iree-hal-target-device=vulkan"]);
+        // Async functions on Vulkan, as the exporter compiles them: the `vulkan` tests call
+        // through fences, the CPU ones synchronously.
+        compile(
+            &fixture.vulkan_vmfb,
+            &[
+                "--iree-hal-target-device=vulkan",
+                "--iree-execution-model=async-external",
+            ],
+        );
         let script = format!(
             "import iree.runtime as rt, numpy as np, sys; \
              rt.save_archive_file({{'w': np.array({W:?}, dtype=np.float32)}}, sys.argv[1])"
