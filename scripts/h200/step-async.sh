@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: synchronous against async (`--iree-execution-model=async-external`)
-# Vulkan functions, the same runtime binary (`bin/skainet-kv-as`: a semaphore per device for its
+# Vulkan functions, the same runtime binary (`bin/skainet-kv`, session 13: a semaphore per device for its
 # transfers and async calls), alternating: `i16-ampere-nr` / `i16-ampere-v2-nr` (sync) against
 # `i16-ampere-as` / `i16-ampere-v2-as` (async); then the greedy ids of a 400-token prompt against
 # the FP32 reference on the async exports (docs/benchmarks.md, session 13).
 # Carry [".cache/device", ".gl"].
 set -u
 source "$(dirname "$0")/device-env.sh"
-B=$D/bin/skainet-kv-as
+B=$D/bin/skainet-kv
 VARIANTS=$(for v in i16-ampere-nr i16-ampere-as i16-ampere-v2-nr i16-ampere-v2-as; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
 for round in 1 2; do
