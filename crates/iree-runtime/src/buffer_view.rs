@@ -207,18 +207,7 @@ impl BufferView {
         bytes: &[u8],
     ) -> Result<BufferView> {
         const OP: &str = "create buffer view";
-        let mut buffer = std::ptr::null_mut();
-        // SAFETY: allocator live; `buffer` receives one reference, released by the guard.
-        let status = unsafe {
-            sys::iree_hal_allocator_allocate_buffer(
-                device.allocator(),
-                host_visible_params(),
-                bytes.len().max(1) as sys::iree_device_size_t,
-                &mut buffer,
-            )
-        };
-        check(status, format!("{OP} {shape:?} (host-visible) on `{}`", device.name()))?;
-        let buffer = OwnedBuffer(buffer);
+        let buffer = allocate_buffer(device, host_visible_params(), bytes.len().max(1), OP, shape)?;
         if !bytes.is_empty() {
             // SAFETY: the buffer is live, mappable and holds at least `bytes.len()` bytes;
             // `bytes` is valid for the call, which copies it before returning.
@@ -232,14 +221,7 @@ impl BufferView {
             };
             check(status, format!("{OP} {shape:?}: write through a mapping"))?;
         }
-        view_of(
-            &buffer,
-            shape,
-            element_type.to_raw(),
-            sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
-            device,
-            OP,
-        )
+        dense_view_of(&buffer, shape, element_type, device, OP)
     }
 
     /// A device-local `f32` tensor of `shape` with undefined contents (no host data moves):
@@ -261,26 +243,8 @@ impl BufferView {
                     usize::BITS
                 ),
             })?;
-        let mut buffer = std::ptr::null_mut();
-        // SAFETY: allocator live; `buffer` receives one reference, released by the guard.
-        let status = unsafe {
-            sys::iree_hal_allocator_allocate_buffer(
-                device.allocator(),
-                device_local_params(),
-                bytes as sys::iree_device_size_t,
-                &mut buffer,
-            )
-        };
-        check(status, format!("{OP} {shape:?} on `{}`", device.name()))?;
-        let buffer = OwnedBuffer(buffer);
-        view_of(
-            &buffer,
-            shape,
-            element_type.to_raw(),
-            sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
-            device,
-            OP,
-        )
+        let buffer = allocate_buffer(device, device_local_params(), bytes, OP, shape)?;
+        dense_view_of(&buffer, shape, element_type, device, OP)
     }
 
     pub fn device(&self) -> &Device {
@@ -569,6 +533,46 @@ impl std::fmt::Debug for BufferView {
 }
 
 /// A new view of `shape` over `buffer` (which the view retains), allocated by `device`.
+/// A new buffer of `bytes` bytes with `params` (`op` and `shape` name it in the error).
+fn allocate_buffer(
+    device: &Device,
+    params: sys::iree_hal_buffer_params_t,
+    bytes: usize,
+    op: &'static str,
+    shape: &[usize],
+) -> Result<OwnedBuffer> {
+    let mut buffer = std::ptr::null_mut();
+    // SAFETY: allocator live; `buffer` receives one reference, released by the guard.
+    let status = unsafe {
+        sys::iree_hal_allocator_allocate_buffer(
+            device.allocator(),
+            params,
+            bytes as sys::iree_device_size_t,
+            &mut buffer,
+        )
+    };
+    check(status, format!("{op} {shape:?} on `{}`", device.name()))?;
+    Ok(OwnedBuffer(buffer))
+}
+
+/// [`view_of`] a row-major `element_type` tensor.
+fn dense_view_of(
+    buffer: &OwnedBuffer,
+    shape: &[usize],
+    element_type: ElementType,
+    device: &Device,
+    op: &'static str,
+) -> Result<BufferView> {
+    view_of(
+        buffer,
+        shape,
+        element_type.to_raw(),
+        sys::IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR,
+        device,
+        op,
+    )
+}
+
 fn view_of(
     buffer: &OwnedBuffer,
     shape: &[usize],
