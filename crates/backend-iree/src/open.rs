@@ -141,7 +141,6 @@ fn target_for(manifest: &Manifest, options: &IreeOptions) -> Result<String> {
         })
 }
 
-/// Argument count of a VM calling convention such as `0rrr_rr`.
 /// The dimensions (`None` for `?`) of input `index` as the function's `iree.abi.declaration`
 /// reflection spells them (`sync func @f(%input0: tensor<1x24xi32>) -> ...`); `None` when the
 /// module carries no such declaration.

@@ -27,10 +27,10 @@ pub(crate) struct DeviceInner {
     group: NonNull<sys::iree_hal_device_group_t>,
     name: String,
     pub(crate) instance: Instance,
-    /// The semaphore [`Device::transfer`](crate::Transfer) signals and waits on, with the last
-    /// value it reached; made at the first transfer, dropped after a failed one (a failed
-    /// semaphore stays failed). One per device, not one per transfer: on the H200 over Vulkan
-    /// creating one and submitting took ~0.78 ms a transfer.
+    /// The semaphore [`Device::transfer`](crate::Transfer) and the calls of async functions
+    /// (`Session::call_function`) signal and wait on, with the last value it reached; made at
+    /// first use, dropped after a failure (a failed semaphore stays failed). One per device, not
+    /// one per transfer or call: on the H200 over Vulkan creating one cost ~0.65 ms.
     pub(crate) timeline: std::sync::Mutex<Timeline>,
 }
 

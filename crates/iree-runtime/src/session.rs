@@ -91,7 +91,8 @@ impl Function {
         refs - if self.coarse_fences { 2.min(refs) } else { 0 }
     }
 
-    /// Whether the call passes fences ([`Self::coarse_fences`](Function)).
+    /// Whether the function is async (`iree.abi.model` `coarse-fences`): a call passes it a
+    /// wait and a signal fence.
     pub fn is_async(&self) -> bool {
         self.coarse_fences
     }

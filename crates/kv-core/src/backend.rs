@@ -122,13 +122,6 @@ pub struct StepPhases {
     pub writes: std::time::Duration,
 }
 
-impl StepPhases {
-    /// The whole steps' time.
-    pub fn total(&self) -> std::time::Duration {
-        self.inputs + self.invoke + self.read + self.writes
-    }
-}
-
 /// A stateful KV-cache session (CONTRACT §2).
 ///
 /// Calls take `&mut self` because they replace the per-layer caches; a session is used from one
