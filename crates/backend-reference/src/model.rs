@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntryKind};
 use kv_core::manifest::Rounding;
-use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::params::{archive_table, layer_param, FusedParam, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::quant::Quantization;
 use kv_core::{Architecture, Error, KvSpec, Manifest, Result};
 use ndarray::{Array1, Array2};
@@ -78,11 +78,10 @@ impl ReferenceModel {
         manifest.validate()?;
         let architecture = manifest.require_architecture()?.clone();
         let spec = &manifest.spec;
-        let mut store = ParamStore::load(
-            archive,
-            &parameter_table(spec, &architecture),
-            manifest.quantization.as_ref(),
-        )?;
+        let quant = manifest.quantization.as_ref();
+        let (table, fused) = archive_table(spec, &architecture, quant, manifest.fused_projections);
+        let mut store = ParamStore::load(archive, &table, quant)?;
+        store.split(&fused);
 
         let layers = (0..spec.n_layers)
             .map(|l| {
@@ -198,6 +197,21 @@ impl ParamStore {
             })
             .collect::<Result<_>>()?;
         Ok(ParamStore { params })
+    }
+
+    /// Each of `fused` (an export's archive, `Manifest::fused_projections`) as its parts again:
+    /// consecutive rows.
+    fn split(&mut self, fused: &[FusedParam]) {
+        for f in fused {
+            let (_, values) = self.take(&f.name);
+            let mut rest = &values[..];
+            for part in &f.parts {
+                let (mine, next) = rest.split_at(part.numel());
+                self.params
+                    .insert(part.name.clone(), (part.shape.clone(), mine.to_vec()));
+                rest = next;
+            }
+        }
     }
 
     fn take(&mut self, name: &str) -> (Vec<usize>, Vec<f32>) {

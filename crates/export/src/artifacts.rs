@@ -135,6 +135,10 @@ pub struct ExportOptions {
     /// exports whose targets are all CPUs (the portable Vulkan target has no 16-bit storage) and
     /// is then recorded in the manifest (`cacheType`); otherwise the caches stay f32.
     pub cache_type: CacheType,
+    /// Store each layer's Q/K/V projections, and its gate/up pair, as one matrix in the archive
+    /// (`kv_core::params::FUSED_PROJECTIONS`, recorded as the manifest's `fusedProjections`), so
+    /// that each group is one product in the graphs; `false`: the source's matrices as they are.
+    pub fuse_projections: bool,
 }
 
 /// The `iree-compile` flags that the weight format needs.
@@ -180,6 +184,7 @@ impl Default for ExportOptions {
             prefill_spans: None,
             matmul_input: MatmulInput::F32,
             cache_type: CacheType::F32,
+            fuse_projections: true,
         }
     }
 }
@@ -347,19 +352,18 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             if options.weights != WeightFormat::Bf16 {
                 q.scale_type = ScaleType::F32;
             }
-            m.quantization = Some(q.clone());
             (from, q.scale_type)
         }
         None => (ScaleType::default(), ScaleType::default()),
     };
-    let mut data: BTreeMap<String, &[u8]> = BTreeMap::new();
+    let mut data: BTreeMap<String, Cow<[u8]>> = BTreeMap::new();
     // Scales of the quantized parameters, by the parameter's canonical name.
     let mut scales: BTreeMap<String, Cow<[u8]>> = BTreeMap::new();
     for p in &table {
         if let Some(format) = quantization.as_ref().and_then(|q| q.format_of(&p.name)) {
             let (values, s) = kv_core::quant::entries(&archive, &p.name)?;
             kv_core::quant::check_sizes(format, from, &p.name, p.numel(), values.len(), s.len())?;
-            data.insert(p.name.clone(), values);
+            data.insert(p.name.clone(), Cow::Borrowed(values));
             let s = if from == to {
                 Cow::Borrowed(s)
             } else {
@@ -381,8 +385,31 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             )
             .into());
         }
-        data.insert(p.name.clone(), bytes);
+        data.insert(p.name.clone(), Cow::Borrowed(bytes));
     }
+    // Each fused parameter's rows are its parts' one after the other: the values' and the
+    // scales' bytes alike (both row-major over the output rows).
+    let (table, fused) = if options.fuse_projections {
+        kv_core::params::fuse_projections(&table, m.spec.n_layers, quantization.as_ref())
+    } else {
+        (table, Vec::new())
+    };
+    for f in &fused {
+        let join = |map: &mut BTreeMap<String, Cow<[u8]>>| -> Option<Cow<'static, [u8]>> {
+            let parts: Vec<Cow<[u8]>> = f.parts.iter().map(|p| map.remove(&p.name)).collect::<Option<_>>()?;
+            Some(Cow::Owned(parts.concat()))
+        };
+        let values = join(&mut data).unwrap_or_else(|| kv_core::error::invariant("every part was read above"));
+        data.insert(f.name.clone(), values);
+        if let Some(s) = join(&mut scales) {
+            scales.insert(f.name.clone(), s);
+        }
+    }
+    if let Some(q) = quantization.as_mut() {
+        q.fuse(&fused);
+    }
+    m.quantization = quantization.clone();
+    m.fused_projections = !fused.is_empty();
 
     std::fs::create_dir_all(out_dir).map_err(ExportError::io("creating", out_dir))?;
     let kv: Vec<Graph> = graphs.iter().copied().filter(|g| Graph::KV.contains(g)).collect();
@@ -627,7 +654,7 @@ fn numbered_keys(table: &[ParamInfo], index: usize) -> BTreeMap<String, String> 
 /// scales (in `scales`) follow as `KEY.scale` (`kv_core::quant::scale_name`).
 fn write_archive(
     table: &[ParamInfo],
-    data: &BTreeMap<String, &[u8]>,
+    data: &BTreeMap<String, Cow<[u8]>>,
     scales: &BTreeMap<String, Cow<[u8]>>,
     keys: Option<&BTreeMap<String, String>>,
     path: &Path,
@@ -638,7 +665,7 @@ fn write_archive(
         if let Some(s) = scales.get(&p.name) {
             entries.push((kv_core::quant::scale_name(&key), s.as_ref()));
         }
-        entries.push((key, data[&p.name]));
+        entries.push((key, data[&p.name].as_ref()));
     }
     if keys.is_some() {
         entries.sort_by_key(|(k, _)| {

@@ -20,8 +20,11 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// the lowest index holding it (`Body::argmax_rows_by_max`). 8: Gemma's Q/K norms and the
 /// rotation as one dispatch each in calls of up to 128 rows (`FuncEmitter::norm_rope`), the
 /// rotation's half swap a `reverse` (was slices and a `concatenate`). 9: Vulkan modules' functions
-/// are async (`--iree-execution-model=async-external`).
-const EMITTER_REVISION: u32 = 9;
+/// are async (`--iree-execution-model=async-external`). 10: Q/K/V projections fused in the archive
+/// (`fusedProjections`) with Gemma's Q/K norms over the fused product
+/// (`FuncEmitter::qkv_norm_rope`); a single KV head's decode step attends its returned cache
+/// (`FuncEmitter::single_row_attention`).
+const EMITTER_REVISION: u32 = 10;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
@@ -373,6 +376,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     }
     if !options.cache_type.is_f32() {
         settings["cacheType"] = serde_json::json!(options.cache_type);
+    }
+    if !options.fuse_projections {
+        settings["projections"] = serde_json::json!("apart");
     }
     // `host` means this machine's CPU: each CPU its own entry, so a cache moved to (or shared
     // with) another machine never runs code built for instructions that one lacks.

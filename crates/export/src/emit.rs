@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use kv_core::manifest::{CacheType, Name};
-use kv_core::params::{layer_param, parameter_table, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::params::{archive_table, layer_param, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::quant::{scale_name, QuantFormat, ScaleType, BLOCK};
 use kv_core::rope::RopeTable;
 use kv_core::{Activation, Architecture, Graph, KvSpec, LayerKind, Manifest};
@@ -90,10 +90,8 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
     let arch = manifest.require_architecture().map_err(ExportError::Core)?.clone();
     let spec = manifest.spec.clone();
     spec.validate().map_err(ExportError::Core)?;
-    let table: HashMap<String, ParamInfo> = parameter_table(&spec, &arch)
-        .into_iter()
-        .map(|p| (p.name.clone(), p))
-        .collect();
+    let (table, _) = archive_table(&spec, &arch, options.quantization.as_ref(), manifest.fused_projections);
+    let table: HashMap<String, ParamInfo> = table.into_iter().map(|p| (p.name.clone(), p)).collect();
     if options.weights == WeightFormat::PackedI32 {
         if let Some(p) = table.values().find(|p| p.shape.last().is_some_and(|n| n % 2 != 0)) {
             return Err(ExportError::Unsupported(format!(
@@ -723,9 +721,9 @@ impl FuncEmitter<'_> {
         self.rmsnorm(x, &w)
     }
 
-    /// `x · Wᵀ (+ b)` for `x [R, in]`, `W [out, in]`.
-    fn proj(&mut self, x: &V, weight: &str, bias: Option<&str>) -> V {
-        let y = if let Some(format) = self.quant_format(weight) {
+    /// `x · Wᵀ` for `x [R, in]`, `W [out, in]`.
+    fn proj(&mut self, x: &V, weight: &str) -> V {
+        if let Some(format) = self.quant_format(weight) {
             let [r, inner] = x.ty.static_dims()[..] else {
                 kv_core::error::invariant("a projection's input is [R, in]")
             };
@@ -767,15 +765,67 @@ impl FuncEmitter<'_> {
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
-        };
-        match bias {
-            None => y,
-            Some(bname) => {
-                let bv = self.param(bname);
-                let bb = self.b.broadcast(&bv, &[1], &y.ty);
-                self.b.add(&y, &bb)
-            }
         }
+    }
+
+    /// `x [R, in]` through layer `l`'s projections `parts` (of `rows` output rows each) and, when
+    /// `biases` names them, their biases: one product when the archive holds the parts fused as
+    /// `fused` (`kv_core::params::FUSED_PROJECTIONS`), its columns then split; `[R, rows]` each.
+    fn projections(
+        &mut self,
+        x: &V,
+        l: usize,
+        (fused, parts): (&str, &[&str]),
+        rows: &[usize],
+        biases: Option<(&str, &[&str])>,
+    ) -> Vec<V> {
+        let fused_bias = biases
+            .map(|(f, _)| layer_param(l, f))
+            .filter(|b| self.table.contains_key(b));
+        let fused_weight = layer_param(l, fused);
+        if !self.table.contains_key(&fused_weight) {
+            return parts
+                .iter()
+                .enumerate()
+                .map(|(i, part)| {
+                    let y = self.proj(x, &layer_param(l, part));
+                    match (&fused_bias, biases) {
+                        (None, Some((_, names))) => self.add_bias(&y, &layer_param(l, names[i])),
+                        // The weights' formats differ (not fused), the biases' never do.
+                        (Some(b), _) => {
+                            let start: usize = rows[..i].iter().sum();
+                            let bv = self.param(b);
+                            let bv = self.b.slice(&bv, &[(start, start + rows[i])]);
+                            let bb = self.b.broadcast(&bv, &[1], &y.ty);
+                            self.b.add(&y, &bb)
+                        }
+                        (None, None) => y,
+                    }
+                })
+                .collect();
+        }
+        let mut y = self.proj(x, &fused_weight);
+        match (&fused_bias, biases) {
+            (Some(b), _) => y = self.add_bias(&y, b),
+            // (biases are never quantized, so a fused archive fuses them with any weights)
+            (None, Some(_)) => kv_core::error::invariant("fused projections with their biases apart"),
+            (None, None) => {}
+        }
+        let r = x.ty.static_dims()[0];
+        let mut start = 0;
+        rows.iter()
+            .map(|&n| {
+                let part = self.b.slice(&y, &[(0, r), (start, start + n)]);
+                start += n;
+                part
+            })
+            .collect()
+    }
+
+    fn add_bias(&mut self, y: &V, bias: &str) -> V {
+        let bv = self.param(bias);
+        let bb = self.b.broadcast(&bv, &[1], &y.ty);
+        self.b.add(y, &bb)
     }
 
     /// `x·cos + swap_halves(x)·sin` on `x [R, heads, d]` with tables `[R, d]`.
@@ -1257,6 +1307,37 @@ impl FuncEmitter<'_> {
         self.b.reshape_static(&o, &[r, nh * d])
     }
 
+    /// [`Self::attention`] of one query row `q [1, nHeads, d]` over a single KV head's `k, v
+    /// [1, 1, T, d]` (Gemma 3 270M's, in the decode step): the heads are the rows of a product
+    /// batched over the two unit dimensions, so no unit dimension of the dynamic cache is
+    /// dropped. Dropping them (a one-term sum: dynamic reshapes do not lower) made IREE build
+    /// each layer's `past + 1` concatenation twice, the returned cache and a summed copy for the
+    /// attention: 36 of a step's dispatches on FunctionGemma's geometry.
+    fn single_row_attention(&mut self, q: &V, k: &V, v: &V, mask: MaskIn) -> V {
+        let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
+        let q4 = self.b.reshape_static(q, &[1, 1, nh, d]);
+        let scores = self.b.dot(&q4, k, (&[0, 1], &[0, 1]), (&[3], &[3]));
+        let scores = match mask {
+            MaskIn::None => scores,
+            MaskIn::Arg(m) => {
+                // `m [1, mask heads, 1, T]`: one row for every head, or one per head.
+                let (rows, map): (V, &[usize]) = if self.spec.mask_head_count() == 1 {
+                    (self.b.reduce_unit(&m, &[0, 1, 2]), &[3])
+                } else {
+                    (self.b.reduce_unit(&m, &[0, 2]), &[2, 3])
+                };
+                let rows = self.b.broadcast(&rows, map, &scores.ty);
+                self.b.add(&scores, &rows)
+            }
+            MaskIn::InGraph(_) | MaskIn::V2 { .. } => {
+                kv_core::error::invariant("a decode step's v1 mask is an argument or none")
+            }
+        };
+        let p = self.softmax_last(&scores);
+        let o = self.b.dot(&p, v, (&[0, 1], &[0, 1]), (&[3], &[2]));
+        self.b.reshape_static(&o, &[1, nh * d])
+    }
+
     /// One transformer block over `x [R, hidden]`; returns the new `x` and the layer's full
     /// `K, V [1, nKV, past + R, d]` (the past rows, then the new ones), or under contract v2
     /// (`mask` is [`MaskIn::V2`], `past` the whole caches `[P, nKV, d]`) only the new rows
@@ -1267,26 +1348,16 @@ impl FuncEmitter<'_> {
         let r = x.ty.static_dims()[0];
         let p = |s: &str| layer_param(l, s);
         let h = self.norm_param(x, &p("attn_norm.weight"));
-        let bias = |s: &str| if arch.attn_bias { Some(p(s)) } else { None };
-        let q = self.proj(&h, &p("attn_q.weight"), bias("attn_q.bias").as_deref());
-        let k = self.proj(&h, &p("attn_k.weight"), bias("attn_k.bias").as_deref());
-        let v = self.proj(&h, &p("attn_v.weight"), bias("attn_v.bias").as_deref());
-        let q = self.b.reshape_static(&q, &[r, nh, d]);
-        let k = self.b.reshape_static(&k, &[r, nkv, d]);
-        let v = self.b.reshape_static(&v, &[r, nkv, d]);
-        let (q, k) = if arch.qk_norm && r <= NORM_ROPE_MAX_ROWS {
-            (
-                self.norm_rope(&q, &p("attn_q_norm.weight"), cos, sin),
-                self.norm_rope(&k, &p("attn_k_norm.weight"), cos, sin),
-            )
-        } else if arch.qk_norm {
-            let q = self.norm_param(&q, &p("attn_q_norm.weight"));
-            let k = self.norm_param(&k, &p("attn_k_norm.weight"));
-            (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
+        let fused = self.table.contains_key(&p("attn_qkv.weight"));
+        let (q, k, v) = if fused && arch.qk_norm && !arch.attn_bias && r <= NORM_ROPE_MAX_ROWS {
+            let y = self.proj(&h, &p("attn_qkv.weight"));
+            let y = self.b.reshape_static(&y, &[r, nh + 2 * nkv, d]);
+            let z = self.qkv_norm_rope(&y, l, cos, sin);
+            let mut heads = |from: usize, n: usize| self.b.slice(&z, &[(0, r), (from, from + n), (0, d)]);
+            (heads(0, nh), heads(nh, nkv), heads(nh + nkv, nkv))
         } else {
-            (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
+            self.qkv_apart(&h, l, cos, sin)
         };
-        let q = self.b.scale(&q, arch.query_scale);
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
             let (ck, cv) = past.unwrap_or_else(|| kv_core::error::invariant("a contract v2 layer without its cache"));
             if ck.ty.elem == Elem::F16 {
@@ -1310,28 +1381,150 @@ impl FuncEmitter<'_> {
                 None => (k_new, v_new),
                 Some((pk, pv)) => (self.b.concat(&[pk, k_new], 2), self.b.concat(&[pv, v_new], 2)),
             };
-            let o = self.attention(&q, &k_all, &v_all, mask);
+            let o = if nkv == 1 && r == 1 && !k_all.ty.is_static() {
+                self.single_row_attention(&q, &k_all, &v_all, mask)
+            } else {
+                self.attention(&q, &k_all, &v_all, mask)
+            };
             (o, k_all, v_all)
         };
-        let mut a = self.proj(&o, &p("attn_output.weight"), None);
+        let mut a = self.proj(&o, &p("attn_output.weight"));
         if arch.post_norms {
             a = self.norm_param(&a, &p("post_attention_norm.weight"));
         }
         let x = self.b.add(x, &a);
         let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
-        let g = self.proj(&h2, &p("ffn_gate.weight"), None);
-        let u = self.proj(&h2, &p("ffn_up.weight"), None);
-        let act = match arch.activation {
-            Activation::GeluTanh => self.gelu_tanh(&g),
-            Activation::Silu => self.silu(&g),
+        let f = arch.ffn_size;
+        let gate_up = self.projections(
+            &h2,
+            l,
+            ("ffn_gate_up.weight", &["ffn_gate.weight", "ffn_up.weight"]),
+            &[f, f],
+            None,
+        );
+        let [g, u] = &gate_up[..] else {
+            kv_core::error::invariant("two feed-forward projections")
         };
-        let gu = self.b.mul(&act, &u);
-        let mut m = self.proj(&gu, &p("ffn_down.weight"), None);
+        let act = match arch.activation {
+            Activation::GeluTanh => self.gelu_tanh(g),
+            Activation::Silu => self.silu(g),
+        };
+        let gu = self.b.mul(&act, u);
+        let mut m = self.proj(&gu, &p("ffn_down.weight"));
         if arch.post_norms {
             m = self.norm_param(&m, &p("post_ffw_norm.weight"));
         }
         let x = self.b.add(&x, &m);
         (x, k_out, v_out)
+    }
+
+    /// [`Self::qkv_apart`]'s Q/K norms, rotation and query scale as one expression over the
+    /// fused product `y [R, nHeads + 2·nKV, d]` (query heads, key heads, value heads), the value
+    /// heads passed through: one reduction and one elementwise dispatch per layer where the
+    /// queries and keys apart took three (their slices of the product split the keys' in two).
+    fn qkv_norm_rope(&mut self, y: &V, l: usize, cos: &V, sin: &V) -> V {
+        let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
+        let [r, heads, _] = y.ty.static_dims()[..] else {
+            kv_core::error::invariant("the fused product is [R, heads, d]")
+        };
+        let rows = Ty::fixed(&[r, heads], Elem::F32);
+        let sq = self.b.mul(y, y);
+        let sum = self.b.reduce(&sq, &[2], Reduce::Add);
+        let count = self.b.splat_f32(d as f32, &rows);
+        let mean = self.b.div(&sum, &count);
+        let eps = self.b.splat_f32(self.arch.rms_eps, &rows);
+        let var = self.b.add(&mean, &eps);
+        let norm = self.b.unary("rsqrt", &var);
+        // Per head: below `nh` a query head, below `nh + nKV` a key head, else a value head.
+        let head = self.b.iota(&[r, heads], 1, Elem::I32);
+        let below = |b: &mut Body, n: usize| {
+            let bound = b.splat_i32(n as i32, &head.ty);
+            b.compare("LT", &head, &bound)
+        };
+        let is_q = below(&mut self.b, nh);
+        let rotated_heads = below(&mut self.b, nh + nkv);
+        let one = self.b.splat_f32(1.0, &rows);
+        let scale = self.b.splat_f32(self.arch.query_scale, &rows);
+        let scale = self.b.select(&is_q, &scale, &one);
+        let norm = self.b.select(&rotated_heads, &norm, &one);
+        let factor = self.b.mul(&norm, &scale);
+        // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin, as in `norm_rope`; a value head's w and
+        // cos are 1, its sin 0.
+        let wide = |b: &mut Body, m: &V| b.broadcast(m, &[0, 1], &y.ty.with_elem(Elem::I1));
+        let (is_q, rotated) = (wide(&mut self.b, &is_q), wide(&mut self.b, &rotated_heads));
+        let ones = self.b.splat_f32(1.0, &y.ty);
+        let zeros = self.b.splat_f32(0.0, &y.ty);
+        let weights = |this: &mut Self, swapped: bool| {
+            let mut per = |name: &str| {
+                let w = this.param(&layer_param(l, name));
+                let w = if swapped {
+                    let halves = this.b.reshape_static(&w, &[2, d / 2]);
+                    let w = this.b.reverse(&halves, &[0]);
+                    this.b.reshape_static(&w, &[d])
+                } else {
+                    w
+                };
+                this.b.broadcast(&w, &[2], &y.ty)
+            };
+            let wq = per("attn_q_norm.weight");
+            let wk = per("attn_k_norm.weight");
+            let wk = this.b.select(&rotated, &wk, &ones);
+            this.b.select(&is_q, &wq, &wk)
+        };
+        let w = weights(self, false);
+        let ws = weights(self, true);
+        let cb = self.b.broadcast(cos, &[0, 2], &y.ty);
+        let cb = self.b.select(&rotated, &cb, &ones);
+        let sb = self.b.broadcast(sin, &[0, 2], &y.ty);
+        let sb = self.b.select(&rotated, &sb, &zeros);
+        let yw = self.b.mul(y, &w);
+        let a = self.b.mul(&yw, &cb);
+        let swapped = self.swap_halves(y);
+        let sw = self.b.mul(&swapped, &ws);
+        let s = self.b.mul(&sw, &sb);
+        let sum = self.b.add(&a, &s);
+        let fb = self.b.broadcast(&factor, &[0, 1], &y.ty);
+        self.b.mul(&sum, &fb)
+    }
+
+    /// The layer's scaled, rotated queries `[R, nHeads, d]`, keys and values `[R, nKV, d]` from
+    /// the normalized input `h`, each projection apart (or sliced from a fused one).
+    fn qkv_apart(&mut self, h: &V, l: usize, cos: &V, sin: &V) -> (V, V, V) {
+        let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
+        let arch = self.arch;
+        let r = h.ty.static_dims()[0];
+        let p = |s: &str| layer_param(l, s);
+        let biases = arch.attn_bias.then_some((
+            "attn_qkv.bias",
+            ["attn_q.bias", "attn_k.bias", "attn_v.bias"].as_slice(),
+        ));
+        let qkv = self.projections(
+            h,
+            l,
+            ("attn_qkv.weight", &["attn_q.weight", "attn_k.weight", "attn_v.weight"]),
+            &[nh * d, nkv * d, nkv * d],
+            biases,
+        );
+        let [q, k, v] = &qkv[..] else {
+            kv_core::error::invariant("three attention projections")
+        };
+        let q = self.b.reshape_static(q, &[r, nh, d]);
+        let k = self.b.reshape_static(k, &[r, nkv, d]);
+        let v = self.b.reshape_static(v, &[r, nkv, d]);
+        let (q, k) = if arch.qk_norm && r <= NORM_ROPE_MAX_ROWS {
+            (
+                self.norm_rope(&q, &p("attn_q_norm.weight"), cos, sin),
+                self.norm_rope(&k, &p("attn_k_norm.weight"), cos, sin),
+            )
+        } else if arch.qk_norm {
+            let q = self.norm_param(&q, &p("attn_q_norm.weight"));
+            let k = self.norm_param(&k, &p("attn_k_norm.weight"));
+            (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
+        } else {
+            (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
+        };
+        let q = self.b.scale(&q, arch.query_scale);
+        (q, k, v)
     }
 
     /// `0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³)))`
@@ -1361,7 +1554,7 @@ impl FuncEmitter<'_> {
     fn logits(&mut self, x: &V) -> V {
         let y = self.norm_param(x, OUTPUT_NORM);
         let table = if self.arch.tied_output { TOKEN_EMBD } else { OUTPUT };
-        self.proj(&y, table, None)
+        self.proj(&y, table)
     }
 
     /// The logits `[1, vocab]` of the row picked by the one-hot `select [1, R]` (or of the only row).

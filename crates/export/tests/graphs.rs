@@ -12,6 +12,8 @@ use std::time::Instant;
 use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
 use common::{assert_layers_close, GraphSession};
 use export::{export_artifacts, ExportOptions, Layout, Source};
+use kv_core::irpa::IrpaArchive;
+use kv_core::params::layer_param;
 use kv_core::{Graph, KvBackend, Manifest, RedecodeBackend, WindowRule};
 
 /// A fixture as a model directory, materialized here: `export` reads fixture names only with its
@@ -46,12 +48,19 @@ fn same_token(what: &str, graph: i32, reference: &ReferenceKv) -> i32 {
 }
 
 /// Exports `source` (CPU + Vulkan) into `out` and runs the whole comparison on both devices.
-fn export_and_compare(source: Source, out: &Path, layout: Layout, compile_flags: &[&str]) -> Manifest {
+fn export_and_compare(
+    source: Source,
+    out: &Path,
+    layout: Layout,
+    compile_flags: &[&str],
+    fuse_projections: bool,
+) -> Manifest {
     let options = ExportOptions {
         compile_flags: compile_flags.iter().map(|s| s.to_string()).collect(),
         prefill_seq: Some(PREFILL_SEQ),
         redecode_seq: Some(REDECODE_SEQ),
         layout,
+        fuse_projections,
         ..ExportOptions::default()
     };
     let t = Instant::now();
@@ -130,8 +139,23 @@ fn export_and_compare(source: Source, out: &Path, layout: Layout, compile_flags:
 #[test]
 fn tiny_gemma3_shared_module() {
     let dir = tempfile::tempdir().unwrap();
-    let m = export_and_compare(fixture_source("tiny-gemma3:7"), dir.path(), Layout::Shared, &[]);
+    let source = fixtures::materialize("tiny-gemma3:7").unwrap();
+    let m = export_and_compare(Source::Dir(source.clone()), dir.path(), Layout::Shared, &[], true);
     assert_eq!(m.spec.n_kv_heads, 1);
+    // Each layer's Q/K/V is one matrix in the archive: the source's three, row after row.
+    assert!(m.fused_projections);
+    let src = IrpaArchive::open(source.join(Manifest::load(&source).unwrap().weights_file().unwrap())).unwrap();
+    let out = IrpaArchive::open(dir.path().join(m.weights_file().unwrap())).unwrap();
+    for l in 0..m.spec.n_layers {
+        let part = |s: &str| src.data(&layer_param(l, s)).unwrap().to_vec();
+        let want = [part("attn_q.weight"), part("attn_k.weight"), part("attn_v.weight")].concat();
+        assert_eq!(
+            out.data(&layer_param(l, "attn_qkv.weight")).unwrap(),
+            &want[..],
+            "layer {l}"
+        );
+        assert!(out.get(&layer_param(l, "attn_q.weight")).is_none());
+    }
     assert_eq!(m.spec.mask_head_count(), m.spec.n_heads, "per-head chunk mask covered");
     assert_eq!(m.provenance.compiler.as_deref(), Some("iree-base-compiler 3.13.0"));
     let files: std::collections::BTreeSet<_> = m.modules["vulkan"].values().collect();
@@ -146,6 +170,7 @@ fn tiny_gemma3_gqa_shared_module() {
         dir.path(),
         Layout::Shared,
         NO_HOISTING,
+        true,
     );
     assert_eq!((m.spec.n_kv_heads, m.spec.mask_head_count()), (2, 1));
 }
@@ -176,7 +201,9 @@ fn tiny_llama_three_archives_reordered_manifest() {
     }
     m.save(&src).unwrap();
     let out = dir.path().join("out");
-    let got = export_and_compare(Source::Dir(src), &out, Layout::Three, NO_HOISTING);
+    // (and the projections apart, as the source stores them: that archive form is covered too)
+    let got = export_and_compare(Source::Dir(src), &out, Layout::Three, NO_HOISTING, false);
+    assert!(!got.fused_projections);
 
     assert_eq!(
         got.with_past_args.as_ref().unwrap().first(),

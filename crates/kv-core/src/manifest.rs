@@ -370,6 +370,10 @@ pub struct Manifest {
     /// for them ([`CacheType`]); absent: f32.
     #[serde(default, skip_serializing_if = "CacheType::is_f32")]
     pub cache_type: CacheType,
+    /// Ours: the archive stores the projections that read one input as one matrix each
+    /// ([`crate::params::FUSED_PROJECTIONS`], where their parts' formats agree); absent: apart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fused_projections: bool,
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
@@ -682,6 +686,7 @@ impl Manifest {
             quantization: None,
             matmul_input: MatmulInput::F32,
             cache_type: CacheType::F32,
+            fused_projections: false,
             modules: BTreeMap::new(),
             encoded_parameters: BTreeMap::new(),
             provenance: Provenance::default(),

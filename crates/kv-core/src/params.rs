@@ -3,6 +3,7 @@
 //! keeps its names. Matrices are `[out, in]`, row-major (a projection is `x · Wᵀ`). Norm weights
 //! are multiplied as stored: Gemma's `1 + w` is folded in before they are written.
 
+use crate::quant::{QuantFormat, Quantization};
 use crate::spec::{Architecture, KvSpec};
 
 pub const TOKEN_EMBD: &str = "token_embd.weight";
@@ -80,4 +81,186 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
         });
     }
     table
+}
+
+/// Per-layer projections that read the same input, and the one matrix (or bias) each group is
+/// stored as in a fused archive (`Manifest::fused_projections`): the parts' rows one after the
+/// other, in this order. One matrix is one product in the graphs: on a GPU's decode step, where
+/// every dispatch costs ~14 µs whatever its size, two of a layer's seven projections fewer (and
+/// Gemma's Q/K norms then one dispatch, `docs/benchmarks.md`). The gate/up pair is not fused:
+/// its activation reads two slices of a fused product, so IREE no longer fuses it into the up
+/// projection, and the step had as many dispatches as before.
+pub const FUSED_PROJECTIONS: &[(&str, &[&str])] = &[
+    ("attn_qkv.weight", &["attn_q.weight", "attn_k.weight", "attn_v.weight"]),
+    ("attn_qkv.bias", &["attn_q.bias", "attn_k.bias", "attn_v.bias"]),
+];
+
+/// A fused parameter of `table`: its name and its parts, in row order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedParam {
+    pub name: String,
+    pub parts: Vec<ParamInfo>,
+}
+
+/// `table` with each group of [`FUSED_PROJECTIONS`] whose parts are all present and stored alike
+/// under `quant` (all unquantized, or all in one format) replaced by its fused parameter, at the
+/// first part's place; and the fused parameters. Parts stored differently stay apart.
+pub fn fuse_projections(
+    table: &[ParamInfo],
+    n_layers: usize,
+    quant: Option<&Quantization>,
+) -> (Vec<ParamInfo>, Vec<FusedParam>) {
+    let format = |name: &str| -> Option<QuantFormat> { quant.and_then(|q| q.format_of(name)) };
+    let index: std::collections::HashMap<&str, usize> =
+        table.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
+    let mut replaced: std::collections::HashMap<usize, Option<ParamInfo>> = std::collections::HashMap::new();
+    let mut fused = Vec::new();
+    for l in 0..n_layers {
+        for (name, parts) in FUSED_PROJECTIONS {
+            let at: Option<Vec<usize>> = parts
+                .iter()
+                .map(|s| index.get(layer_param(l, s).as_str()).copied())
+                .collect();
+            let Some(at) = at else { continue };
+            let first = format(&table[at[0]].name);
+            if at.iter().any(|&i| format(&table[i].name) != first) {
+                continue;
+            }
+            let parts: Vec<ParamInfo> = at.iter().map(|&i| table[i].clone()).collect();
+            let mut shape = parts[0].shape.clone();
+            if parts.iter().any(|p| p.shape[1..] != shape[1..]) {
+                continue;
+            }
+            shape[0] = parts.iter().map(|p| p.shape[0]).sum();
+            let info = ParamInfo {
+                name: layer_param(l, name),
+                shape,
+            };
+            replaced.insert(at[0], Some(info.clone()));
+            for &i in &at[1..] {
+                replaced.insert(i, None);
+            }
+            fused.push(FusedParam { name: info.name, parts });
+        }
+    }
+    let out = table
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| match replaced.get(&i) {
+            None => Some(p.clone()),
+            Some(r) => r.clone(),
+        })
+        .collect();
+    (out, fused)
+}
+
+/// The parameters an archive written for `spec`, `arch` and `quant` holds: [`parameter_table`],
+/// fused by [`fuse_projections`] when `fused` (`Manifest::fused_projections`). `quant` may be
+/// the source's, which names the parts, or the fused archive's ([`Quantization::fuse`]): both
+/// give the same groups.
+pub fn archive_table(
+    spec: &KvSpec,
+    arch: &Architecture,
+    quant: Option<&Quantization>,
+    fused: bool,
+) -> (Vec<ParamInfo>, Vec<FusedParam>) {
+    let table = parameter_table(spec, arch);
+    if fused {
+        fuse_projections(&table, spec.n_layers, quant)
+    } else {
+        (table, Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: String, shape: &[usize]) -> ParamInfo {
+        ParamInfo {
+            name,
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Two layers of 8 wide, 2 query heads and 1 KV head of 4, with biases.
+    fn table() -> Vec<ParamInfo> {
+        let mut t = vec![info(TOKEN_EMBD.into(), &[16, 8])];
+        for l in 0..2 {
+            for (s, shape) in [
+                ("attn_norm.weight", &[8][..]),
+                ("attn_q.weight", &[8, 8]),
+                ("attn_k.weight", &[4, 8]),
+                ("attn_v.weight", &[4, 8]),
+                ("attn_q.bias", &[8]),
+                ("attn_k.bias", &[4]),
+                ("attn_v.bias", &[4]),
+                ("ffn_gate.weight", &[12, 8]),
+            ] {
+                t.push(info(layer_param(l, s), shape));
+            }
+        }
+        t
+    }
+
+    fn names(t: &[ParamInfo]) -> Vec<&str> {
+        t.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn each_group_becomes_one_parameter_at_its_first_part() {
+        let (fused_table, fused) = fuse_projections(&table(), 2, None);
+        let mut want = vec![TOKEN_EMBD.to_string()];
+        for l in 0..2 {
+            for s in [
+                "attn_norm.weight",
+                "attn_qkv.weight",
+                "attn_qkv.bias",
+                "ffn_gate.weight",
+            ] {
+                want.push(layer_param(l, s));
+            }
+        }
+        assert_eq!(names(&fused_table), want);
+        assert_eq!(fused_table[2].shape, [16, 8]);
+        assert_eq!(fused_table[3].shape, [16]);
+        assert_eq!(fused.len(), 4);
+        assert_eq!(
+            names(&fused[0].parts),
+            ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"]
+        );
+    }
+
+    #[test]
+    fn parts_stored_differently_stay_apart_and_the_formats_follow_the_fused() {
+        let mut q = Quantization::default();
+        for l in 0..2 {
+            q.tensors.insert(layer_param(l, "attn_q.weight"), QuantFormat::Q8);
+            q.tensors.insert(layer_param(l, "attn_k.weight"), QuantFormat::Q8);
+            q.origin.insert(layer_param(l, "attn_q.weight"), "gguf Q8_0".into());
+        }
+        // Layer 1's value projection in the same format as its query and key ones, layer 0's not.
+        q.tensors.insert(layer_param(1, "attn_v.weight"), QuantFormat::Q8);
+        let (t, fused) = fuse_projections(&table(), 2, Some(&q));
+        let n = names(&t);
+        assert!(n.contains(&"blk.0.attn_q.weight") && n.contains(&"blk.0.attn_v.weight"));
+        assert!(!n.contains(&"blk.0.attn_qkv.weight"));
+        assert!(n.contains(&"blk.0.attn_qkv.bias"), "the biases are never quantized");
+        assert!(n.contains(&"blk.1.attn_qkv.weight") && !n.contains(&"blk.1.attn_q.weight"));
+
+        let mut fused_q = q.clone();
+        fused_q.fuse(&fused);
+        assert_eq!(fused_q.format_of("blk.1.attn_qkv.weight"), Some(QuantFormat::Q8));
+        assert_eq!(fused_q.format_of("blk.1.attn_q.weight"), None);
+        assert_eq!(
+            fused_q.format_of("blk.0.attn_q.weight"),
+            Some(QuantFormat::Q8),
+            "layer 0 stays apart"
+        );
+        assert_eq!(fused_q.origin["blk.1.attn_qkv.weight"], "gguf Q8_0");
+        // The fused archive's own formats give the same table.
+        let (again, _) = fuse_projections(&table(), 2, Some(&fused_q));
+        assert_eq!(again, t);
+        assert!(!fused_q.tensors.contains_key("blk.1.attn_v.weight"));
+    }
 }

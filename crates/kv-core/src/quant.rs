@@ -158,6 +158,25 @@ impl Quantization {
         self.tensors.get(name).copied()
     }
 
+    /// The formats of an archive whose `fused` parameters replace their parts (each fused one
+    /// in its parts' common format, `crate::params::fuse_projections`).
+    pub fn fuse(&mut self, fused: &[crate::params::FusedParam]) {
+        for f in fused {
+            let format = self.tensors.remove(&f.parts[0].name);
+            for p in &f.parts[1..] {
+                self.tensors.remove(&p.name);
+            }
+            if let Some(format) = format {
+                self.tensors.insert(f.name.clone(), format);
+            }
+            let mut origins: Vec<String> = f.parts.iter().filter_map(|p| self.origin.remove(&p.name)).collect();
+            origins.dedup();
+            if !origins.is_empty() {
+                self.origin.insert(f.name.clone(), origins.join("; "));
+            }
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.block != BLOCK {
             return Err(Error::manifest(

@@ -104,6 +104,17 @@ pub struct ExportArgs {
     /// records it and the reference then rounds the same rows.
     #[arg(long, value_enum, default_value = "f32")]
     cache_type: CacheTypeChoice,
+    /// How the archive stores each layer's Q/K/V projections: `fused`, one matrix (one product
+    /// in the graphs: fewer GPU dispatches; the manifest says `fusedProjections`), or `apart`,
+    /// the source's three.
+    #[arg(long, value_enum, default_value = "fused")]
+    projections: ProjectionsChoice,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ProjectionsChoice {
+    Fused,
+    Apart,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -206,6 +217,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             CacheTypeChoice::F32 => CacheType::F32,
             CacheTypeChoice::F16 => CacheType::F16,
         },
+        fuse_projections: args.projections == ProjectionsChoice::Fused,
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&source, &args.out, &options)?;
