@@ -10,3 +10,19 @@ export SKAINET_KV_CACHE=$PWD/$D/cache
 TWIN=gemma3-270m-shape:1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $D/bin/skainet-kv inspect --model $TWIN >/dev/null # generates the twin's archive
+
+# The archive of the variant in $D/$1 beside its modules: the twin's own when the export keeps
+# the source's parameters, else the one the same export writes there (fused projections), with
+# the carried modules standing in for the compiler (carried-compiler.sh).
+twin_archive() {
+  local v=$D/$1
+  if ! grep -q '"fusedProjections": true' $v/manifest.json; then
+    ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $v/model.irpa
+    return
+  fi
+  local tmp=$v.export
+  rm -rf $tmp
+  IREE_COMPILE=$PWD/scripts/h200/carried-compiler.sh CARRIED_MODULES=$v \
+    xargs -a $v/export-args.txt -d '\n' $D/bin/skainet-kv export --model $TWIN --out $tmp >/dev/null &&
+    mv $tmp/model.irpa $v/model.irpa && rm -rf $tmp
+}

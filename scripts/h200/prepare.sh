@@ -14,12 +14,22 @@ mkdir -p $D/bin $D/tools $D/cache/artifacts .gl
 cp target/release/skainet-kv $D/bin/
 cp .tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/{iree-benchmark-module,iree-profile} $D/tools/
 
+# BIN: the binary that exports (another build's, for a before/after of the graphs).
+BIN=${BIN:-./target/release/skainet-kv}
 export_twin() { # name, then export flags
   local name=$1; shift
   local tmp; tmp=$(mktemp -d)
-  ./target/release/skainet-kv export --model $TWIN --out "$tmp" "$@"
+  $BIN export --model $TWIN --out "$tmp" "$@"
   rm -rf "${D:?}/$name" && mkdir -p "$D/$name"
   cp "$tmp"/*.vmfb "$tmp"/manifest.json "$D/$name/"
+  # What the device needs to write an export's own archive (fused projections: not the twin's
+  # source archive) with the same binary: the flags, and each module's MLIR digest
+  # (carried-compiler.sh, device-env.sh's twin_archive).
+  printf '%s\n' "$@" >"$D/$name/export-args.txt"
+  for m in "$tmp"/*.vmfb; do
+    local stem; stem=$(basename "$m" .vmfb)
+    sha256sum "$tmp/${stem%%.*}.mlir" | cut -d' ' -f1 >"$D/$name/$stem.mlir.sha256"
+  done
   rm -rf "$tmp"
 }
 # VARIANTS picks a subset (each export of the twin takes minutes on a small machine).
@@ -29,6 +39,8 @@ for v in $VARIANTS; do
   case $v in
     packed) export_twin packed --targets vulkan ;;
     i16-ampere) export_twin i16-ampere --targets vulkan --weights i16 --vulkan-target ampere ;;
+    # Q/K/V apart in the archive, as the source stores them (`export --projections apart`).
+    i16-ampere-apart) export_twin i16-ampere-apart --targets vulkan --weights i16 --vulkan-target ampere --projections apart ;;
     i16-ampere-v2) export_twin i16-ampere-v2 --targets vulkan --weights i16 --vulkan-target ampere --contract 2 ;;
     # The prefill graph without its token-less variants (prefill-spans.sh).
     i16-ampere-v2-nospans) export_twin i16-ampere-v2-nospans --targets vulkan --weights i16 --vulkan-target ampere \
@@ -58,6 +70,7 @@ import glob, os, re, subprocess, sys
 d = sys.argv[1]
 for vmfb in sorted(glob.glob(f"{d}/*/gemma.*.vmfb")):
     dump = subprocess.run(["iree-dump-module", vmfb], capture_output=True, text=True).stdout
+    # (`sync func` or, for async exports, `async func`)
     decl = next((l for l in dump.splitlines() if "sync func @gemma_with_past(" in l), None)
     if decl is None:
         continue

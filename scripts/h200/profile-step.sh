@@ -3,14 +3,14 @@
 # an in-context HAL dispatch-events profile of the bare step (`gemma_with_past`, v1 at past 200 /
 # v2 at pos 200) of each Vulkan variant in .cache/device, to tell GPU time from gaps between
 # submissions. Run with the device tool: `bash scripts/h200/profile-step.sh`, carry
-# [".cache/device", ".gl"]; profiles and summaries land in $OUT.
+# [".cache/device", ".gl"]; profiles and summaries land in $OUT. VARIANTS picks the variants.
 set -u
 source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-for v in i16-ampere i16-ampere-v2; do
+for v in ${VARIANTS:-i16-ampere i16-ampere-v2}; do
   [ -d $D/$v ] || continue
-  ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa
+  twin_archive $v
   M=$(ls $D/$v/*.vmfb)
   echo "== $v: bare step, median of 5"
   timeout 90 $D/tools/iree-benchmark-module --device=vulkan --module="$M" --parameters=model=$D/$v/model.irpa \

@@ -852,10 +852,10 @@ impl FuncEmitter<'_> {
 
     /// `rope(rmsnorm(x, w))` on `x [R, heads, d]` (Gemma's per-head Q/K norms), with the norm's
     /// per-head factor `rsqrt(mean(x²) + eps)` applied last: it is constant within a head, so
-    /// it commutes with the rotation. Then the rotation reads only `x` and the weight, and IREE
-    /// forms the reduction and everything after it as one dispatch (the rotation of the
-    /// normalized tensor was three: the normalization, a copy of it, the rotation). Equal to
-    /// the two steps up to float rounding.
+    /// it commutes with the rotation. Then the rotation reads only `x` and the weight: two
+    /// dispatches, the reduction and everything after it (the rotation of the normalized tensor
+    /// was three: the normalization, a copy of it, the rotation). Equal to the two steps up to
+    /// float rounding.
     fn norm_rope(&mut self, x: &V, w: &str, cos: &V, sin: &V) -> V {
         let w = self.param(w);
         let d = x.ty.static_dims()[2];
@@ -866,6 +866,8 @@ impl FuncEmitter<'_> {
         let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
         let var = self.b.add(&mean, &eps);
         let r = self.b.unary("rsqrt", &var);
+        // Two dispatches, as in `qkv_norm_rope`: fused, a key head's took 35 µs on the H200.
+        let r = self.b.barrier(&r);
         // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin: each factor read from an input of the
         // dispatch (a swap of an intermediate product is materialised first).
         let halves = self.b.reshape_static(&w, &[2, d / 2]);
@@ -1448,39 +1450,42 @@ impl FuncEmitter<'_> {
         let scale = self.b.select(&is_q, &scale, &one);
         let norm = self.b.select(&rotated_heads, &norm, &one);
         let factor = self.b.mul(&norm, &scale);
-        // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin, as in `norm_rope`; a value head's w and
-        // cos are 1, its sin 0.
+        // The reduction and what follows it as two dispatches: fused, IREE's SPIR-V code ran
+        // the elementwise part at the reduction's parallelism (51 µs a layer on the H200,
+        // against ~10 + 10 µs for the two; `docs/benchmarks.md`, session 14).
+        let factor = self.b.barrier(&factor);
+        // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin, as in `norm_rope`; a value head is `y`.
+        // Every select picks between terms that read `y`: a select between the weights' (or the
+        // constant rotary tables') broadcasts alone is a constant expression, which IREE
+        // hoisted per function and row count (`[128, 6, 256]` f32: ~100 MB more RSS on the CPU).
         let wide = |b: &mut Body, m: &V| b.broadcast(m, &[0, 1], &y.ty.with_elem(Elem::I1));
         let (is_q, rotated) = (wide(&mut self.b, &is_q), wide(&mut self.b, &rotated_heads));
-        let ones = self.b.splat_f32(1.0, &y.ty);
         let zeros = self.b.splat_f32(0.0, &y.ty);
-        let weights = |this: &mut Self, swapped: bool| {
-            let mut per = |name: &str| {
+        let swapped = self.swap_halves(y);
+        let weighted = |this: &mut Self, x: &V, swapped_weights: bool, value_head: &V| {
+            let mut times = |name: &str| {
                 let w = this.param(&layer_param(l, name));
-                let w = if swapped {
+                let w = if swapped_weights {
                     let halves = this.b.reshape_static(&w, &[2, d / 2]);
                     let w = this.b.reverse(&halves, &[0]);
                     this.b.reshape_static(&w, &[d])
                 } else {
                     w
                 };
-                this.b.broadcast(&w, &[2], &y.ty)
+                let wb = this.b.broadcast(&w, &[2], &y.ty);
+                this.b.mul(x, &wb)
             };
-            let wq = per("attn_q_norm.weight");
-            let wk = per("attn_k_norm.weight");
-            let wk = this.b.select(&rotated, &wk, &ones);
-            this.b.select(&is_q, &wq, &wk)
+            let xq = times("attn_q_norm.weight");
+            let xk = times("attn_k_norm.weight");
+            let xk = this.b.select(&rotated, &xk, value_head);
+            this.b.select(&is_q, &xq, &xk)
         };
-        let w = weights(self, false);
-        let ws = weights(self, true);
+        let yw = weighted(self, y, false, y);
+        let sw = weighted(self, &swapped, true, &zeros);
         let cb = self.b.broadcast(cos, &[0, 2], &y.ty);
-        let cb = self.b.select(&rotated, &cb, &ones);
         let sb = self.b.broadcast(sin, &[0, 2], &y.ty);
-        let sb = self.b.select(&rotated, &sb, &zeros);
-        let yw = self.b.mul(y, &w);
         let a = self.b.mul(&yw, &cb);
-        let swapped = self.swap_halves(y);
-        let sw = self.b.mul(&swapped, &ws);
+        let a = self.b.select(&rotated, &a, &yw);
         let s = self.b.mul(&sw, &sb);
         let sum = self.b.add(&a, &s);
         let fb = self.b.broadcast(&factor, &[0, 1], &y.ty);
