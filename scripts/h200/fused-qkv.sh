@@ -14,7 +14,7 @@ B=$D/bin/skainet-kv
 ALL="i16-ampere-s13 i16-ampere-apart i16-ampere i16-ampere-v2-s13 i16-ampere-v2"
 VARIANTS=$(for v in $ALL; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do twin_archive $v || echo "== $v: no archive"; done
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-2}); do
   for v in $VARIANTS; do
     echo "== round $round, $v"
     timeout 200 $B bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 \

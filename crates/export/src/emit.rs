@@ -852,10 +852,10 @@ impl FuncEmitter<'_> {
 
     /// `rope(rmsnorm(x, w))` on `x [R, heads, d]` (Gemma's per-head Q/K norms), with the norm's
     /// per-head factor `rsqrt(mean(x²) + eps)` applied last: it is constant within a head, so
-    /// it commutes with the rotation. Then the rotation reads only `x` and the weight: two
-    /// dispatches, the reduction and everything after it (the rotation of the normalized tensor
-    /// was three: the normalization, a copy of it, the rotation). Equal to the two steps up to
-    /// float rounding.
+    /// it commutes with the rotation. Then the rotation reads only `x` and the weight, and IREE
+    /// forms the reduction and everything after it as one dispatch (the rotation of the
+    /// normalized tensor was three: the normalization, a copy of it, the rotation). Equal to
+    /// the two steps up to float rounding.
     fn norm_rope(&mut self, x: &V, w: &str, cos: &V, sin: &V) -> V {
         let w = self.param(w);
         let d = x.ty.static_dims()[2];
@@ -866,8 +866,6 @@ impl FuncEmitter<'_> {
         let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
         let var = self.b.add(&mean, &eps);
         let r = self.b.unary("rsqrt", &var);
-        // Two dispatches, as in `qkv_norm_rope`: fused, a key head's took 35 µs on the H200.
-        let r = self.b.barrier(&r);
         // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin: each factor read from an input of the
         // dispatch (a swap of an intermediate product is materialised first).
         let halves = self.b.reshape_static(&w, &[2, d / 2]);
@@ -1450,10 +1448,6 @@ impl FuncEmitter<'_> {
         let scale = self.b.select(&is_q, &scale, &one);
         let norm = self.b.select(&rotated_heads, &norm, &one);
         let factor = self.b.mul(&norm, &scale);
-        // The reduction and what follows it as two dispatches: fused, IREE's SPIR-V code ran
-        // the elementwise part at the reduction's parallelism (51 µs a layer on the H200,
-        // against ~10 + 10 µs for the two; `docs/benchmarks.md`, session 14).
-        let factor = self.b.barrier(&factor);
         // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin, as in `norm_rope`; a value head is `y`.
         // Every select picks between terms that read `y`: a select between the weights' (or the
         // constant rotary tables') broadcasts alone is a constant expression, which IREE

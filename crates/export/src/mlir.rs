@@ -499,14 +499,6 @@ impl Body {
 
     // ---- elementwise -----------------------------------------------------------------------
 
-    /// `x` unchanged, but materialized: IREE fuses nothing across it.
-    pub fn barrier(&mut self, x: &V) -> V {
-        self.op(
-            x.ty.clone(),
-            format!("stablehlo.optimization_barrier {} : {}", x.name, x.ty.text()),
-        )
-    }
-
     pub fn unary(&mut self, op: &str, x: &V) -> V {
         self.op(x.ty.clone(), format!("stablehlo.{op} {} : {}", x.name, x.ty.text()))
     }
