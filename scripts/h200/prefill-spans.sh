@@ -10,7 +10,7 @@
 set -u
 source "$(dirname "$0")/device-env.sh"
 VARIANTS=$(for v in i16-ampere-v2-old i16-ampere-v2-nospans i16-ampere-v2; do [ -d $D/$v ] && echo $v; done)
-for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+for v in $VARIANTS; do twin_archive $v; done
 ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')
 for round in 1 2; do
   for v in $VARIANTS; do

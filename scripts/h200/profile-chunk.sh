@@ -32,8 +32,9 @@ FLAGS=(--iree-input-type=stablehlo --iree-hal-target-device=vulkan --iree-vulkan
 mkdir -p "$WORK"
 
 if [ ! -f "$WORK/v2/manifest.json" ]; then
+  # (projections apart: the device links the twin's own archive, profile-chunk-device.sh)
   ./target/release/skainet-kv export --model $TWIN --out "$WORK/v2" --targets vulkan --weights i16 \
-    --vulkan-target ampere --contract 2
+    --vulkan-target ampere --contract 2 --projections apart
 fi
 python3 - "$WORK/v2/manifest.json" <<'PY'
 import json, sys

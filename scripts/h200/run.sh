@@ -3,7 +3,7 @@
 set -u
 source "$(dirname "$0")/device-env.sh"
 VARIANTS=$(for v in packed i16-ampere i16-ampere-v2 cpu cpu-v2; do [ -d $D/$v ] && echo $v; done)
-for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+for v in $VARIANTS; do twin_archive $v; done
 echo "== demo, tiny model, vulkan then reference"
 $D/bin/skainet-kv demo --backend iree-vulkan 2>&1 | tail -4
 $D/bin/skainet-kv demo --backend reference 2>&1 | tail -4

@@ -9,7 +9,7 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 B=$D/bin/skainet-kv
 VARIANTS=$(for v in i16-ampere-nr i16-ampere-as i16-ampere-v2-nr i16-ampere-v2-as; do [ -d $D/$v ] && echo $v; done)
-for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+for v in $VARIANTS; do twin_archive $v; done
 for round in 1 2; do
   for v in $VARIANTS; do
     echo "== round $round, $v"

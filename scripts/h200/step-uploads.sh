@@ -12,7 +12,7 @@ source "$(dirname "$0")/device-env.sh"
 BINS=${BINS:-skainet-kv skainet-kv-up}
 LAST=${BINS##* }
 VARIANTS=$(for v in i16-ampere-nr i16-ampere-v2-nr; do [ -d $D/$v ] && echo $v; done)
-for v in $VARIANTS; do ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $D/$v/model.irpa; done
+for v in $VARIANTS; do twin_archive $v; done
 for round in 1 2; do
   for v in $VARIANTS; do
     for bin in $BINS; do

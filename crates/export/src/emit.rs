@@ -1394,22 +1394,14 @@ impl FuncEmitter<'_> {
         }
         let x = self.b.add(x, &a);
         let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
-        let f = arch.ffn_size;
-        let gate_up = self.projections(
-            &h2,
-            l,
-            ("ffn_gate_up.weight", &["ffn_gate.weight", "ffn_up.weight"]),
-            &[f, f],
-            None,
-        );
-        let [g, u] = &gate_up[..] else {
-            kv_core::error::invariant("two feed-forward projections")
-        };
+        // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
+        let g = self.proj(&h2, &p("ffn_gate.weight"));
+        let u = self.proj(&h2, &p("ffn_up.weight"));
         let act = match arch.activation {
-            Activation::GeluTanh => self.gelu_tanh(g),
-            Activation::Silu => self.silu(g),
+            Activation::GeluTanh => self.gelu_tanh(&g),
+            Activation::Silu => self.silu(&g),
         };
-        let gu = self.b.mul(&act, u);
+        let gu = self.b.mul(&act, &u);
         let mut m = self.proj(&gu, &p("ffn_down.weight"));
         if arch.post_norms {
             m = self.norm_param(&m, &p("post_ffw_norm.weight"));
@@ -1420,8 +1412,11 @@ impl FuncEmitter<'_> {
 
     /// [`Self::qkv_apart`]'s Q/K norms, rotation and query scale as one expression over the
     /// fused product `y [R, nHeads + 2·nKV, d]` (query heads, key heads, value heads), the value
-    /// heads passed through: one reduction and one elementwise dispatch per layer where the
-    /// queries and keys apart took three (their slices of the product split the keys' in two).
+    /// heads passed through. IREE makes it a reduction dispatch and an elementwise one: on the
+    /// H200 ~20 µs a layer, where the queries and keys apart took ~54 (three dispatches; the
+    /// keys' norm and rotation fused into one, which IREE's SPIR-V code runs at the reduction's
+    /// parallelism), and a form it fused into one dispatch took 51 (`docs/benchmarks.md`,
+    /// session 14).
     fn qkv_norm_rope(&mut self, y: &V, l: usize, cos: &V, sin: &V) -> V {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let [r, heads, _] = y.ty.static_dims()[..] else {
