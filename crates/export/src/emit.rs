@@ -1308,31 +1308,15 @@ impl FuncEmitter<'_> {
     }
 
     /// [`Self::attention`] of one query row `q [1, nHeads, d]` over a single KV head's `k, v
-    /// [1, 1, T, d]` (Gemma 3 270M's, in the decode step): the heads are the rows of a product
+    /// [1, 1, T, d]`, every row visible (Gemma 3 270M's decode step): the heads are the rows of a product
     /// batched over the two unit dimensions, so no unit dimension of the dynamic cache is
     /// dropped. Dropping them (a one-term sum: dynamic reshapes do not lower) made IREE build
     /// each layer's `past + 1` concatenation twice, the returned cache and a summed copy for the
     /// attention: 36 of a step's dispatches on FunctionGemma's geometry.
-    fn single_row_attention(&mut self, q: &V, k: &V, v: &V, mask: MaskIn) -> V {
+    fn single_row_attention(&mut self, q: &V, k: &V, v: &V) -> V {
         let (nh, d) = (self.spec.n_heads, self.spec.head_dim);
         let q4 = self.b.reshape_static(q, &[1, 1, nh, d]);
         let scores = self.b.dot(&q4, k, (&[0, 1], &[0, 1]), (&[3], &[3]));
-        let scores = match mask {
-            MaskIn::None => scores,
-            MaskIn::Arg(m) => {
-                // `m [1, mask heads, 1, T]`: one row for every head, or one per head.
-                let (rows, map): (V, &[usize]) = if self.spec.mask_head_count() == 1 {
-                    (self.b.reduce_unit(&m, &[0, 1, 2]), &[3])
-                } else {
-                    (self.b.reduce_unit(&m, &[0, 2]), &[2, 3])
-                };
-                let rows = self.b.broadcast(&rows, map, &scores.ty);
-                self.b.add(&scores, &rows)
-            }
-            MaskIn::InGraph(_) | MaskIn::V2 { .. } => {
-                kv_core::error::invariant("a decode step's v1 mask is an argument or none")
-            }
-        };
         let p = self.softmax_last(&scores);
         let o = self.b.dot(&p, v, (&[0, 1], &[0, 1]), (&[3], &[2]));
         self.b.reshape_static(&o, &[1, nh * d])
@@ -1381,8 +1365,8 @@ impl FuncEmitter<'_> {
                 None => (k_new, v_new),
                 Some((pk, pv)) => (self.b.concat(&[pk, k_new], 2), self.b.concat(&[pv, v_new], 2)),
             };
-            let o = if nkv == 1 && r == 1 && !k_all.ty.is_static() {
-                self.single_row_attention(&q, &k_all, &v_all, mask)
+            let o = if nkv == 1 && r == 1 && !k_all.ty.is_static() && matches!(mask, MaskIn::None) {
+                self.single_row_attention(&q, &k_all, &v_all)
             } else {
                 self.attention(&q, &k_all, &v_all, mask)
             };
