@@ -698,17 +698,23 @@ impl FuncEmitter<'_> {
         )
     }
 
-    /// `x * rsqrt(mean(x²) + eps) * w` over the last axis; `w` is broadcast along the last axis.
-    fn rmsnorm(&mut self, x: &V, w: &V) -> V {
-        let rank = x.ty.rank();
-        let n = x.ty.static_dims()[rank - 1];
+    /// `rsqrt(mean(x²) + eps)` over the last axis of `x`: one factor per row.
+    fn rms_factor(&mut self, x: &V) -> V {
+        let last = x.ty.rank() - 1;
+        let n = x.ty.static_dims()[last];
         let sq = self.b.mul(x, x);
-        let sum = self.b.reduce(&sq, &[rank - 1], Reduce::Add);
+        let sum = self.b.reduce(&sq, &[last], Reduce::Add);
         let count = self.b.splat_f32(n as f32, &sum.ty);
         let mean = self.b.div(&sum, &count);
         let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
         let var = self.b.add(&mean, &eps);
-        let r = self.b.unary("rsqrt", &var);
+        self.b.unary("rsqrt", &var)
+    }
+
+    /// `x * rsqrt(mean(x²) + eps) * w` over the last axis; `w` is broadcast along the last axis.
+    fn rmsnorm(&mut self, x: &V, w: &V) -> V {
+        let rank = x.ty.rank();
+        let r = self.rms_factor(x);
         let keep: Vec<usize> = (0..rank - 1).collect();
         let rb = self.b.broadcast(&r, &keep, &x.ty);
         let y = self.b.mul(x, &rb);
@@ -859,13 +865,7 @@ impl FuncEmitter<'_> {
     fn norm_rope(&mut self, x: &V, w: &str, cos: &V, sin: &V) -> V {
         let w = self.param(w);
         let d = x.ty.static_dims()[2];
-        let sq = self.b.mul(x, x);
-        let sum = self.b.reduce(&sq, &[2], Reduce::Add);
-        let count = self.b.splat_f32(d as f32, &sum.ty);
-        let mean = self.b.div(&sum, &count);
-        let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
-        let var = self.b.add(&mean, &eps);
-        let r = self.b.unary("rsqrt", &var);
+        let r = self.rms_factor(x);
         // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin: each factor read from an input of the
         // dispatch (a swap of an intermediate product is materialised first).
         let halves = self.b.reshape_static(&w, &[2, d / 2]);
@@ -1407,13 +1407,7 @@ impl FuncEmitter<'_> {
             kv_core::error::invariant("the fused product is [R, heads, d]")
         };
         let rows = Ty::fixed(&[r, heads], Elem::F32);
-        let sq = self.b.mul(y, y);
-        let sum = self.b.reduce(&sq, &[2], Reduce::Add);
-        let count = self.b.splat_f32(d as f32, &rows);
-        let mean = self.b.div(&sum, &count);
-        let eps = self.b.splat_f32(self.arch.rms_eps, &rows);
-        let var = self.b.add(&mean, &eps);
-        let norm = self.b.unary("rsqrt", &var);
+        let norm = self.rms_factor(y);
         // Per head: below `nh` a query head, below `nh + nKV` a key head, else a value head.
         let head = self.b.iota(&[r, heads], 1, Elem::I32);
         let below = |b: &mut Body, n: usize| {
