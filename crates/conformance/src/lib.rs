@@ -9,6 +9,8 @@
 //! - [`divergence`]: known divergences, as data keyed by backend with their reason.
 //! - Comparisons use `kv_core::tolerance`'s asserts, shared with every crate's tests.
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub mod crash;
 pub mod divergence;
 pub mod factory;
 #[cfg(feature = "iree")]
@@ -17,6 +19,12 @@ pub mod naive;
 pub mod problems;
 
 pub use factory::{BackendFactory, ReferenceFactory};
+
+/// [`crash::report_fatal_signals`] where the platform has it (Linux, Android), else nothing.
+pub fn report_fatal_signals() {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    crash::report_fatal_signals();
+}
 
 /// Expands every problem of [`problems`] into a `#[test]` for the factory expression `$factory`.
 #[macro_export]
@@ -45,6 +53,7 @@ macro_rules! conformance_suite {
         $(
             #[test]
             fn $problem() {
+                $crate::report_fatal_signals();
                 $crate::problems::$problem(&factory());
             }
         )*
