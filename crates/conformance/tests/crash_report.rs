@@ -2,7 +2,7 @@
 //! (this binary, re-run on one test) faults, says where, and still dies of the signal.
 #![cfg(target_os = "linux")]
 
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 
 const CHILD: &str = "CONFORMANCE_CRASH_CHILD";
@@ -21,13 +21,28 @@ fn child_faults() {
 
 #[test]
 fn a_fault_is_reported_and_still_kills_the_process() {
-    let out = Command::new(std::env::current_exe().unwrap())
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args(["--exact", "child_faults", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+        .env(CHILD, "1");
+    // No core file of the child where core dumps are on. SAFETY: `setrlimit` is
+    // async-signal-safe, as `pre_exec` requires.
+    let out = unsafe {
+        command.pre_exec(|| {
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            match libc::setrlimit(libc::RLIMIT_CORE, &none) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        })
+    }
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc_sigsegv()), "{:?}\n{stderr}", out.status);
+    assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}\n{stderr}", out.status);
     assert!(stderr.contains("=== fatal signal 11 (SIGSEGV) on thread"), "{stderr}");
     assert!(stderr.contains("faulting address 0x8: not mapped\n"), "{stderr}");
     let exe = std::env::current_exe().unwrap();
@@ -42,8 +57,4 @@ fn a_fault_is_reported_and_still_kills_the_process() {
         stderr.contains("child_faults"),
         "the backtrace names the faulting test: {stderr}"
     );
-}
-
-fn libc_sigsegv() -> i32 {
-    11
 }
