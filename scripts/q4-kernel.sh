@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 15's lever, measured standalone: Gemma 3 270M's q4 LM head (262144 × 640, one row) as the
 # exported graphs write it (`Body::block_contract_q`: a linalg.generic that IREE compiles) against
-# a hand-written AVX-512 kernel (scripts/q4-kernel/q4_matvec_x86_64.c) linked into an IREE
-# dispatch (`hal.executable.objects`, called from a `flow.dispatch`; ROWS=256 rows a workgroup).
-# Same random inputs (f32 scales), both checked against numpy (float64), then
+# our AVX-512 kernel (crates/export/kernels/q4_matvec_x86_64.c, which `--cpu host` q4 exports
+# now call: export::kernels) linked into an IREE dispatch (`hal.executable.objects`, called from a
+# `flow.dispatch`; ROWS=256 rows a workgroup). Same random inputs (f16 scales: the kernel reads
+# them so, the graph's form gets them widened, as its fused producer does), both checked against
+# numpy (float64), then
 # `iree-benchmark-module` medians alternating ROUNDS times on local-task. The weights are
 # function arguments: these dispatches are generic reductions and a custom call, which IREE
 # neither data-tiles nor packs, so arguments stand for the graphs' globals.
@@ -28,7 +30,9 @@ O, NB = 262144, 20
 rng = np.random.default_rng(0)
 rng.standard_normal(NB * 32).astype(np.float32).tofile(f"{w}/x.bin")
 rng.integers(-128, 128, (O, NB, 16), dtype=np.int16).astype(np.int8).tofile(f"{w}/q.bin")
-(rng.random((O, NB)) * 0.01).astype(np.float32).tofile(f"{w}/s.bin")
+s = (rng.random((O, NB)) * 0.01).astype(np.float16)
+s.tofile(f"{w}/s16.bin")
+s.astype(np.float32).tofile(f"{w}/s.bin")
 PY
 
 # The graph's form.
@@ -51,7 +55,7 @@ EOF
 
 # The kernel, and the dispatch that calls it.
 clang -target x86_64-unknown-unknown-eabi-elf -std=c11 -O3 -ffreestanding -fno-stack-protector -fPIC \
-  -mavx512f -mavx512bw -mavx512vl -mfma -c scripts/q4-kernel/q4_matvec_x86_64.c -o "$W/q4_matvec_x86_64.o"
+  -mavx512f -mavx512bw -mavx512vl -mfma -mf16c -c crates/export/kernels/q4_matvec_x86_64.c -o "$W/q4_matvec_x86_64.o"
 Q=$((O * NB * 16)) S=$((O * NB))
 cat >"$W/kernel.mlir" <<EOF
 #x86 = #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {
@@ -69,7 +73,7 @@ module @kernel {
         hal.return %x, %c1, %c1 : index, index, index
       }
       builtin.module {
-        func.func private @q4_matvec_workgroup(memref<${K}xf32>, memref<${Q}xi8>, memref<${S}xf32>, memref<${O}xf32>, index, index, index) attributes {hal.import.static}
+        func.func private @q4_matvec_workgroup(memref<${K}xf32>, memref<${Q}xi8>, memref<${S}xf16>, memref<${O}xf32>, index, index, index) attributes {hal.import.static}
         func.func @q4_matvec() {
           %c0 = arith.constant 0 : index
           %k = arith.constant ${K} : index
@@ -78,17 +82,17 @@ module @kernel {
           %row0 = arith.muli %wg, %n : index
           %x = hal.interface.binding.subspan layout(#layout) binding(0) alignment(64) offset(%c0) flags(ReadOnly) : memref<${K}xf32>
           %q = hal.interface.binding.subspan layout(#layout) binding(1) alignment(64) offset(%c0) flags(ReadOnly) : memref<${Q}xi8>
-          %s = hal.interface.binding.subspan layout(#layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly) : memref<${S}xf32>
+          %s = hal.interface.binding.subspan layout(#layout) binding(2) alignment(64) offset(%c0) flags(ReadOnly) : memref<${S}xf16>
           %o = hal.interface.binding.subspan layout(#layout) binding(3) alignment(64) offset(%c0) : memref<${O}xf32>
-          func.call @q4_matvec_workgroup(%x, %q, %s, %o, %k, %row0, %n) : (memref<${K}xf32>, memref<${Q}xi8>, memref<${S}xf32>, memref<${O}xf32>, index, index, index) -> ()
+          func.call @q4_matvec_workgroup(%x, %q, %s, %o, %k, %row0, %n) : (memref<${K}xf32>, memref<${Q}xi8>, memref<${S}xf16>, memref<${O}xf32>, index, index, index) -> ()
           return
         }
       }
     }
   }
-  func.func @head(%x: tensor<${K}xf32>, %q: tensor<${Q}xi8>, %s: tensor<${S}xf32>) -> tensor<${O}xf32> {
+  func.func @head(%x: tensor<${K}xf32>, %q: tensor<${Q}xi8>, %s: tensor<${S}xf16>) -> tensor<${O}xf32> {
     %rows = arith.constant ${O} : index
-    %0 = flow.dispatch @q4::@x86_64::@q4_matvec[%rows](%x, %q, %s) : (tensor<${K}xf32>, tensor<${Q}xi8>, tensor<${S}xf32>) -> tensor<${O}xf32>
+    %0 = flow.dispatch @q4::@x86_64::@q4_matvec[%rows](%x, %q, %s) : (tensor<${K}xf32>, tensor<${Q}xi8>, tensor<${S}xf16>) -> tensor<${O}xf32>
     return %0 : tensor<${O}xf32>
   }
 }
@@ -101,7 +105,7 @@ iree-compile "$W/graph.mlir" $CPU --iree-opt-level=O3 -o "$W/graph.vmfb"
 iree-compile "$W/kernel.mlir" $CPU --iree-hal-executable-object-search-path="$W" -o "$W/kernel.vmfb" 2>/dev/null
 
 GRAPH_IN=(--input="1x${NB}x32xf32=@$W/x.bin" --input="${O}x${NB}x32xi4=@$W/q.bin" --input="${O}x${NB}xf32=@$W/s.bin")
-KERNEL_IN=(--input="${K}xf32=@$W/x.bin" --input="${Q}xi8=@$W/q.bin" --input="${S}xf32=@$W/s.bin")
+KERNEL_IN=(--input="${K}xf32=@$W/x.bin" --input="${Q}xi8=@$W/q.bin" --input="${S}xf16=@$W/s16.bin")
 iree-run-module --device=local-task --module="$W/graph.vmfb" --function=head "${GRAPH_IN[@]}" --output="@$W/graph.npy" >/dev/null
 iree-run-module --device=local-task --module="$W/kernel.vmfb" --function=head "${KERNEL_IN[@]}" --output="@$W/kernel.npy" >/dev/null
 python - "$W" <<'PY'

@@ -144,3 +144,38 @@ fn iree_cpu_tracks_the_reference_on_quantized_weights() {
         false,
     );
 }
+
+/// On a CPU that runs it, the q4 CPU export above computes its one-row products with our
+/// AVX-512 kernel (`export::kernels`): the agreement checked there is the kernel's.
+#[cfg(feature = "iree")]
+#[test]
+fn q4_cpu_exports_call_the_kernel_where_the_cpu_runs_it() {
+    check_report(
+        &diverge_with(
+            "tiny-llama:3",
+            "reference,iree-cpu",
+            &["--weights", "q4", "--contract", "2", "--reference-input", "artifacts"],
+        ),
+        false,
+    );
+    let root = export::cache_root().unwrap();
+    let calls: usize = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.contains("tiny-llama-3-q4") && name.contains("llvm-cpu-host") && !name.starts_with('.')
+        })
+        .map(|dir| std::fs::read_to_string(dir.join("llama.mlir")).unwrap_or_default())
+        .map(|mlir| mlir.matches("flow.dispatch @q4_matvec_").count())
+        .sum();
+    if export::kernels::host_runs_q4_matvec() {
+        assert!(
+            calls > 0,
+            "no q4 kernel call in the q4 CPU export under {}",
+            root.display()
+        );
+    } else {
+        assert_eq!(calls, 0, "a q4 kernel call in an export for a CPU without AVX-512");
+    }
+}

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, CONTRACT_V2, CONTRACT_VERSION};
 use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
-use kv_core::quant::ScaleType;
+use kv_core::quant::{QuantFormat, ScaleType};
 use kv_core::{Graph, Manifest};
 
 use crate::compile::{compile_with, Target, COMPILER_VERSION};
@@ -488,6 +488,25 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
     // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
     let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
+    // Our q4 kernel (`kernels`) for exports to this very CPU only (no other triple): the module
+    // then runs nowhere without AVX-512, as any `--cpu host` module.
+    let other_triple = options
+        .compile_flags
+        .iter()
+        .chain(options.graph_flags.values().flatten())
+        .any(|f| f.starts_with("--iree-llvmcpu-target-triple"));
+    let q4_kernel = options
+        .targets
+        .iter()
+        .all(|t| matches!(t, Target::Cpu { cpu } if cpu == "host"))
+        && !other_triple
+        && crate::kernels::host_runs_q4_matvec()
+        && quantization
+            .as_ref()
+            .is_some_and(|q| q.scale_type == ScaleType::F16 && q.tensors.values().any(|f| *f == QuantFormat::Q4));
+    if q4_kernel {
+        crate::kernels::build_objects(out_dir)?;
+    }
     // One module text serves every target of the export: forms only the CPU compiles need an
     // export for the CPU alone.
     let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
@@ -500,6 +519,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         fused_dequant: aggressive_fusion(flags),
         bf16_matmul_inputs,
         argmax_by_max: cpu_only,
+        q4_kernel,
     };
     let targets: Vec<Target> = options
         .targets
@@ -536,6 +556,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
                 out: out_dir.join(&file),
                 flags: plan.flags.clone(),
                 encoded,
+                objects: q4_kernel.then(|| out_dir.to_path_buf()),
             });
             let entry = m.modules.entry(target.key()).or_default();
             for g in &plan.graphs {
@@ -591,22 +612,21 @@ struct CompileJob {
     /// (model archive, encoded archive to write) when the module reads encoded weights
     /// ([`crate::encode`]).
     encoded: Option<(PathBuf, PathBuf)>,
+    /// Where the object files of our kernels are ([`crate::kernels`]), when the module calls them.
+    objects: Option<PathBuf>,
 }
 
 impl CompileJob {
     fn run(&self, scope: &str) -> Result<()> {
+        let mut flags = self.flags.clone();
+        if let Some(dir) = &self.objects {
+            flags.push(format!("--iree-hal-executable-object-search-path={}", dir.display()));
+        }
         match &self.encoded {
-            None => compile_with(&self.mlir, &self.target, &self.out, &self.flags),
-            Some((archive, encoded)) => compile_encoded(
-                &self.mlir,
-                &self.target,
-                &self.out,
-                &self.flags,
-                archive,
-                scope,
-                encoded,
-            )
-            .map(|_| ()),
+            None => compile_with(&self.mlir, &self.target, &self.out, &flags),
+            Some((archive, encoded)) => {
+                compile_encoded(&self.mlir, &self.target, &self.out, &flags, archive, scope, encoded).map(|_| ())
+            }
         }
     }
 }

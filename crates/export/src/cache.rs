@@ -41,8 +41,9 @@ const EMITTER_REVISION_V2: u32 = 7;
 /// projections and wherever aggressive fusion is off, hoisting off; 4: i32 words with packed
 /// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets); 6: many-row
 /// projections as a `dot_general` over the blocks (CPU data tiling: mmt4d ukernels); 7: q8 only
-/// (q4's chunk calls were slower so).
-const QUANTIZED_REVISION: u32 = 7;
+/// (q4's chunk calls were slower so); 8: one-row q4 products on x86-64 CPUs with AVX-512 call
+/// our kernel (`export::kernels`).
+const QUANTIZED_REVISION: u32 = 8;
 
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.

@@ -78,6 +78,12 @@ pub struct EmitOptions {
     /// faster on the CPU, not compiled for SPIR-V by IREE 3.13; `false` = the staged two-operand
     /// reduce ([`Body::argmax_rows`]) that every target compiles.
     pub argmax_by_max: bool,
+    /// One-row q4 products (the decode step's, the LM head's) call our AVX-512 kernel
+    /// (`kernels/q4_matvec_x86_64.c`, [`crate::kernels`]) from a `flow.dispatch`, where IREE's
+    /// own code for [`Body::block_contract_q`] took 1.3–1.45× as long (docs/benchmarks.md,
+    /// session 15). x86-64 CPU exports for a CPU with AVX-512 BW and F16C, f16 scales only; the
+    /// module must be compiled with the kernel's object on its search path.
+    pub q4_kernel: bool,
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -535,16 +541,23 @@ impl FuncEmitter<'_> {
             };
             self.load_global(symbol(name), &key, Ty::fixed(&[out, nb, BLOCK], elem))
         };
+        (q, self.load_scales(name))
+    }
+
+    /// The block scales `[out, in/32]` of quantized parameter `name`, as the archive stores them.
+    fn load_scales(&mut self, name: &str) -> V {
+        let shape = &self.table[name].shape;
+        let (out, nb) = (shape[0], shape[1] / BLOCK);
+        let key = self.archive_key(name);
         let scale_elem = match self.options.quantization.as_ref().map(|q| q.scale_type) {
             Some(ScaleType::F16) => Elem::F16,
             _ => Elem::F32,
         };
-        let s = self.load_global(
+        self.load_global(
             format!("{}_scale", symbol(name)),
             &scale_name(&key),
             Ty::fixed(&[out, nb], scale_elem),
-        );
-        (q, s)
+        )
     }
 
     /// Scales `s` as f32: f16 ones widened (exactly) by a `convert` of their own, which IREE fuses
@@ -739,6 +752,8 @@ impl FuncEmitter<'_> {
                 let x4 = self.b.reshape_static(x, &[r, inner / BLOCK, BLOCK / e, e]);
                 let (q, s) = self.load_quant(weight, format);
                 self.b.block_contract_words(&x4, &q, &s, (32 / e) as u32)
+            } else if r == 1 && format == QuantFormat::Q4 && self.options.q4_kernel {
+                self.q4_kernel_product(x, weight)
             } else if r == 1 || !self.options.fused_dequant {
                 // A vector-matrix product (the step, every head): the dequantization in the
                 // contraction's own body, one dispatch whatever the fusion flags.
@@ -772,6 +787,43 @@ impl FuncEmitter<'_> {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
         }
+    }
+
+    /// `x [1, in] · dequant(W)ᵀ` of a q4 parameter `[out, in]` by [`crate::kernels::Q4_MATVEC`]:
+    /// the archive's values as bytes and its f16 scales, flattened, passed to an executable of
+    /// this shape (declared once per module, beside the globals).
+    fn q4_kernel_product(&mut self, x: &V, weight: &str) -> V {
+        let shape = &self.table[weight].shape;
+        let (out, inner) = (shape[0], shape[1]);
+        let key = self.archive_key(weight);
+        let bytes = out * inner / 2;
+        let q = self.load_global(format!("{}_bytes", symbol(weight)), &key, Ty::fixed(&[bytes], Elem::I8));
+        let s = self.load_scales(weight);
+        let scales = out * inner / BLOCK;
+        let s = self.b.reshape_static(&s, &[scales]);
+        let xv = self.b.reshape_static(x, &[inner]);
+        let executable = crate::kernels::q4_matvec_executable(out, inner);
+        self.globals
+            .entry(format!("~{}", executable.name))
+            .or_insert(executable.text);
+        let ty = Ty::fixed(&[out], Elem::F32);
+        let rows = self.b.fresh();
+        self.b.line(format!("{rows} = arith.constant {out} : index"));
+        let o = self.b.op(
+            ty.clone(),
+            format!(
+                "flow.dispatch {}[{rows}]({}, {}, {}) : ({}, {}, {}) -> {}",
+                executable.entry,
+                xv.name,
+                q.name,
+                s.name,
+                xv.ty.text(),
+                q.ty.text(),
+                s.ty.text(),
+                ty.text()
+            ),
+        );
+        self.b.reshape_static(&o, &[1, out])
     }
 
     /// `x [R, in]` through layer `l`'s projections `parts` (of `rows` output rows each) and, when

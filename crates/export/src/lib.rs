@@ -31,6 +31,7 @@ mod cache;
 mod compile;
 mod emit;
 pub mod encode;
+pub mod kernels;
 pub mod mlir;
 
 pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS};

@@ -179,7 +179,7 @@ impl Body {
         self.text
     }
 
-    fn fresh(&mut self) -> String {
+    pub(crate) fn fresh(&mut self) -> String {
         self.next += 1;
         format!("%v{}", self.next)
     }

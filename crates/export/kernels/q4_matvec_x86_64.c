@@ -1,5 +1,6 @@
-// A one-row q4 product for IREE's embedded ELF dispatches (AVX-512; no libc, no globals):
-// out[r] = sum_b s[r, b] * sum_j x[32 b + j] * q[r, b, j] for the rows [row0, row0 + n).
+// A one-row q4 product for IREE's embedded ELF dispatches (AVX-512 BW, F16C; no libc, no
+// globals): out[r] = sum_b s[r, b] * sum_j x[32 b + j] * q[r, b, j] for the rows
+// [row0, row0 + n), s in f16 (the archive's scales, widened exactly).
 // q holds IREE's `i4` layout (the archive's bytes): element 2k of a block in the low nibble of
 // byte k, 16 bytes a block of 32 values. The products are f32, as the graph's and the
 // reference's: only the order of the sums differs. Each row keeps two 16-lane accumulators
@@ -13,7 +14,7 @@
 void q4_matvec_workgroup(
     const float* x_base, const float* x, size_t x_off, size_t x_size, size_t x_stride,
     const uint8_t* q_base, const uint8_t* q, size_t q_off, size_t q_size, size_t q_stride,
-    const float* s_base, const float* s, size_t s_off, size_t s_size, size_t s_stride,
+    const uint16_t* s_base, const uint16_t* s, size_t s_off, size_t s_size, size_t s_stride,
     float* o_base, float* o, size_t o_off, size_t o_size, size_t o_stride,
     size_t k, size_t row0, size_t n) {
   x += x_off;
@@ -27,14 +28,14 @@ void q4_matvec_workgroup(
     __m512 acc0 = _mm512_setzero_ps();
     __m512 acc1 = _mm512_setzero_ps();
     const uint8_t* qr = q + r * nb * 16;
-    const float* sr = s + r * nb;
+    const uint16_t* sr = s + r * nb;
     for (size_t b = 0; b < nb; ++b) {
       __m128i bytes = _mm_loadu_si128((const __m128i*)(qr + b * 16));
       // Nibbles sign-extended in bytes: (v ^ 8) - 8.
       __m128i even = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(bytes, low), eight), eight);
       __m128i odd = _mm_sub_epi8(
           _mm_xor_si128(_mm_and_si128(_mm_srli_epi16(bytes, 4), low), eight), eight);
-      __m512 scale = _mm512_set1_ps(sr[b]);
+      __m512 scale = _mm512_set1_ps(_cvtsh_ss(sr[b]));
       __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(even, odd))), scale);
       __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(even, odd))), scale);
       acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + b * 32), w0, acc0);
