@@ -133,3 +133,30 @@ pub fn q4_matvec_executable(out: usize, inner: usize) -> Executable {
         text,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_are_named_by_shape_and_cover_every_row() {
+        let e = q4_matvec_executable(640, 2048);
+        assert_eq!(e.entry, "@q4_matvec_640x2048::@q4_matvec_640x2048");
+        // 640 rows: three workgroups of up to 256, the last one clamped to the 128 left.
+        assert!(e.text.contains("ceildiv 256"));
+        assert!(e.text.contains("arith.minui %left, %per"));
+        assert!(e
+            .text
+            .contains("memref<2048xf32>, memref<655360xi8>, memref<40960xf16>, memref<640xf32>"));
+    }
+
+    /// clang is installed by scripts/setup.sh; the object must come out for the x86-64 embedded
+    /// ELF ABI whatever CPU builds it.
+    #[test]
+    fn the_kernel_compiles() {
+        let dir = tempfile::tempdir().unwrap();
+        build_objects(dir.path()).unwrap();
+        let object = std::fs::read(dir.path().join(Q4_MATVEC_OBJECT)).unwrap();
+        assert_eq!(&object[..4], b"\x7fELF");
+    }
+}
