@@ -131,18 +131,22 @@ fn iree_cpu_tracks_the_reference_on_quantized_weights() {
         ),
         false,
     );
-    check_report(
-        &diverge_with(
-            "tiny-llama:3",
-            "reference,iree-cpu",
-            &["--weights", "q4", "--contract", "2", "--reference-input", "artifacts"],
-        ),
-        false,
-    );
+    check_report(&q4_cpu_report(), false);
     check_report(
         &diverge_with("tiny-llama:3", "reference,iree-vulkan", &["--weights", "q4"]),
         false,
     );
+}
+
+/// q4 on Llama's grouped heads under contract 2, on the CPU, against a reference that reads the
+/// artifacts' inputs.
+#[cfg(feature = "iree")]
+fn q4_cpu_report() -> serde_json::Value {
+    diverge_with(
+        "tiny-llama:3",
+        "reference,iree-cpu",
+        &["--weights", "q4", "--contract", "2", "--reference-input", "artifacts"],
+    )
 }
 
 /// On a CPU that runs it, the q4 CPU export above computes its one-row products with our
@@ -150,14 +154,7 @@ fn iree_cpu_tracks_the_reference_on_quantized_weights() {
 #[cfg(feature = "iree")]
 #[test]
 fn q4_cpu_exports_call_the_kernel_where_the_cpu_runs_it() {
-    check_report(
-        &diverge_with(
-            "tiny-llama:3",
-            "reference,iree-cpu",
-            &["--weights", "q4", "--contract", "2", "--reference-input", "artifacts"],
-        ),
-        false,
-    );
+    check_report(&q4_cpu_report(), false);
     let root = export::cache_root().unwrap();
     let calls: usize = std::fs::read_dir(&root)
         .unwrap()
