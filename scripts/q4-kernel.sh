@@ -10,7 +10,7 @@
 # function arguments: these dispatches are generic reductions and a custom call, which IREE
 # neither data-tiles nor packs, so arguments stand for the graphs' globals.
 #
-#   scripts/q4-kernel.sh            (ROUNDS=3, ROWS=256; needs clang and a CPU with AVX-512)
+#   scripts/q4-kernel.sh            (ROUNDS=3, ROWS=256, KERNEL=file.c; needs clang and AVX-512)
 #
 # Not part of CI: a measurement, and the machine must be quiet to mean anything.
 set -euo pipefail
@@ -21,6 +21,7 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 O=262144 K=640 NB=20
 ROWS=${ROWS:-256} # rows a workgroup
+KERNEL=${KERNEL:-crates/export/kernels/q4_matvec_x86_64.c} # another version of it, to compare
 
 python - "$W" <<'PY'
 import sys
@@ -55,7 +56,7 @@ EOF
 
 # The kernel, and the dispatch that calls it.
 clang -target x86_64-unknown-unknown-eabi-elf -std=c11 -O3 -ffreestanding -fno-stack-protector -fPIC \
-  -mavx512f -mavx512bw -mavx512vl -mfma -mf16c -c crates/export/kernels/q4_matvec_x86_64.c -o "$W/q4_matvec_x86_64.o"
+  -mavx512f -mavx512bw -mavx512vl -mfma -mf16c -c "$KERNEL" -o "$W/q4_matvec_x86_64.o"
 Q=$((O * NB * 16)) S=$((O * NB))
 cat >"$W/kernel.mlir" <<EOF
 #x86 = #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {

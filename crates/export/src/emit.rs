@@ -80,7 +80,7 @@ pub struct EmitOptions {
     pub argmax_by_max: bool,
     /// One-row q4 products (the decode step's, the LM head's) call our AVX-512 kernel
     /// (`kernels/q4_matvec_x86_64.c`, [`crate::kernels`]) from a `flow.dispatch`, where IREE's
-    /// own code for [`Body::block_contract_q`] took 1.3–1.45× as long (docs/benchmarks.md,
+    /// own code for [`Body::block_contract_q`] took ~1.5× as long (docs/benchmarks.md,
     /// session 15). x86-64 CPU exports for a CPU with AVX-512 BW and F16C, f16 scales only; the
     /// module must be compiled with the kernel's object on its search path.
     pub q4_kernel: bool,

@@ -1,11 +1,12 @@
 //! Kernels of our own in IREE dispatches, where IREE's code generation leaves speed behind:
-//! C compiled by clang for IREE's embedded ELF ABI and linked into the module
-//! (`hal.executable.variant ... objects([...])`), called from the graph with `flow.dispatch`.
+//! C compiled by clang for IREE's embedded ELF ABI and linked into the module (a
+//! `hal.executable.source` with `objects`), called from the graph with `flow.dispatch`.
 //!
-//! [`Q4_MATVEC`]: the one-row q4 product (`x · dequant(W)ᵀ`, f16 block scales), the same f32
-//! products as [`crate::mlir::Body::block_contract_q`] in another summation order. Standalone,
-//! Gemma 3 270M's LM head took 6.3–7.0 ms against 8.4–9.3 for IREE's code of the graph's form
-//! (`scripts/q4-kernel.sh`, docs/benchmarks.md, session 15).
+//! [`Q4_MATVEC`]: the one-row q4 product (`x · dequant(W)ᵀ`, f16 block scales), the f32
+//! arithmetic of [`crate::mlir::Body::block_contract_q`] associated otherwise. Standalone,
+//! Gemma 3 270M's LM head took ~6.1 ms against 9.3–11.7 for IREE's code of the graph's form;
+//! in the exported step, decode 16.0/16.3 → 11.1/10.4 ms/token (`scripts/q4-kernel.sh`,
+//! docs/benchmarks.md, session 15).
 
 use std::path::Path;
 use std::process::Command;
