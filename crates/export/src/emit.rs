@@ -803,6 +803,7 @@ impl FuncEmitter<'_> {
         let s = self.b.reshape_static(&s, &[scales]);
         let xv = self.b.reshape_static(x, &[inner]);
         let executable = crate::kernels::q4_matvec_executable(out, inner);
+        // In the module-level map beside the globals ("~" sorts it after their names).
         self.globals
             .entry(format!("~{}", executable.name))
             .or_insert(executable.text);
