@@ -31,7 +31,7 @@ use kv_core::quant::{QuantFormat, ScaleType};
 use kv_core::{Graph, Manifest};
 
 use crate::compile::{compile_with, Target, COMPILER_VERSION};
-use crate::emit::{emit_module, EmitOptions, WeightFormat};
+use crate::emit::{emit_module, EmitOptions, RowProducts, WeightFormat};
 use crate::encode::{compile_encoded, wants_encoding};
 use crate::{ExportError, Result};
 
@@ -507,6 +507,14 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if q4_kernel {
         crate::kernels::build_objects(out_dir)?;
     }
+    // IREE's SPIR-V default gives each output row of a one-row product a workgroup of its own;
+    // 4 rows a 64-thread workgroup (a subgroup a row) measured best on the H200
+    // (docs/benchmarks.md, session 16). Only where every target has 32-wide subgroups.
+    let row_products = options
+        .targets
+        .iter()
+        .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
+        .then_some(RowProducts { workgroup: 64, rows: 4 });
     // One module text serves every target of the export: forms only the CPU compiles need an
     // export for the CPU alone.
     let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
@@ -520,6 +528,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         bf16_matmul_inputs,
         argmax_by_max: cpu_only,
         q4_kernel,
+        row_products,
     };
     let targets: Vec<Target> = options
         .targets
@@ -704,9 +713,44 @@ fn write_archive(
     Ok(())
 }
 
+/// Whether `target` is Vulkan for one of IREE 3.13's NVIDIA targets (`default` stands in for a
+/// target that names none): GPUs whose subgroups are 32 wide, which [`RowProducts`]' workgroups
+/// assume. (IREE's names: architectures, `sm_NN`, and products such as `rtx4090`.)
+fn nvidia_vulkan(target: &Target, default: Option<&str>) -> bool {
+    let Target::Vulkan { target: named } = target else {
+        return false;
+    };
+    named.as_deref().or(default).is_some_and(|t| {
+        ["volta", "turing", "ampere", "ada"].contains(&t) || t.starts_with("sm_") || t.starts_with("rtx")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_products_are_configured_for_nvidia_vulkan_targets_only() {
+        let vulkan = |t: Option<&str>| Target::Vulkan {
+            target: t.map(String::from),
+        };
+        for name in ["ampere", "ada", "sm_80", "rtx3090"] {
+            assert!(nvidia_vulkan(&vulkan(Some(name)), None), "{name}");
+            assert!(
+                nvidia_vulkan(&vulkan(None), Some(name)),
+                "{name} as the export's default"
+            );
+        }
+        for name in ["valhall", "adreno", "rdna3", "vp_android_baseline_2022"] {
+            assert!(!nvidia_vulkan(&vulkan(Some(name)), None), "{name}");
+        }
+        assert!(!nvidia_vulkan(&vulkan(None), None), "IREE's default target");
+        assert!(
+            !nvidia_vulkan(&vulkan(Some("valhall")), Some("ampere")),
+            "a named target wins"
+        );
+        assert!(!nvidia_vulkan(&Target::cpu(), Some("ampere")));
+    }
 
     /// Without the `fixtures` feature a fixture name is a clear error, never a lookup elsewhere.
     #[test]

@@ -84,6 +84,29 @@ pub struct EmitOptions {
     /// session 15). x86-64 CPU exports for a CPU with AVX-512 BW and F16C, f16 scales only; the
     /// module must be compiled with the kernel's object on its search path.
     pub q4_kernel: bool,
+    /// IREE's SPIR-V configuration of the one-row i16 products ([`RowProducts`]), for modules
+    /// compiled only for GPUs whose subgroups are 32 wide; `None` = IREE's own choice.
+    pub row_products: Option<RowProducts>,
+}
+
+/// How IREE's SPIR-V code runs a one-row product `x [in] · W [out, in]ᵀ` (SubgroupReduce:
+/// each output row reduced by one subgroup): `rows` output rows a workgroup of `workgroup`
+/// threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowProducts {
+    pub workgroup: usize,
+    pub rows: usize,
+}
+
+impl RowProducts {
+    /// The `compilation_info` attribute of a product whose rows are `inner` long.
+    fn compilation_info(self, inner: usize) -> String {
+        format!(
+            "#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = [[{}], [0, {inner}]]>, \
+             translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{}, 1, 1]>>",
+            self.rows, self.workgroup
+        )
+    }
 }
 
 /// The MLIR module with the single function of `graph`.
@@ -157,7 +180,6 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 scope: &manifest.parameter_scope,
                 b: Body::new(),
                 loaded: HashMap::new(),
-                fuse_widening: rows_of(&spec, graph, options) == 1,
                 globals: &mut globals,
             };
             let text = f.function(manifest, graph, func, token)?;
@@ -270,14 +292,6 @@ struct FuncEmitter<'a> {
     b: Body,
     /// Widened (f32) weights already loaded in this function.
     loaded: HashMap<String, V>,
-    /// Whether the i16 widening may be fused into the matmuls that read a weight: only in
-    /// one-row graphs (the step), where IREE makes it a vector-matrix product that streams the
-    /// 16-bit weights. In the many-row graphs a fused widening takes IREE 3.13's SPIR-V matmul
-    /// pipeline minutes per dispatch to compile, so there each projection widens inside its own
-    /// contraction's body ([`Body::contract_i16`]). (Widening each weight apart, behind an
-    /// `optimization_barrier`, cost one host round trip per weight on Vulkan: 236 per chunk
-    /// call, ~700 of its ~800 ms on the H200, `docs/benchmarks.md` session 9.)
-    fuse_widening: bool,
     globals: &'a mut BTreeMap<String, String>,
 }
 
@@ -780,9 +794,22 @@ impl FuncEmitter<'_> {
             let w = self.raw_param(weight);
             let xb = self.b.convert(x, Elem::Bf16);
             self.b.dot(&xb, &w, (&[], &[]), (&[1], &[1]))
-        } else if self.options.weights == WeightFormat::I16 && !self.fuse_widening {
+        } else if self.options.weights == WeightFormat::I16 {
+            // The widening inside each product's own body: fused apart into a matmul it takes
+            // IREE 3.13's SPIR-V matmul pipeline minutes per dispatch to compile (and, behind an
+            // `optimization_barrier`, a host round trip per weight on Vulkan: docs/benchmarks.md,
+            // session 9). One row (the step, every LM head) as a product over (out, in), which
+            // keeps the configuration of `RowProducts`.
             let w = self.raw_param(weight);
-            self.b.contract_i16(x, &w)
+            if x.ty.static_dims()[0] == 1 {
+                let info = self
+                    .options
+                    .row_products
+                    .map(|c| c.compilation_info(w.ty.static_dims()[1]));
+                self.b.row_contract_i16(x, &w, info.as_deref())
+            } else {
+                self.b.contract_i16(x, &w)
+            }
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))

@@ -963,20 +963,72 @@ impl Body {
     /// widening into a matmul (which takes its SPIR-V matmul pipeline minutes to compile).
     pub fn contract_i16(&mut self, x: &V, w: &V) -> V {
         let o = w.ty.static_dims()[0];
-        self.contraction(&[x, w], o, &["d0, d2", "d1, d2"], 1, |b, args| {
-            let [a, bits, acc] = args else {
-                kv_core::error::invariant("a block argument per input, then the accumulator")
-            };
-            let (wide, c16, up, wf, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
-            (
-                format!(
-                    "{wide} = arith.extsi {bits} : i16 to i32\n{c16} = arith.constant 16 : i32\n\
-                     {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32\n\
-                     {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
-                ),
-                sum,
-            )
-        })
+        self.contraction(&[x, w], o, &["d0, d2", "d1, d2"], 1, Self::widened_product)
+    }
+
+    /// [`Self::contract_i16`] of one row, `x [1, in]`, as a product over `(d0 = out, d1 = in)`
+    /// of `x` viewed as `[in]`: IREE folds a unit dimension away by rewriting the op, which
+    /// drops its attributes, so only this form keeps `compilation_info` (IREE's configuration
+    /// of the dispatch: a `#iree_codegen.compilation_info<…>`, which must suit every target the
+    /// module is compiled for). Without it, the same dispatch as [`Self::contract_i16`]'s.
+    pub fn row_contract_i16(&mut self, x: &V, w: &V, compilation_info: Option<&str>) -> V {
+        let [o, inner] = w.ty.static_dims()[..] else {
+            kv_core::error::invariant("a weight is [out, in]")
+        };
+        let xv = self.reshape_static(x, &[inner]);
+        let ty = Ty::fixed(&[o], Elem::F32);
+        let init = self.zeros(&ty);
+        let name = self.fresh();
+        let args: Vec<String> = (0..3).map(|_| self.fresh()).collect();
+        let (ops, sum) = Self::widened_product(self, &args);
+        let maps = ["d1", "d0, d1", "d0"]
+            .map(|m| format!("affine_map<(d0, d1) -> ({m})>"))
+            .join(", ");
+        let attrs = compilation_info
+            .map(|c| format!(" attrs = {{compilation_info = {c}}}"))
+            .unwrap_or_default();
+        let mut text = format!(
+            "    {name} = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}){attrs} {{\n    ^bb0({}: f32, {}: i16, {}: f32):\n",
+            xv.name,
+            w.name,
+            xv.ty.text(),
+            w.ty.text(),
+            init.name,
+            ty.text(),
+            args[0],
+            args[1],
+            args[2]
+        );
+        for line in ops.lines() {
+            writeln!(text, "      {line}").unwrap();
+        }
+        writeln!(text, "      linalg.yield {sum} : f32\n    }} -> {}", ty.text()).unwrap();
+        self.text.push_str(&text);
+        self.reshape_static(&V { name, ty }, &[1, o])
+    }
+
+    /// The body of an i16 × f32 product (block arguments `x`, the weight's bf16 bits, the
+    /// accumulator): sign-extend, shift into the high half, bitcast, multiply, accumulate.
+    fn widened_product(&mut self, args: &[String]) -> (String, String) {
+        let [a, bits, acc] = args else {
+            kv_core::error::invariant("a block argument per input, then the accumulator")
+        };
+        let (wide, c16, up, wf, p, sum) = (
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+            self.fresh(),
+        );
+        (
+            format!(
+                "{wide} = arith.extsi {bits} : i16 to i32\n{c16} = arith.constant 16 : i32\n\
+                 {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32\n\
+                 {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+            ),
+            sum,
+        )
     }
 
     /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,

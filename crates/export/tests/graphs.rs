@@ -257,6 +257,45 @@ fn i16_weight_format_on_cpu() {
     cpu_calls_agree(dir.path(), &m, "i16", true, 3);
 }
 
+/// Every one-row i16 product (the step's projections, the LM heads) is one contraction over
+/// `(out, in)` whose body widens the weight (`Body::row_contract_i16`), and a Vulkan export for an
+/// NVIDIA target gives each IREE's configuration of 32-wide subgroups (`RowProducts`), which the
+/// compiler accepts. Compiled only: lavapipe runs no module of a GPU's target correctly (see
+/// `i16_weight_format_on_cpu`); the H200 runs them (`scripts/h200/row-products.sh`).
+#[test]
+fn one_row_products_configured_for_nvidia_vulkan() {
+    let row_products = |mlir: &str| {
+        mlir.lines()
+            .filter(|l| {
+                l.contains("linalg.generic") && l.contains("[\"parallel\", \"reduction\"]") && l.contains("xi16>")
+            })
+            .map(|l| l.contains("compilation_info"))
+            .collect::<Vec<bool>>()
+    };
+    let export = |target: export::Target| {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ExportOptions {
+            targets: vec![target],
+            weights: export::WeightFormat::I16,
+            graphs: vec![Graph::Chunk, Graph::Step],
+            compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
+            ..ExportOptions::default()
+        };
+        let m = export_artifacts(&fixture_source("tiny-gemma3-gqa:5"), dir.path(), &options).unwrap();
+        (m, std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap())
+    };
+    let (m, mlir) = export(export::Target::Vulkan {
+        target: Some("ampere".into()),
+    });
+    let nvidia = row_products(&mlir);
+    // Per layer Q/K/V, output, gate, up, down; then the step's LM head and the chunk's.
+    assert_eq!(nvidia.len(), m.spec.n_layers * 5 + 2, "one-row products: {nvidia:?}");
+    assert!(nvidia.iter().all(|&c| c), "every one configured: {nvidia:?}");
+    let cpu = row_products(&export(export::Target::cpu()).1);
+    assert_eq!(cpu.len(), nvidia.len());
+    assert!(cpu.iter().all(|&c| !c), "IREE's own choice on the CPU: {cpu:?}");
+}
+
 /// `WeightFormat::Bf16` (bf16 globals + `convert`) is exact on CPU too; only Vulkan needs packing.
 #[test]
 fn bf16_weight_format_on_cpu() {
