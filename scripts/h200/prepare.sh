@@ -13,6 +13,10 @@ cargo build --release -p skainet-kv
 mkdir -p $D/bin $D/tools $D/cache/artifacts .gl
 cp target/release/skainet-kv $D/bin/
 cp .tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/{iree-benchmark-module,iree-profile} $D/tools/
+# iree-run-module and iree-profile from our IREE sources with our Vulkan allocator patch: the
+# wheel's tools cannot allocate the 335 MB LM head on a GPU without resizable BAR (session 16).
+scripts/build-iree-tools.sh vulkan
+cp .tools/bin-vulkan/{iree-run-module,iree-profile} $D/tools/
 
 # BIN: the binary that exports (another build's, for a before/after of the graphs).
 BIN=${BIN:-./target/release/skainet-kv}

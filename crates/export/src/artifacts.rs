@@ -507,10 +507,10 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if q4_kernel {
         crate::kernels::build_objects(out_dir)?;
     }
-    // IREE's SPIR-V default gives each output row of a one-row product a workgroup of its own;
-    // 4 rows a 64-thread workgroup (a subgroup a row) measured best on the H200
-    // (docs/benchmarks.md, session 16). Only where every target has 32-wide subgroups.
-    let row_products = options
+    // IREE's SPIR-V default gives each output row of the LM head a workgroup of its own; 4 rows
+    // a 64-thread workgroup (a subgroup a row) measured best on the H200 (docs/benchmarks.md,
+    // session 16). Only where every target has 32-wide subgroups.
+    let head_product = options
         .targets
         .iter()
         .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
@@ -528,7 +528,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         bf16_matmul_inputs,
         argmax_by_max: cpu_only,
         q4_kernel,
-        row_products,
+        head_product,
     };
     let targets: Vec<Target> = options
         .targets

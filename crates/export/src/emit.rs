@@ -84,9 +84,10 @@ pub struct EmitOptions {
     /// session 15). x86-64 CPU exports for a CPU with AVX-512 BW and F16C, f16 scales only; the
     /// module must be compiled with the kernel's object on its search path.
     pub q4_kernel: bool,
-    /// IREE's SPIR-V configuration of the one-row i16 products ([`RowProducts`]), for modules
-    /// compiled only for GPUs whose subgroups are 32 wide; `None` = IREE's own choice.
-    pub row_products: Option<RowProducts>,
+    /// IREE's SPIR-V configuration of the LM head's one-row i16 product ([`RowProducts`]), for
+    /// modules compiled only for GPUs whose subgroups are 32 wide; `None` = the product in the
+    /// form of the graph's other projections, configured by IREE.
+    pub head_product: Option<RowProducts>,
 }
 
 /// How IREE's SPIR-V code runs a one-row product `x [in] · W [out, in]ᵀ` (SubgroupReduce:
@@ -180,6 +181,7 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 scope: &manifest.parameter_scope,
                 b: Body::new(),
                 loaded: HashMap::new(),
+                fuse_widening: rows_of(&spec, graph, options) == 1,
                 globals: &mut globals,
             };
             let text = f.function(manifest, graph, func, token)?;
@@ -292,6 +294,14 @@ struct FuncEmitter<'a> {
     b: Body,
     /// Widened (f32) weights already loaded in this function.
     loaded: HashMap<String, V>,
+    /// Whether the i16 widening may be fused into the matmuls that read a weight: only in
+    /// one-row graphs (the step), where IREE makes it a vector-matrix product that streams the
+    /// 16-bit weights. In the many-row graphs a fused widening takes IREE 3.13's SPIR-V matmul
+    /// pipeline minutes per dispatch to compile, so there each projection widens inside its own
+    /// contraction's body ([`Body::contract_i16`]). (Widening each weight apart, behind an
+    /// `optimization_barrier`, cost one host round trip per weight on Vulkan: 236 per chunk
+    /// call, ~700 of its ~800 ms on the H200, `docs/benchmarks.md` session 9.)
+    fuse_widening: bool,
     globals: &'a mut BTreeMap<String, String>,
 }
 
@@ -794,22 +804,9 @@ impl FuncEmitter<'_> {
             let w = self.raw_param(weight);
             let xb = self.b.convert(x, Elem::Bf16);
             self.b.dot(&xb, &w, (&[], &[]), (&[1], &[1]))
-        } else if self.options.weights == WeightFormat::I16 {
-            // The widening inside each product's own body: fused apart into a matmul it takes
-            // IREE 3.13's SPIR-V matmul pipeline minutes per dispatch to compile (and, behind an
-            // `optimization_barrier`, a host round trip per weight on Vulkan: docs/benchmarks.md,
-            // session 9). One row (the step, every LM head) as a product over (out, in), which
-            // keeps the configuration of `RowProducts`.
+        } else if self.options.weights == WeightFormat::I16 && !self.fuse_widening {
             let w = self.raw_param(weight);
-            if x.ty.static_dims()[0] == 1 {
-                let info = self
-                    .options
-                    .row_products
-                    .map(|c| c.compilation_info(w.ty.static_dims()[1]));
-                self.b.row_contract_i16(x, &w, info.as_deref())
-            } else {
-                self.b.contract_i16(x, &w)
-            }
+            self.b.contract_i16(x, &w)
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
@@ -1606,7 +1603,19 @@ impl FuncEmitter<'_> {
     fn logits(&mut self, x: &V) -> V {
         let y = self.norm_param(x, OUTPUT_NORM);
         let table = if self.arch.tied_output { TOKEN_EMBD } else { OUTPUT };
-        self.proj(&y, table)
+        match self.options.head_product {
+            // One row of i16 weights: the widening in the product's own body, over (out, in),
+            // with IREE's configuration given. The step's fused form of the same product was a
+            // `vecmat` taking 820 µs of the H200's ~5 ms step; this form took 361 µs
+            // (docs/benchmarks.md, session 16). The step's other products stay fused: in this
+            // form and configuration they were slower (640 outputs are too few workgroups).
+            Some(config) if self.options.weights == WeightFormat::I16 && y.ty.static_dims()[0] == 1 => {
+                let w = self.raw_param(table);
+                let info = config.compilation_info(w.ty.static_dims()[1]);
+                self.b.row_contract_i16(&y, &w, Some(&info))
+            }
+            _ => self.proj(&y, table),
+        }
     }
 
     /// The logits `[1, vocab]` of the row picked by the one-hot `select [1, R]` (or of the only row).
