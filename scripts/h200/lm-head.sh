@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The decode step's LM head on the GPU (FunctionGemma: 262144 × 640 i16 weights, one row) as
-# standalone dispatch benchmarks: IREE's own (`--iree-hal-dump-executable-benchmarks-to`, which
+# The decode step's one-row i16 products on the GPU (FunctionGemma: the 262144 × 640 LM head and
+# each layer's projections; SHAPES= picks) as standalone dispatch benchmarks: IREE's own (`--iree-hal-dump-executable-benchmarks-to`, which
 # allocates its buffers on the device, so nothing of the 335 MB travels) for several graph forms,
 # and the row-major form with its SPIR-V configuration edited by hand (workgroup size, rows per
 # workgroup, another pipeline). Which form and configuration reads the weights fastest, before any
@@ -11,7 +11,10 @@
 #   bash scripts/h200/lm-head.sh run  on the device (carry .cache/device and .gl): median per module
 #
 # The hand-edited configurations compile but are not checked for correct results here: a form
-# worth keeping goes into the emitter and through `diverge` like any other.
+# worth keeping goes into the emitter and through `diverge` like any other. Results of session 16
+# in docs/benchmarks.md (a dispatch and its barrier cost ~40 µs here, so only the LM head's numbers
+# say anything; the wheel's iree-benchmark-module cannot allocate it on a GPU without resizable
+# BAR). KEEP_SRC=1 keeps the MLIR in .cache/device/lm-head/src.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=.cache/device/lm-head
