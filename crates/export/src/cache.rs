@@ -23,8 +23,9 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// are async (`--iree-execution-model=async-external`). 10: Q/K/V projections fused in the archive
 /// (`fusedProjections`) with Gemma's Q/K norms over the fused product
 /// (`FuncEmitter::qkv_norm_rope`); a single KV head's decode step attends its returned cache
-/// (`FuncEmitter::single_row_attention`).
-const EMITTER_REVISION: u32 = 10;
+/// (`FuncEmitter::single_row_attention`). 11: exports for NVIDIA Vulkan targets compute the LM
+/// head in a configured one-row form (`EmitOptions::head_product`).
+const EMITTER_REVISION: u32 = 11;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.

@@ -1612,7 +1612,7 @@ impl FuncEmitter<'_> {
             Some(config) if self.options.weights == WeightFormat::I16 && y.ty.static_dims()[0] == 1 => {
                 let w = self.raw_param(table);
                 let info = config.compilation_info(w.ty.static_dims()[1]);
-                self.b.row_contract_i16(&y, &w, Some(&info))
+                self.b.row_contract_i16(&y, &w, &info)
             }
             _ => self.proj(&y, table),
         }

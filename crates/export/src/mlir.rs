@@ -869,22 +869,37 @@ impl Body {
     ) -> V {
         let r = ins[0].ty.static_dims()[0];
         let ty = Ty::fixed(&[r, o], Elem::F32);
+        self.reduction_generic(ins, ty, maps, reductions, "", body)
+    }
+
+    /// The `linalg.generic` of [`Self::contraction`] for an f32 result of type `ty`: its
+    /// dimensions are the parallel ones (`d0 …`, the result's map) then `reductions` reduced
+    /// ones; `attrs` is written after `outs` (empty, or ` attrs = {…}`).
+    fn reduction_generic(
+        &mut self,
+        ins: &[&V],
+        ty: Ty,
+        maps: &[&str],
+        reductions: usize,
+        attrs: &str,
+        body: impl FnOnce(&mut Self, &[String]) -> (String, String),
+    ) -> V {
+        let parallel = ty.rank();
         let init = self.zeros(&ty);
         let name = self.fresh();
         let args: Vec<String> = (0..=ins.len()).map(|_| self.fresh()).collect();
         let (ops, sum) = body(self, &args);
-        let dims = (0..2 + reductions)
-            .map(|i| format!("d{i}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let dim_names: Vec<String> = (0..parallel + reductions).map(|i| format!("d{i}")).collect();
+        let dims = dim_names.join(", ");
+        let out_map = dim_names[..parallel].join(", ");
         let map_list = maps
             .iter()
-            .chain(std::iter::once(&"d0, d1"))
+            .copied()
+            .chain(std::iter::once(out_map.as_str()))
             .map(|m| format!("affine_map<({dims}) -> ({m})>"))
             .collect::<Vec<_>>()
             .join(", ");
-        let iterators = ["\"parallel\""; 2]
-            .into_iter()
+        let iterators = std::iter::repeat_n("\"parallel\"", parallel)
             .chain(std::iter::repeat_n("\"reduction\"", reductions))
             .collect::<Vec<_>>()
             .join(", ");
@@ -899,7 +914,7 @@ impl Body {
         let names = ins.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
         let types = ins.iter().map(|v| v.ty.text()).collect::<Vec<_>>().join(", ");
         let mut text = format!(
-            "    {name} = linalg.generic {{indexing_maps = [{map_list}], iterator_types = [{iterators}]}} ins({names} : {types}) outs({} : {}) {{\n    ^bb0({block_args}):\n",
+            "    {name} = linalg.generic {{indexing_maps = [{map_list}], iterator_types = [{iterators}]}} ins({names} : {types}) outs({} : {}){attrs} {{\n    ^bb0({block_args}):\n",
             init.name,
             ty.text()
         );
@@ -967,44 +982,19 @@ impl Body {
     }
 
     /// [`Self::contract_i16`] of one row, `x [1, in]`, as a product over `(d0 = out, d1 = in)`
-    /// of `x` viewed as `[in]`: IREE folds a unit dimension away by rewriting the op, which
-    /// drops its attributes, so only this form keeps `compilation_info` (IREE's configuration
-    /// of the dispatch: a `#iree_codegen.compilation_info<…>`, which must suit every target the
-    /// module is compiled for). Without it, the same dispatch as [`Self::contract_i16`]'s.
-    pub fn row_contract_i16(&mut self, x: &V, w: &V, compilation_info: Option<&str>) -> V {
+    /// of `x` viewed as `[in]`, carrying `compilation_info` (IREE's configuration of the
+    /// dispatch, a `#iree_codegen.compilation_info<…>`, which must suit every target the module
+    /// is compiled for): IREE folds a unit dimension away by rewriting the op, which drops its
+    /// attributes, so only this form keeps it.
+    pub fn row_contract_i16(&mut self, x: &V, w: &V, compilation_info: &str) -> V {
         let [o, inner] = w.ty.static_dims()[..] else {
             kv_core::error::invariant("a weight is [out, in]")
         };
         let xv = self.reshape_static(x, &[inner]);
+        let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
         let ty = Ty::fixed(&[o], Elem::F32);
-        let init = self.zeros(&ty);
-        let name = self.fresh();
-        let args: Vec<String> = (0..3).map(|_| self.fresh()).collect();
-        let (ops, sum) = Self::widened_product(self, &args);
-        let maps = ["d1", "d0, d1", "d0"]
-            .map(|m| format!("affine_map<(d0, d1) -> ({m})>"))
-            .join(", ");
-        let attrs = compilation_info
-            .map(|c| format!(" attrs = {{compilation_info = {c}}}"))
-            .unwrap_or_default();
-        let mut text = format!(
-            "    {name} = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"reduction\"]}} ins({}, {} : {}, {}) outs({} : {}){attrs} {{\n    ^bb0({}: f32, {}: i16, {}: f32):\n",
-            xv.name,
-            w.name,
-            xv.ty.text(),
-            w.ty.text(),
-            init.name,
-            ty.text(),
-            args[0],
-            args[1],
-            args[2]
-        );
-        for line in ops.lines() {
-            writeln!(text, "      {line}").unwrap();
-        }
-        writeln!(text, "      linalg.yield {sum} : f32\n    }} -> {}", ty.text()).unwrap();
-        self.text.push_str(&text);
-        self.reshape_static(&V { name, ty }, &[1, o])
+        let product = self.reduction_generic(&[&xv, w], ty, &["d1", "d0, d1"], 1, &attrs, Self::widened_product);
+        self.reshape_static(&product, &[1, o])
     }
 
     /// The body of an i16 × f32 product (block arguments `x`, the weight's bf16 bits, the
