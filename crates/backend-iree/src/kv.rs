@@ -1,5 +1,6 @@
 //! [`IreeKvBackend`]: the stateful KV session on an IREE device.
 
+mod greedy;
 mod v2;
 
 use std::collections::HashMap;
@@ -111,8 +112,11 @@ pub struct IreeKvBackend {
     clock: StepPhases,
     /// The steps' phases since the last `take_step_phases`.
     steps: StepPhases,
-    /// A one-element host-mappable buffer a token is copied into (`Self::readback`).
-    readback: Option<BufferView>,
+    /// One-element host-mappable buffers a token is copied into (`Self::readback_slot`).
+    readbacks: [Option<BufferView>; 2],
+    /// The step module's `embed_token` (`Manifest::embed_function`), where it is async: greedy
+    /// decoding then runs a step ahead of the host (`greedy`).
+    embed: Option<Function>,
 }
 
 impl IreeKvBackend {
@@ -253,6 +257,21 @@ impl IreeKvBackend {
             (None, Some(vmfb)) => Embedding::open_beside(&archive, &dir.join(vmfb), &manifest.spec)?,
             (None, None) => Embedding::open(&archive, None, &manifest.spec)?,
         };
+        let embed = match (&manifest.embed_function, functions.get(&Graph::Step)) {
+            (Some(name), Some((index, _))) => {
+                let session = sessions[*index]
+                    .as_ref()
+                    .unwrap_or_else(|| kv_core::error::invariant("the step graph's session at open"));
+                let function = session.lock().lookup(name).map_err(|e| {
+                    contract_err(
+                        "embedFunction",
+                        format!("the manifest names `{name}`, which the step graph's module does not hold: {e}"),
+                    )
+                })?;
+                function.is_async().then_some(function)
+            }
+            _ => None,
+        };
         let args = manifest
             .kv_graphs()
             .iter()
@@ -283,7 +302,8 @@ impl IreeKvBackend {
             last_top_k: None,
             clock: StepPhases::default(),
             steps: StepPhases::default(),
-            readback: None,
+            readbacks: [None, None],
+            embed,
         };
         if backend.manifest.is_v2() {
             backend.v2_check_rule()?;
@@ -429,17 +449,17 @@ impl IreeKvBackend {
         Ok(out)
     }
 
-    /// The session's one-element, host-mappable buffer a token is copied into
-    /// ([`Self::submit_and_read_token`]); made at the first read.
-    fn readback(&mut self) -> Result<BufferView> {
-        if let Some(r) = &self.readback {
+    /// The session's one-element, host-mappable buffer `slot` (0 or 1) a token is copied into
+    /// ([`Self::submit_and_read_token`] reads through slot 0); made at its first use.
+    fn readback_slot(&mut self, slot: usize) -> Result<BufferView> {
+        if let Some(r) = &self.readbacks[slot] {
             return Ok(r.clone());
         }
         let r = self.i32_view(&[1], &[0])?;
         if !r.is_mappable() {
             kv_core::error::invariant("a small input the host cannot map");
         }
-        self.readback = Some(r.clone());
+        self.readbacks[slot] = Some(r.clone());
         Ok(r)
     }
 
@@ -474,7 +494,7 @@ impl IreeKvBackend {
 
     /// The call's token alone ([`Self::submit_and_read_token`] with nothing else to submit).
     fn read_token(&mut self, results: &HashMap<Name, BufferView>) -> Result<i32> {
-        let readback = self.readback()?;
+        let readback = self.readback_slot(0)?;
         let t = Instant::now();
         let token = self.submit_and_read_token(&results[&Name::Token], &readback, Vec::new());
         self.clock.read += t.elapsed();
@@ -600,6 +620,14 @@ impl KvBackend for IreeKvBackend {
         self.steps.read += c.read - before.read;
         self.steps.writes += c.writes - before.writes;
         result
+    }
+
+    fn step_greedy(&mut self, token: i32, max: usize, more: &mut dyn FnMut(i32) -> bool) -> Result<usize> {
+        if self.runs_ahead() {
+            self.step_greedy_ahead(token, max, more)
+        } else {
+            kv_core::backend::step_greedy_serially(self, token, max, more)
+        }
     }
 
     fn take_step_phases(&mut self) -> Option<StepPhases> {

@@ -24,8 +24,9 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// (`fusedProjections`) with Gemma's Q/K norms over the fused product
 /// (`FuncEmitter::qkv_norm_rope`); a single KV head's decode step attends its returned cache
 /// (`FuncEmitter::single_row_attention`). 11: exports for NVIDIA Vulkan targets compute the LM
-/// head in a configured one-row form (`EmitOptions::head_product`).
-const EMITTER_REVISION: u32 = 11;
+/// head in a configured one-row form (`EmitOptions::head_product`). 12: v1 exports for Vulkan
+/// of tied models add the step module's `embed_token` function (`Manifest::embed_function`).
+const EMITTER_REVISION: u32 = 12;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.

@@ -188,6 +188,26 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
             funcs.push_str(&text);
         }
     }
+    if let (true, Some(qualified)) = (graphs.contains(&Graph::Step), &manifest.embed_function) {
+        let (module, func) = qualified.rsplit_once('.').unwrap_or(("module", qualified.as_str()));
+        if module_name.as_deref().is_some_and(|m| m != module) || manifest.is_v2() {
+            return Err(ExportError::Unsupported(format!(
+                "embedFunction `{qualified}`: a contract v1 function of the step graph's module"
+            )));
+        }
+        let mut f = FuncEmitter {
+            spec: &spec,
+            arch: &arch,
+            options,
+            table: &table,
+            scope: &manifest.parameter_scope,
+            b: Body::new(),
+            loaded: HashMap::new(),
+            fuse_widening: true,
+            globals: &mut globals,
+        };
+        funcs.push_str(&f.embed_function(func));
+    }
     let mut out = String::new();
     writeln!(out, "module @{} {{", module_name.unwrap_or_else(|| "module".into())).unwrap();
     for decl in globals.values() {
@@ -463,6 +483,22 @@ impl FuncEmitter<'_> {
         writeln!(text, "    return {} : {}", ret_vals.join(", "), ret_types.join(", ")).unwrap();
         text.push_str("  }\n");
         Ok(text)
+    }
+
+    /// `func(token [1] i32) -> [1, hidden] f32`: the embedding row of a token, as the host
+    /// gathers it (`Manifest::embed_function`).
+    fn embed_function(&mut self, func: &str) -> String {
+        let token = V {
+            name: "%arg0".into(),
+            ty: Ty::fixed(&[1], Elem::I32),
+        };
+        let row = self.embedding_rows(&token);
+        let body = std::mem::take(&mut self.b).finish();
+        let (arg, ret) = (token.ty.text(), row.ty.text());
+        format!(
+            "  func.func @{func}(%arg0: {arg}) -> {ret} {{\n{body}    return {} : {ret}\n  }}\n",
+            row.name
+        )
     }
 
     // ---- weights ---------------------------------------------------------------------------

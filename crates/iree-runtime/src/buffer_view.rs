@@ -302,6 +302,24 @@ impl BufferView {
         Ok(out)
     }
 
+    /// Reads a host-mappable view ([`Self::is_mappable`]) as soon as the submission that
+    /// returned `written` is done, not waiting for what was queued after it (the views' other
+    /// reads wait for everything on the device).
+    pub fn to_i32_vec_when(&self, written: crate::Queued) -> Result<Vec<i32>> {
+        const OP: &str = "read mapped buffer view as i32";
+        self.expect_type(ElementType::I32, OP)?;
+        if !self.is_mappable() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "the view is not host-mappable".into(),
+            });
+        }
+        self.device.wait(written)?;
+        let mut out = vec![0i32; self.byte_length() / 4];
+        self.map_read(bytes_of_mut(&mut out))?;
+        Ok(out)
+    }
+
     /// Copies the first `count` elements to the host (one device → host transfer; waits).
     pub fn to_f32_vec_prefix(&self, count: usize) -> Result<Vec<f32>> {
         self.expect_type(ElementType::F32, "read buffer view prefix as f32")?;
@@ -353,23 +371,10 @@ impl BufferView {
     }
 
     fn read_into(&self, target: &mut [u8]) -> Result<()> {
+        // Async calls return before their results are written.
+        self.device.sync()?;
         if self.is_mappable() {
-            // A mapped read: no queue submission and no wait (the caller has waited for
-            // whatever wrote the buffer).
-            // SAFETY: view and buffer are live; `target` holds `target.len()` bytes, at most
-            // the view's length.
-            let status = unsafe {
-                sys::iree_hal_buffer_map_read(
-                    sys::iree_hal_buffer_view_buffer(self.as_ptr()),
-                    0,
-                    target.as_mut_ptr().cast(),
-                    target.len() as sys::iree_device_size_t,
-                )
-            };
-            return check(
-                status,
-                format!("read buffer view from `{}` (mapped)", self.device.name()),
-            );
+            return self.map_read(target);
         }
         // SAFETY: view, buffer and device are live; `target` has exactly `byte_length` bytes
         // and the call returns only after the transfer completed (infinite timeout).
@@ -385,6 +390,25 @@ impl BufferView {
             )
         };
         check(status, format!("read buffer view from `{}`", self.device.name()))
+    }
+
+    /// A mapped read: no queue submission and no wait (the caller has waited for whatever wrote
+    /// the buffer).
+    fn map_read(&self, target: &mut [u8]) -> Result<()> {
+        // SAFETY: view and buffer are live; `target` holds `target.len()` bytes, at most the
+        // view's length (the callers size it from the view).
+        let status = unsafe {
+            sys::iree_hal_buffer_map_read(
+                sys::iree_hal_buffer_view_buffer(self.as_ptr()),
+                0,
+                target.as_mut_ptr().cast(),
+                target.len() as sys::iree_device_size_t,
+            )
+        };
+        check(
+            status,
+            format!("read buffer view from `{}` (mapped)", self.device.name()),
+        )
     }
 
     /// Whether `other` is this very view (a clone of it), not a copy of its contents.
@@ -448,6 +472,8 @@ impl BufferView {
         check(status, OP)?;
         let buffer = OwnedBuffer(buffer);
         if heads > 1 {
+            // The copies below are not ordered after async calls that may write the source.
+            self.device.sync()?;
             for head in 0..heads as sys::iree_device_size_t {
                 // SAFETY: both ranges are in bounds and in different buffers; the call waits.
                 let status = unsafe {

@@ -28,15 +28,33 @@ pub(crate) struct DeviceInner {
     name: String,
     pub(crate) instance: Instance,
     /// The semaphore [`Device::transfer`](crate::Transfer) and the calls of async functions
-    /// (`Session::call_function`) signal and wait on, with the last value it reached; made at
-    /// first use, dropped after a failure (a failed semaphore stays failed). One per device, not
-    /// one per transfer or call: on the H200 over Vulkan creating one cost ~0.65 ms.
+    /// (`Session::call_function`) signal and wait on; made at first use, dropped after a failure
+    /// (a failed semaphore stays failed). One per device, not one per transfer or call: on the
+    /// H200 over Vulkan creating one cost ~0.65 ms.
     pub(crate) timeline: std::sync::Mutex<Timeline>,
 }
 
-/// A semaphore reference (null before the first transfer) and the value it last reached.
+/// A semaphore reference (null before the first transfer), the value the last submission will
+/// signal, and the value the host has seen it reach.
+///
+/// Async calls return without waiting (`value` runs ahead of `reached`), so the next submission
+/// queues behind them on the device instead of after a host round trip; every host access to
+/// device data waits first ([`Device::sync`]).
 pub(crate) struct Timeline {
     pub(crate) semaphore: *mut sys::iree_hal_semaphore_t,
+    pub(crate) value: u64,
+    pub(crate) reached: u64,
+    /// How many semaphores this device had before the current one: a [`Queued`] of an earlier
+    /// one can no longer be waited for.
+    pub(crate) epoch: u64,
+}
+
+/// A point on a device's timeline that a queued submission will signal
+/// ([`Device::transfer_queued`]); [`Device::wait`] waits for it.
+#[must_use = "a queued transfer is not done until it is waited for"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub(crate) epoch: u64,
     pub(crate) value: u64,
 }
 
@@ -47,6 +65,29 @@ impl Timeline {
         unsafe { sys::iree_hal_semaphore_release(self.semaphore) };
         self.semaphore = std::ptr::null_mut();
         self.value = 0;
+        self.reached = 0;
+        self.epoch += 1;
+    }
+
+    /// Waits until the semaphore reaches `value` (at most the last submitted); on failure the
+    /// timeline is reset, because a failed semaphore stays failed.
+    pub(crate) fn wait(&mut self, value: u64, op: &str) -> Result<()> {
+        if value <= self.reached || self.semaphore.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the semaphore is live (the timeline holds it).
+        let status =
+            unsafe { sys::iree_hal_semaphore_wait(self.semaphore, value, sys::iree_infinite_timeout(), 0 as _) };
+        match check(status, format!("{op}: wait for the device")) {
+            Ok(()) => {
+                self.reached = value;
+                Ok(())
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
     }
 }
 
@@ -165,6 +206,8 @@ impl Device {
                 timeline: std::sync::Mutex::new(Timeline {
                     semaphore: std::ptr::null_mut(),
                     value: 0,
+                    reached: 0,
+                    epoch: 0,
                 }),
             }),
         })
@@ -194,6 +237,31 @@ impl Device {
 
     pub(crate) fn host_allocator(&self) -> sys::iree_allocator_t {
         self.inner.instance.host_allocator()
+    }
+
+    /// Waits for every async call and transfer submitted to this device so far. Reads of
+    /// buffer views do it themselves; an error of an async call surfaces here (or at the next
+    /// read), the device's timeline then starts anew.
+    pub fn sync(&self) -> Result<()> {
+        let mut timeline = self.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        let value = timeline.value;
+        timeline.wait(value, "sync")
+    }
+
+    /// Waits until the submission that returned `point` is done. A point of a timeline that
+    /// failed since (an error was returned then) is an error.
+    pub fn wait(&self, point: Queued) -> Result<()> {
+        let mut timeline = self.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        if timeline.epoch != point.epoch {
+            return Err(Error::InvalidArgument {
+                op: "wait",
+                reason: format!(
+                    "the submission was queued on `{}` before an error reset its timeline",
+                    self.name()
+                ),
+            });
+        }
+        timeline.wait(point.value, "wait")
     }
 
     /// Whether `other` is this very device (a clone of it), not another device of the driver.

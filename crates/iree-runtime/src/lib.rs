@@ -32,7 +32,7 @@ mod transfer;
 use std::path::Path;
 
 pub use buffer_view::{BufferView, ElementType, HOST_VISIBLE_UPLOAD_MAX};
-pub use device::{Device, DEVICE_NAMES};
+pub use device::{Device, Queued, DEVICE_NAMES};
 pub use error::{Error, Result, StatusCode};
 pub use instance::Instance;
 pub use parameters::{FileHandle, ParameterIo, ParameterProvider};

@@ -391,32 +391,35 @@ impl Session {
             };
             check(status, op.clone())
         };
+        let mut timeline = self.device.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
         if function.coarse_fences {
-            // The call waits for the timeline's current value and signals the next, which we
-            // wait for: the semaphore outlives the call, where a synchronous function creates
-            // one per call (~0.65 ms each on the H200 over Vulkan, docs/benchmarks.md session 13).
-            let mut timeline = self.device.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
-            let result = self.device.ensure_timeline(&mut timeline).and_then(|()| {
-                let next = timeline.value + 1;
-                for value in [timeline.value, next] {
-                    push_fence(&input_list, timeline.semaphore, value, host, &op)?;
-                }
-                invoke()?;
-                // SAFETY: the semaphore is live (the timeline holds it).
-                check(
-                    unsafe {
-                        sys::iree_hal_semaphore_wait(timeline.semaphore, next, sys::iree_infinite_timeout(), 0 as _)
-                    },
-                    format!("{op}: wait"),
-                )?;
-                timeline.value = next;
-                Ok(())
-            });
-            if result.is_err() {
+            // The call waits (on the device) for the timeline's current value and signals the
+            // next; the host does not wait for it: whatever reads a result waits then
+            // ([`Device::sync`]), so the next submission queues behind this one without a host
+            // round trip between them. One semaphore for all calls, where a synchronous function
+            // creates one per call (~0.65 ms each on the H200 over Vulkan, docs/benchmarks.md
+            // session 13).
+            self.device.ensure_timeline(&mut timeline)?;
+            let before = timeline.value;
+            let next = before + 1;
+            let result = [before, next]
+                .into_iter()
+                .try_for_each(|value| push_fence(&input_list, timeline.semaphore, value, host, &op))
+                .and_then(|()| invoke());
+            if let Err(e) = result {
+                // What was queued before still signals; once it has, start a new timeline (a
+                // failed call may leave its signal unsignalled forever).
+                let _ = timeline.wait(before, &op);
                 timeline.reset();
+                return Err(e);
             }
-            result?;
+            timeline.value = next;
         } else {
+            // A synchronous call orders nothing against the timeline: earlier async work that
+            // made its inputs must be finished first.
+            let value = timeline.value;
+            timeline.wait(value, &op)?;
+            drop(timeline);
             invoke()?;
         }
         // SAFETY: the output list is live and owned by us.

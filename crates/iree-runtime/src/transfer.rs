@@ -8,7 +8,7 @@
 use iree_runtime_sys as sys;
 
 use crate::buffer_view::BufferView;
-use crate::device::{Device, Timeline};
+use crate::device::{Device, Queued, Timeline};
 use crate::error::{check, Error, Result};
 
 /// One operation of [`Device::transfer`]. Offsets and lengths are in bytes.
@@ -69,15 +69,29 @@ fn buffer_ref(view: &BufferView, offset: usize, length: usize) -> sys::iree_hal_
 }
 
 impl Device {
-    /// Runs `ops` on this device as one command buffer and waits for them.
+    /// Runs `ops` on this device as one command buffer, after everything submitted to the device
+    /// before (async calls return without waiting), and waits for them.
     ///
     /// Every view must live on this device and every range must lie inside its view; nothing
     /// is submitted when one does not. The ops are recorded without barriers, so the HAL may
     /// run them in any order or at once: no op may touch bytes another op of the same call
     /// writes (the caller's contract; not checked).
     pub fn transfer(&self, ops: &[Transfer<'_>]) -> Result<()> {
+        let queued = self.transfer_queued(ops)?;
+        self.wait(queued)
+    }
+
+    /// [`Self::transfer`] without the wait: the ops run after everything queued before and
+    /// before everything queued after; [`Device::wait`] the returned point before reading what
+    /// they wrote through a mapping (reads of views wait for everything by themselves). No ops:
+    /// the point of the last submission.
+    pub fn transfer_queued(&self, ops: &[Transfer<'_>]) -> Result<Queued> {
         if ops.is_empty() {
-            return Ok(());
+            let timeline = self.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
+            return Ok(Queued {
+                epoch: timeline.epoch,
+                value: timeline.value,
+            });
         }
         for op in ops {
             let views: &[&BufferView] = match op {
@@ -172,11 +186,16 @@ impl Device {
         }
 
         let mut timeline = self.inner.timeline.lock().unwrap_or_else(|e| e.into_inner());
-        let result = self.submit_and_wait(&mut timeline, cb);
-        if result.is_err() {
-            timeline.reset();
+        match self.submit(&mut timeline, cb) {
+            Ok(()) => Ok(Queued {
+                epoch: timeline.epoch,
+                value: timeline.value,
+            }),
+            Err(e) => {
+                timeline.reset();
+                Err(e)
+            }
         }
-        result
     }
 
     /// Creates the timeline's semaphore if it has none (first use, or after a failure).
@@ -199,26 +218,31 @@ impl Device {
         )
     }
 
-    /// Submits `cb` signalling the device's timeline at its next value and waits for it.
-    fn submit_and_wait(&self, timeline: &mut Timeline, cb: *mut sys::iree_hal_command_buffer_t) -> Result<()> {
+    /// Submits `cb` after everything already on the device's timeline (async calls return
+    /// without waiting), signalling its next value: a call and the transfer that reads its
+    /// result cost one host wait.
+    fn submit(&self, timeline: &mut Timeline, cb: *mut sys::iree_hal_command_buffer_t) -> Result<()> {
         self.ensure_timeline(timeline)?;
-        let next = timeline.value + 1;
+        let before = timeline.value;
+        let next = before + 1;
         let mut semaphores = [timeline.semaphore];
-        let mut values = [next];
+        let mut signal_values = [next];
         let signal = sys::iree_hal_semaphore_list_t {
             count: 1,
             semaphores: semaphores.as_mut_ptr(),
-            payload_values: values.as_mut_ptr(),
+            payload_values: signal_values.as_mut_ptr(),
         };
+        let mut wait_semaphores = [timeline.semaphore];
+        let mut wait_values = [before];
         let wait = sys::iree_hal_semaphore_list_t {
-            count: 0,
-            semaphores: std::ptr::null_mut(),
-            payload_values: std::ptr::null_mut(),
+            count: 1,
+            semaphores: wait_semaphores.as_mut_ptr(),
+            payload_values: wait_values.as_mut_ptr(),
         };
         // SAFETY: everything passed is live until the wait returns; the lists point at locals
         // that outlive the call (IREE copies what it keeps).
-        unsafe {
-            check(
+        let submitted = check(
+            unsafe {
                 sys::iree_hal_device_queue_execute(
                     self.as_ptr(),
                     QUEUE_AFFINITY_ANY,
@@ -230,15 +254,14 @@ impl Device {
                         bindings: std::ptr::null(),
                     },
                     sys::IREE_HAL_EXECUTE_FLAG_NONE as _,
-                ),
-                format!("{OP}: submit on `{}`", self.name()),
-            )?;
+                )
+            },
+            format!("{OP}: submit on `{}`", self.name()),
+        );
+        if let Err(e) = submitted {
+            let _ = timeline.wait(before, OP);
+            return Err(e);
         }
-        // SAFETY: the semaphore is live (the timeline holds it).
-        check(
-            unsafe { sys::iree_hal_semaphore_wait(timeline.semaphore, next, sys::iree_infinite_timeout(), 0 as _) },
-            format!("{OP}: wait on `{}`", self.name()),
-        )?;
         timeline.value = next;
         Ok(())
     }

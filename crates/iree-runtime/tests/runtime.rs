@@ -35,6 +35,7 @@ device_tests!(
     transfers_copy_and_zero_in_one_submission,
     inputs_either_side_of_the_host_visible_limit,
     transfers_in_sequence_and_from_threads,
+    calls_queue_behind_each_other_and_reads_wait,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -387,6 +388,39 @@ fn views_outlive_session_and_device_handles() {
 
 /// What a contract v2 session does per call: copy a call's new rows into rows of a
 /// runtime-owned buffer, and fork a buffer by copying it whole, all in one submission.
+/// Async calls return before they ran (Vulkan): a chain of calls, each fed the previous one's
+/// result, a transfer of a result in the middle of the chain, and the reads at the end all
+/// see every call before them done.
+fn calls_queue_behind_each_other_and_reads_wait(device_name: &str) {
+    let mut session = open_session(device_name);
+    let device = session.device().clone();
+    let increment = session.lookup("module.increment").unwrap();
+    let mut value = BufferView::from_i32(&device, &[3], &[1, -5, 100]).unwrap();
+    let midway = BufferView::allocate(&device, &[3], ElementType::I32).unwrap();
+    for i in 1..=60 {
+        value = session.call_function(&increment, &[&value]).unwrap().remove(0);
+        if i == 30 {
+            device
+                .transfer(&[Transfer::Copy {
+                    source: &value,
+                    source_offset: 0,
+                    target: &midway,
+                    target_offset: 0,
+                    length: 12,
+                }])
+                .unwrap();
+        }
+    }
+    let last = value.to_i32_vec().unwrap();
+    assert_eq!(last, [61, 55, 160], "after 60 calls on {device_name}");
+    assert_eq!(
+        midway.to_i32_vec().unwrap(),
+        [31, 25, 130],
+        "after 30 calls on {device_name}"
+    );
+    device.sync().unwrap();
+}
+
 /// A device's transfers signal one semaphore at increasing values: many in a row, and from
 /// several threads at once, each see their own copy done when they return.
 fn transfers_in_sequence_and_from_threads(device_name: &str) {

@@ -145,6 +145,19 @@ pub trait KvBackend {
     /// Feeds one token; returns the next one.
     fn step(&mut self, token: i32) -> Result<i32>;
 
+    /// Greedy decoding on the graphs' own argmax: steps on `token`, then on each token a step
+    /// predicts, handing every prediction to `more` in order, until `more` returns `false` or
+    /// `max` steps ran. Returns the steps made; the session is then at the position after the
+    /// last of them, exactly as after that many [`Self::step`] calls.
+    ///
+    /// A backend may queue a step before `more` saw the token it feeds on (the IREE backend does
+    /// on an async device: the host then never waits between steps); such a step is dropped
+    /// when `more` says stop, and leaves no trace. An error leaves the session after the last
+    /// step `more` was handed.
+    fn step_greedy(&mut self, token: i32, max: usize, more: &mut dyn FnMut(i32) -> bool) -> Result<usize> {
+        step_greedy_serially(self, token, max, more)
+    }
+
     fn snapshot(&self) -> Result<Self::Snapshot>;
 
     /// Swaps the snapshot's caches back in. A snapshot of another session is an error.
@@ -203,6 +216,25 @@ pub trait RedecodeBackend {
     fn name(&self) -> String;
 }
 
+/// [`KvBackend::step_greedy`] as [`KvBackend::step`] calls, one after the other (the default,
+/// and the fallback of a backend that pipelines only some sessions).
+pub fn step_greedy_serially<B: KvBackend + ?Sized>(
+    backend: &mut B,
+    mut token: i32,
+    max: usize,
+    more: &mut dyn FnMut(i32) -> bool,
+) -> Result<usize> {
+    let mut steps = 0;
+    while steps < max {
+        token = backend.step(token)?;
+        steps += 1;
+        if !more(token) {
+            break;
+        }
+    }
+    Ok(steps)
+}
+
 /// A boxed backend is a backend (callers keep large sessions behind a pointer).
 impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     type Snapshot = B::Snapshot;
@@ -218,6 +250,9 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     }
     fn step(&mut self, token: i32) -> Result<i32> {
         (**self).step(token)
+    }
+    fn step_greedy(&mut self, token: i32, max: usize, more: &mut dyn FnMut(i32) -> bool) -> Result<usize> {
+        (**self).step_greedy(token, max, more)
     }
     fn snapshot(&self) -> Result<Self::Snapshot> {
         (**self).snapshot()

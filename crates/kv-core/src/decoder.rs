@@ -272,6 +272,36 @@ impl<B: KvBackend> KvDecoder<B> {
         let mut history = fed.to_vec();
         let mut stopped_at_eos = false;
         let mut token = self.pick(predicted, &history, sampler.as_mut(), &mut timing)?;
+        if sampler.is_none() {
+            // Greedy: the backend may run ahead of the host (KvBackend::step_greedy).
+            if options.max_new == 0 {
+                // Nothing to hand over.
+            } else if options.stop.contains(&token) {
+                stopped_at_eos = true;
+            } else {
+                ids.push(token);
+                timing.first_token.get_or_insert_with(|| started.elapsed());
+                on_token(token);
+                let t = Instant::now();
+                let mut more = |predicted: i32| {
+                    if options.stop.contains(&predicted) {
+                        stopped_at_eos = true;
+                        return false;
+                    }
+                    ids.push(predicted);
+                    on_token(predicted);
+                    ids.len() < options.max_new
+                };
+                let steps = self.backend.step_greedy(token, options.max_new - 1, &mut more)?;
+                timing.decode += t.elapsed();
+                timing.decode_tokens += steps;
+            }
+            return Ok(Generation {
+                ids,
+                stopped_at_eos,
+                timing,
+            });
+        }
         while ids.len() < options.max_new {
             if options.stop.contains(&token) {
                 stopped_at_eos = true;

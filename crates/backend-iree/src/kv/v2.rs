@@ -343,7 +343,7 @@ impl IreeKvBackend {
         })?;
         // The token is read by the submission that writes the rows (one round trip, not two).
         let readback = match reads.variant {
-            None => Some(self.readback()?),
+            None => Some(self.readback_slot(0)?),
             Some(_) => None,
         };
 

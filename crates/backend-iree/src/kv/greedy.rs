@@ -1,0 +1,202 @@
+//! Greedy decoding one step ahead of the host ([`KvBackend::step_greedy`] on an async device).
+//!
+//! A step's token is the next step's input. Read on the host first, every step would wait for
+//! the device, then the device for the host (the embedding row, the inputs, recording the
+//! call): ~0.9 ms a step on the H200 (docs/benchmarks.md, session 16). Here the next step is
+//! queued before the host reads the token: its embedding row is gathered on the device by the
+//! step module's `embed_token` function (`Manifest::embed_function`) from the token the
+//! device holds, so the host reads step `n`'s token while step `n + 1` runs. When the reader
+//! says stop, the step queued ahead is dropped: contract v1 calls return new caches, so it
+//! changed nothing the session keeps.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use iree_runtime::{BufferView, ElementType, Queued, Transfer};
+use kv_core::manifest::Name;
+use kv_core::window::plan_step;
+use kv_core::{Error, Graph, Result};
+
+use super::{IreeKvBackend, LayerCache, TopKViews};
+use crate::convert::{contract_err, iree_err};
+
+/// What a step is fed: a token the host knows, or the token a queued step will compute.
+enum Fed {
+    Host(i32),
+    Device(BufferView),
+}
+
+/// A step on the device's queue whose token the host has not read.
+struct Ahead {
+    /// The caches after the step.
+    layers: Vec<LayerCache>,
+    token: BufferView,
+    top_k: Option<TopKViews>,
+    /// Where the token is read: a host-mappable copy queued after the step.
+    readback: BufferView,
+    done: Queued,
+}
+
+impl IreeKvBackend {
+    /// Whether greedy decoding ([`KvBackend::step_greedy`](kv_core::KvBackend::step_greedy))
+    /// runs a step ahead of the host: contract v1 with the step module's embedding function,
+    /// which is looked up only where it is async (Vulkan).
+    pub fn runs_ahead(&self) -> bool {
+        !self.manifest.is_v2() && self.embed.is_some()
+    }
+
+    /// [`KvBackend::step_greedy`](kv_core::KvBackend::step_greedy) with one step queued ahead.
+    pub(super) fn step_greedy_ahead(
+        &mut self,
+        token: i32,
+        max: usize,
+        more: &mut dyn FnMut(i32) -> bool,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let before = self.clock;
+        let layers = self.layers.clone();
+        let mut current = self.queue_step(Fed::Host(token), &layers, self.position, 0)?;
+        let mut steps = 0;
+        let result = loop {
+            let ahead = if steps + 1 < max {
+                let fed = Fed::Device(current.token.clone());
+                match self.queue_step(fed, &current.layers, self.position + 1, (steps + 1) % 2) {
+                    Ok(ahead) => Some(ahead),
+                    Err(e) => break Err(e),
+                }
+            } else {
+                None
+            };
+            let t = Instant::now();
+            let token = self.read_ahead(&current);
+            self.clock.read += t.elapsed();
+            let token = match token {
+                Ok(token) => token,
+                Err(e) => break Err(e),
+            };
+            self.layers = current.layers;
+            self.position += 1;
+            self.last_top_k = current.top_k;
+            steps += 1;
+            if !more(token) {
+                break Ok(steps);
+            }
+            match ahead {
+                Some(next) => current = next,
+                None => break Ok(steps),
+            }
+        };
+        let c = self.clock;
+        let inner = (c.invoke - before.invoke) + (c.read - before.read);
+        self.steps.steps += steps as u32;
+        self.steps.inputs += started.elapsed().saturating_sub(inner);
+        self.steps.invoke += c.invoke - before.invoke;
+        self.steps.read += c.read - before.read;
+        result
+    }
+
+    /// Queues a step at `position` on `fed` over `layers`, and the copy of its token into
+    /// read-back buffer `slot` (two, so that the copy of the step ahead never writes the one
+    /// being read).
+    fn queue_step(&mut self, fed: Fed, layers: &[LayerCache], position: usize, slot: usize) -> Result<Ahead> {
+        let spec = self.manifest.spec.clone();
+        // A token on the device is an argmax (in range); the plan checks a host one.
+        let checked = match fed {
+            Fed::Host(token) => token,
+            Fed::Device(_) => 0,
+        };
+        let plan = plan_step(&spec, position, checked, self.options.rule)?;
+        let (token, emb) = match fed {
+            Fed::Host(token) => (
+                self.i32_view(&[1], &[token])?,
+                self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
+            ),
+            Fed::Device(token) => {
+                let emb = self.embed_on_device(&token)?;
+                (token, emb)
+            }
+        };
+        let mut inputs = HashMap::new();
+        inputs.insert(Name::Token, token);
+        inputs.insert(Name::Emb, emb);
+        self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
+        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+        for (l, cache) in layers.iter().enumerate() {
+            let (k, v) = Self::tail(cache, pasts[l])?;
+            inputs.insert(Name::K(l), k);
+            inputs.insert(Name::V(l), v);
+        }
+        let results = self.call(Graph::Step, inputs, &|name| match name {
+            Name::Token => (vec![1], ElementType::I32),
+            Name::K(l) | Name::V(l) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + 1),
+            _ => (vec![], ElementType::F32),
+        })?;
+        let layers = (0..spec.n_layers)
+            .map(|l| Self::kept(&results, l, position - pasts[l], pasts[l] + 1, pasts[l] + 1))
+            .collect::<Result<_>>()?;
+        let token = results[&Name::Token].clone();
+        let readback = self.readback_slot(slot)?;
+        let copy = Transfer::Copy {
+            source: &token,
+            source_offset: 0,
+            target: &readback,
+            target_offset: 0,
+            length: 4,
+        };
+        let done = self
+            .device
+            .transfer_queued(&[copy])
+            .map_err(iree_err("queue the copy of a step's token"))?;
+        Ok(Ahead {
+            layers,
+            top_k: Self::top_k_views(&results),
+            token,
+            readback,
+            done,
+        })
+    }
+
+    /// The embedding row of the token `token` holds, gathered on the device.
+    fn embed_on_device(&mut self, token: &BufferView) -> Result<BufferView> {
+        let (Some(embed), Some((index, _))) = (&self.embed, self.functions.get(&Graph::Step)) else {
+            kv_core::error::invariant("a step ahead without the embedding function");
+        };
+        let session = self.sessions[*index]
+            .as_ref()
+            .unwrap_or_else(|| kv_core::error::invariant("the step graph's session was released"));
+        let t = Instant::now();
+        let results = session.lock().call_function(embed, &[token]);
+        self.clock.invoke += t.elapsed();
+        let mut results = results.map_err(iree_err(format!("call {}", embed.name)))?;
+        let shape = [1, self.manifest.spec.hidden_size];
+        match results.pop() {
+            Some(row) if results.is_empty() && row.shape() == shape && row.element_type() == ElementType::F32 => {
+                Ok(row)
+            }
+            _ => Err(contract_err(
+                "embedFunction",
+                format!("{} must return one f32 {shape:?} row", embed.name),
+            )),
+        }
+    }
+
+    /// Waits for `ahead`'s token and reads it.
+    fn read_ahead(&self, ahead: &Ahead) -> Result<i32> {
+        let token = ahead
+            .readback
+            .to_i32_vec_when(ahead.done)
+            .map_err(iree_err("read a step's token"))?[0];
+        let vocab = self.manifest.spec.vocab_size;
+        if token < 0 || token as usize >= vocab {
+            return Err(Error::ContractMismatch {
+                backend: "iree",
+                op: Graph::Step.key().into(),
+                message: format!("the step predicted id {token}, outside the vocabulary of {vocab}"),
+            });
+        }
+        Ok(token)
+    }
+}

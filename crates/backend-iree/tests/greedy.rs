@@ -1,0 +1,104 @@
+//! Greedy decoding a step ahead of the host (`KvBackend::step_greedy` on Vulkan, lavapipe here):
+//! the same tokens and caches as one step after the other, whichever prediction stops it, and
+//! a session that goes on from there as if the step queued ahead had never run.
+
+use std::path::{Path, PathBuf};
+
+use backend_iree::{IreeKvBackend, IreeOptions};
+use export::{cached_export, Layout, Target};
+use kv_core::backend::step_greedy_serially;
+use kv_core::{KvBackend, Manifest};
+
+const MODEL: &str = "tiny-gemma3:7";
+
+fn artifacts() -> PathBuf {
+    cached_export(MODEL, &Target::vulkan(), Layout::Shared).expect("export for Vulkan (run scripts/setup.sh)")
+}
+
+fn open(dir: &Path) -> IreeKvBackend {
+    IreeKvBackend::open(dir, IreeOptions::new("vulkan")).unwrap()
+}
+
+/// A prompt longer than the fixture's sliding window (12) and its chunk (8).
+fn prompt() -> Vec<i32> {
+    (0..21).map(|i| (i * 37 + 11) % 200 + 3).collect()
+}
+
+/// Greedy from `token` until `stop_after` predictions or `max` steps: the predictions and the
+/// step count, by `run`.
+fn greedy<B: KvBackend>(
+    backend: &mut B,
+    token: i32,
+    max: usize,
+    stop_after: usize,
+    run: impl Fn(&mut B, i32, usize, &mut dyn FnMut(i32) -> bool) -> kv_core::Result<usize>,
+) -> (Vec<i32>, usize) {
+    let mut seen = Vec::new();
+    let mut more = |id: i32| {
+        seen.push(id);
+        seen.len() < stop_after
+    };
+    let steps = run(backend, token, max, &mut more).unwrap();
+    (seen, steps)
+}
+
+#[test]
+fn running_ahead_matches_stepping_and_leaves_no_trace() {
+    let dir = artifacts();
+    let manifest = Manifest::load(&dir).unwrap();
+    assert!(
+        manifest.embed_function.is_some(),
+        "a v1 Vulkan export of a tied model has embedFunction"
+    );
+    let (mut ahead, mut serial) = (open(&dir), open(&dir));
+    assert!(ahead.runs_ahead());
+    let first = ahead.prefill(&prompt()).unwrap();
+    assert_eq!(serial.prefill(&prompt()).unwrap(), first);
+    let (start_a, start_s) = (ahead.snapshot().unwrap(), serial.snapshot().unwrap());
+    // (max steps, stop after this many predictions): stopped by the reader at the first, in the
+    // middle and at the last step; by `max`; a single step.
+    for (max, stop_after) in [(10, 1), (10, 4), (10, 10), (6, usize::MAX), (1, usize::MAX)] {
+        ahead.restore(&start_a).unwrap();
+        serial.restore(&start_s).unwrap();
+        let got = greedy(&mut ahead, first, max, stop_after, |b, t, m, f| b.step_greedy(t, m, f));
+        let want = greedy(&mut serial, first, max, stop_after, |b, t, m, f| {
+            step_greedy_serially(b, t, m, f)
+        });
+        let case = format!("max {max}, stop after {stop_after}");
+        assert_eq!(got, want, "{case}");
+        assert_eq!(got.1, max.min(stop_after), "{case}");
+        assert_eq!(ahead.position(), serial.position(), "{case}");
+        for l in 0..ahead.spec().n_layers {
+            assert_eq!(
+                ahead.read_layer(l).unwrap(),
+                serial.read_layer(l).unwrap(),
+                "{case}, layer {l}"
+            );
+        }
+        // The step queued ahead of a stop is gone: the next step sees the kept position.
+        let last = *got.0.last().unwrap();
+        assert_eq!(
+            ahead.step(last).unwrap(),
+            serial.step(last).unwrap(),
+            "{case}: the step after"
+        );
+    }
+}
+
+#[test]
+fn a_missing_embedding_function_is_named_at_open() {
+    let dir = artifacts();
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+    }
+    let path = copy.path().join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("_embed_token\"", "_embed_nothing\"")).unwrap();
+    let err = match IreeKvBackend::open(copy.path(), IreeOptions::new("vulkan")) {
+        Ok(_) => panic!("opened a manifest naming a function the module lacks"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("embedFunction") && err.contains("_embed_nothing"), "{err}");
+}
