@@ -43,6 +43,9 @@ for v in $VARIANTS; do
   case $v in
     packed) export_twin packed --targets vulkan ;;
     i16-ampere) export_twin i16-ampere --targets vulkan --weights i16 --vulkan-target ampere ;;
+    # The same, exported by this build (session 17: with the step module's embed_token, the
+    # argmax in stages of 16).
+    i16-ampere-ahead) export_twin i16-ampere-ahead --targets vulkan --weights i16 --vulkan-target ampere ;;
     # Q/K/V apart in the archive, as the source stores them (`export --projections apart`).
     i16-ampere-apart) export_twin i16-ampere-apart --targets vulkan --weights i16 --vulkan-target ampere --projections apart ;;
     i16-ampere-v2) export_twin i16-ampere-v2 --targets vulkan --weights i16 --vulkan-target ampere --contract 2 ;;

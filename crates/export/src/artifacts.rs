@@ -521,6 +521,8 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .iter()
         .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
         .then_some(RowProducts { workgroup: 64, rows: 4 });
+    // The same GPUs: the argmax in stages of 16 values (docs/benchmarks.md, session 17).
+    let argmax_width = head_product.map(|_| 16);
     // One module text serves every target of the export: forms only the CPU compiles need an
     // export for the CPU alone.
     let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
@@ -535,6 +537,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         argmax_by_max: cpu_only,
         q4_kernel,
         head_product,
+        argmax_width,
     };
     let targets: Vec<Target> = options
         .targets

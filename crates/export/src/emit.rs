@@ -88,6 +88,10 @@ pub struct EmitOptions {
     /// modules compiled only for GPUs whose subgroups are 32 wide; `None` = the product in the
     /// form of the graph's other projections, configured by IREE.
     pub head_product: Option<RowProducts>,
+    /// The staged argmax's stages reduce at most this many values each
+    /// ([`crate::mlir::argmax_stages_of_width`]: more, shorter stages); `None` =
+    /// [`crate::mlir::argmax_stages`].
+    pub argmax_width: Option<usize>,
 }
 
 /// How IREE's SPIR-V code runs a one-row product `x [in] · W [out, in]ᵀ` (SubgroupReduce:
@@ -1674,7 +1678,12 @@ impl FuncEmitter<'_> {
         if self.options.argmax_by_max {
             self.b.argmax_rows_by_max(logits)
         } else {
-            self.b.argmax_rows(logits)
+            let n = logits.ty.static_dims()[1];
+            let stages = match self.options.argmax_width {
+                Some(width) => crate::mlir::argmax_stages_of_width(n, width),
+                None => crate::mlir::argmax_stages(n),
+            };
+            self.b.argmax_rows_staged(logits, &stages)
         }
     }
 }

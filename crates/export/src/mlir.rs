@@ -165,6 +165,23 @@ pub fn argmax_stages(n: usize) -> Vec<usize> {
     vec![first, second, rest.div_ceil(second)]
 }
 
+/// Stages of `width` values (the last one what is left, padded up) whose product covers `n`:
+/// Gemma's 262144 in stages of 16 is 16 × 16 × 16 × 16 × 4. On the H200 over Vulkan the
+/// five stages of 16 took 29 µs where [`argmax_stages`]' three of 64 took ~190 µs in the decode
+/// step (docs/benchmarks.md, session 17): each stage's threads run their loop serially, so
+/// short loops over many threads win while a dispatch costs a few µs.
+pub fn argmax_stages_of_width(n: usize, width: usize) -> Vec<usize> {
+    assert!(width >= 2, "argmax stages of {width} values never end");
+    let mut stages = Vec::new();
+    let mut left = n;
+    while left > width {
+        stages.push(width);
+        left = left.div_ceil(width);
+    }
+    stages.push(left.max(1));
+    stages
+}
+
 /// `f32` as an exact MLIR hex literal.
 pub fn f32_hex(x: f32) -> String {
     format!("0x{:08X}", x.to_bits())

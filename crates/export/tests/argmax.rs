@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 
 use common::{run_module, with_values, Array, Noise};
-use export::mlir::{argmax_stages, argmax_tiles, Body, Elem, Ty, V};
+use export::mlir::{argmax_stages, argmax_stages_of_width, argmax_tiles, Body, Elem, Ty, V};
 use export::Target;
 
 /// Which emitter of the argmax a module uses.
@@ -177,6 +177,18 @@ fn explicit_tiling_one_padding_element() {
     check(4, 1000, Form::Staged(Some(&[7, 143])));
 }
 
+/// NVIDIA Vulkan exports' stages of 16 (`EmitOptions::argmax_width`): Gemma 3's vocabulary in
+/// five stages, and Qwen2's padded.
+#[test]
+fn stages_of_sixteen() {
+    let gemma = argmax_stages_of_width(262_144, 16);
+    assert_eq!(gemma, [16, 16, 16, 16, 4]);
+    check(1, 262_144, Form::Staged(Some(&gemma)));
+    let qwen = argmax_stages_of_width(151_936, 16);
+    assert_eq!(qwen, [16, 16, 16, 16, 3], "padded to 196608");
+    check(2, 151_936, Form::Staged(Some(&qwen)));
+}
+
 /// The CPU's form on Gemma 3's vocabulary (the step) and on several rows of a prime length
 /// (redecode's rows), with the same ties.
 #[test]
@@ -187,6 +199,20 @@ fn by_maximum_on_the_cpu() {
 
 #[test]
 fn tiling_rule() {
+    assert_eq!(argmax_stages_of_width(16, 16), [16], "one stage of the width");
+    assert_eq!(argmax_stages_of_width(17, 16), [16, 2], "padded to 32");
+    assert_eq!(argmax_stages_of_width(1, 16), [1]);
+    for n in [2usize, 100, 4096, 49_152, 151_936, 262_144] {
+        let st = argmax_stages_of_width(n, 16);
+        assert!(
+            st.iter().all(|&s| s <= 16) && st.iter().product::<usize>() >= n,
+            "{n}: {st:?}"
+        );
+        assert!(
+            st.iter().product::<usize>() / st[st.len() - 1] < n || st.len() == 1,
+            "{n}: one stage too many: {st:?}"
+        );
+    }
     assert_eq!(argmax_stages(49_152), [32, 32, 48], "SmolLM2: three stages, exact");
     assert_eq!(argmax_stages(32_767), [151, 217], "below 32768: two stages");
     assert_eq!(argmax_stages(63), [63], "short rows: one reduce");

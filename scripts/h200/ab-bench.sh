@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine: `bench` of several (binary, export) pairs alternating in one run,
+# then the greedy ids of `generate` and `diverge` against the FP32 reference, and (PROFILE) one
+# profiled bare step per export at the bench's context (docs/benchmarks.md, session 17).
+#   PAIRS="label:binary:export ..."   binaries in .cache/device/bin, exports in .cache/device
+#   ARCHIVE=export    the export whose archive this binary writes (twin_archive); every other
+#                     export in PAIRS gets it too (their modules differ, their parameters not)
+#   ROUNDS (1), IDS (exports whose `generate` ids are printed), DIVERGE (exports checked against
+#   the reference), PROFILE (exports profiled: `argmax.sh prepare` wrote their step-args-long.txt)
+# Session 17's runs:
+#   1. PAIRS="s16:skainet-kv-s16:i16-ampere-head one-wait:skainet-kv:i16-ampere-head
+#      ahead:skainet-kv:i16-ampere-ahead" ARCHIVE=i16-ampere-ahead (session 16's binary kept
+#      as bin/skainet-kv-s16; one-wait: the async call no longer host-waits; ahead: the next
+#      step queued before the token is read), and v2 by both binaries
+#   2. PAIRS="s64:skainet-kv:i16-ampere-ahead-s64 s16:skainet-kv:i16-ampere-ahead": the argmax
+#      in three stages of 64 against five of 16
+# Prepare (here): scripts/h200/prepare.sh with the VARIANTS named. Carry [".cache/device", ".gl"].
+set -u
+source "$(dirname "$0")/device-env.sh"
+stamp() { echo "-- $(date +%T) $*"; }
+exports=$(for p in $PAIRS; do echo "${p##*:}"; done | sort -u)
+twin_archive "$ARCHIVE"
+for v in $exports; do
+  [ "$v" = "$ARCHIVE" ] || ln -f "$D/$ARCHIVE/model.irpa" "$D/$v/model.irpa"
+done
+for round in $(seq "${ROUNDS:-1}"); do
+  for p in $PAIRS; do
+    IFS=: read -r label bin v <<<"$p"
+    stamp "round $round, $label ($bin on $v)"
+    timeout 200 "$D/bin/$bin" bench --backend iree-vulkan --model $TWIN --artifacts "$D/$v" --prefix-tokens 843 \
+      --utterances 8 --repeat 2 2>&1 | grep -E "decode|per step|chunk call|utterance p50|first token|rror"
+  done
+done
+ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')
+for v in ${IDS:-}; do
+  stamp "generate, $v"
+  timeout 120 $D/bin/skainet-kv generate --backend iree-vulkan --model $TWIN --artifacts "$D/$v" --ids "$ids" \
+    --max-new 24 2>&1 | tail -2
+done
+for v in ${DIVERGE:-}; do
+  stamp "diverge vs reference, 400-token prompt, $v"
+  timeout 240 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts "$D/$v" \
+    --ids "$ids" --max-new 12 2>&1 | tail -3
+done
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+for v in ${PROFILE:-}; do
+  stamp "profiled step of $v at 860 / 511 rows"
+  timeout 120 $D/tools/iree-run-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" \
+    --parameters=model=$D/$v/model.irpa --function=gemma_with_past $(cat $D/$v/step-args-long.txt) \
+    --device_profiling_mode=dispatch-events --device_profiling_output=/tmp/$v.ireeprof >/dev/null 2>/tmp/$v.err ||
+    tail -3 /tmp/$v.err
+  $D/tools/iree-profile dispatch --format=jsonl /tmp/$v.ireeprof >"$OUT/$v-long.jsonl" 2>&1
+  python3 scripts/h200/dispatch-summary.py "$OUT/$v-long.jsonl"
+done
+stamp end
