@@ -3,8 +3,9 @@
 # then the greedy ids of `generate` and `diverge` against the FP32 reference, and (PROFILE) one
 # profiled bare step per export at the bench's context (docs/benchmarks.md, session 17).
 #   PAIRS="label:binary:export ..."   binaries in .cache/device/bin, exports in .cache/device
-#   ARCHIVE=export    the export whose archive this binary writes (twin_archive); every other
-#                     export in PAIRS gets it too (their modules differ, their parameters not)
+#   ARCHIVE="export ..."   the exports whose archives this binary writes (twin_archive: one per
+#                     contract); every other export in PAIRS gets the first one's (their modules
+#                     differ, their parameters not)
 #   ROUNDS (1), IDS (exports whose `generate` ids are printed), DIVERGE (exports checked against
 #   the reference), PROFILE (exports profiled: `argmax.sh prepare` wrote their step-args-long.txt)
 # Session 17's runs:
@@ -19,10 +20,14 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 stamp() { echo "-- $(date +%T) $*"; }
 exports=$(for p in $PAIRS; do echo "${p##*:}"; done | sort -u)
-twin_archive "$ARCHIVE"
+for a in $ARCHIVE; do twin_archive "$a"; done
+first=${ARCHIVE%% *}
 for v in $exports; do
-  [ "$v" = "$ARCHIVE" ] || ln -f "$D/$ARCHIVE/model.irpa" "$D/$v/model.irpa"
+  case " $ARCHIVE " in *" $v "*) ;; *) ln -f "$D/$first/model.irpa" "$D/$v/model.irpa" ;; esac
 done
+# The GPU's clocks while the benches run (read only), summarized at the end.
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,pstate --format=csv,noheader,nounits -lms 100 >/tmp/clocks.txt 2>&1 &
+clocks=$!
 for round in $(seq "${ROUNDS:-1}"); do
   for p in $PAIRS; do
     IFS=: read -r label bin v <<<"$p"
@@ -31,6 +36,15 @@ for round in $(seq "${ROUNDS:-1}"); do
       --utterances 8 --repeat 2 2>&1 | grep -E "decode|per step|chunk call|utterance p50|first token|rror"
   done
 done
+kill $clocks
+python3 - <<'PY'
+rows = [l.split(", ") for l in open("/tmp/clocks.txt") if l[:1].isdigit()]
+sm = sorted(int(r[0]) for r in rows)
+if sm:
+    states = sorted({r[2].strip() for r in rows})
+    print(f"-- SM clock during the benches: min {sm[0]}, median {sm[len(sm) // 2]}, max {sm[-1]} MHz "
+          f"({len(sm)} samples; states {' '.join(states)})")
+PY
 ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')
 for v in ${IDS:-}; do
   stamp "generate, $v"

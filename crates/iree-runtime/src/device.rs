@@ -100,10 +100,15 @@ unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        let timeline = self.timeline.get_mut().unwrap_or_else(|e| e.into_inner());
+        // Async calls return before they ran: let the last one finish before the device goes
+        // (a failure there is no caller's to report any more).
+        let last = timeline.value;
+        let _ = timeline.wait(last, "release the device");
+        timeline.reset();
         // SAFETY: we own both references taken at creation; buffer views and sessions made on the
         // device hold an Arc to this value, so they are gone (or hold their own IREE
         // references) by now. The group retains the device, so it goes first.
-        self.timeline.get_mut().unwrap_or_else(|e| e.into_inner()).reset();
         unsafe {
             sys::iree_hal_device_group_release(self.group.as_ptr());
             sys::iree_hal_device_release(self.raw.as_ptr());

@@ -17,6 +17,11 @@
 //! - **Memory**: buffers are device-local. Host data goes in with a host → device copy when a
 //!   view is created and comes out with an explicit device → host transfer; nothing is mapped
 //!   (results on Vulkan are not mappable).
+//! - **Ordering**: a device has one timeline semaphore. Async functions (`coarse-fences`) and
+//!   [`Device::transfer`] queue behind everything submitted before them on it; an async call
+//!   returns before the device ran it, and every host read of a view waits first
+//!   ([`Device::sync`]), so callers see results in program order and the host never waits
+//!   between two submissions ([`Device::transfer_queued`] + [`Device::wait`] to wait for one).
 //! - **Parameters**: a session gets an `io_parameters` module (one provider per scope) *before*
 //!   the bytecode module; parameter files are opened `READ | SHARE_READ | ASYNC`, which Vulkan
 //!   needs.
