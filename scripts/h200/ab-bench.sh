@@ -15,6 +15,9 @@
 #      step queued before the token is read), and v2 by both binaries
 #   2. PAIRS="s64:skainet-kv:i16-ampere-ahead-s64 s16:skainet-kv:i16-ampere-ahead": the argmax
 #      in three stages of 64 against five of 16
+#   later: exports of one-off variants of the emitter (the attention's forms and configurations;
+#      the code that made them was not kept, the kept forms are the emitter's), each exported
+#      here into its own directory beside the kept export named in ARCHIVE
 # Prepare (here): scripts/h200/prepare.sh with the VARIANTS named. Carry [".cache/device", ".gl"].
 set -u
 source "$(dirname "$0")/device-env.sh"

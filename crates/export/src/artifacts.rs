@@ -523,6 +523,14 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .then_some(RowProducts { workgroup: 64, rows: 4 });
     // The same GPUs: the argmax in stages of 16 values (docs/benchmarks.md, session 17).
     let argmax_width = head_product.map(|_| 16);
+    // And contract v2's one-row attention products over the caches: IREE's own choice, matmuls
+    // of 2 to 5 workgroups, took 15 of the step's 19.5 ms of GPU time; a subgroup per output,
+    // 4 outputs a 64-thread workgroup, 0.9 (docs/benchmarks.md, session 17).
+    let attention_products = head_product.map(|_| crate::emit::AttentionProducts {
+        workgroup: 64,
+        keys: 4,
+        outputs: 4,
+    });
     // One module text serves every target of the export: forms only the CPU compiles need an
     // export for the CPU alone.
     let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
@@ -538,6 +546,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         q4_kernel,
         head_product,
         argmax_width,
+        attention_products,
     };
     let targets: Vec<Target> = options
         .targets

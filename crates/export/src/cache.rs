@@ -27,7 +27,8 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// head in a configured one-row form (`EmitOptions::head_product`). 12: v1 exports for Vulkan
 /// of tied models add the step module's `embed_token` function (`Manifest::embed_function`).
 /// 13: NVIDIA Vulkan exports reduce the argmax in stages of 16 (`EmitOptions::argmax_width`).
-const EMITTER_REVISION: u32 = 13;
+/// 14: their contract v2 step configures its attention products (`EmitOptions::attention_products`).
+const EMITTER_REVISION: u32 = 14;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.

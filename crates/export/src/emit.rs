@@ -92,6 +92,33 @@ pub struct EmitOptions {
     /// ([`crate::mlir::argmax_stages_of_width`]: more, shorter stages); `None` =
     /// [`crate::mlir::argmax_stages`].
     pub argmax_width: Option<usize>,
+    /// IREE's SPIR-V configuration of contract v2's one-row attention products over the caches
+    /// ([`AttentionProducts`], f32 caches, GPUs whose subgroups are 32 wide); `None` = the
+    /// broadcast products IREE configures (as matmuls of 2 to 5 workgroups on the H200).
+    pub attention_products: Option<AttentionProducts>,
+}
+
+/// How IREE's SPIR-V code runs contract v2's one-row attention products against a cache head
+/// `[P, d]` (SubgroupReduce: each output reduced by one subgroup): the scores, `keys` keys a
+/// workgroup of `workgroup` threads, each reduced over `d`; the probabilities against the values,
+/// `outputs` of the `d` outputs a workgroup, each reduced over the cache's `P` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionProducts {
+    pub workgroup: usize,
+    pub keys: usize,
+    pub outputs: usize,
+}
+
+impl AttentionProducts {
+    /// The `compilation_info` of a product over `(query row, output, reduced)` whose outputs go
+    /// `per_workgroup` a workgroup, each reduced over `inner`.
+    fn info(self, per_workgroup: usize, inner: usize) -> String {
+        format!(
+            "#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = [[1, {per_workgroup}], [0, 0, {inner}]]>, \
+             translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{}, 1, 1]>>",
+            self.workgroup
+        )
+    }
 }
 
 /// How IREE's SPIR-V code runs a one-row product `x [in] · W [out, in]ᵀ` (SubgroupReduce:
@@ -177,17 +204,8 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 _ => {}
             }
             let spanned = if span == 0 { spec.clone() } else { spec.spanned(span) };
-            let mut f = FuncEmitter {
-                spec: &spanned,
-                arch: &arch,
-                options,
-                table: &table,
-                scope: &manifest.parameter_scope,
-                b: Body::new(),
-                loaded: HashMap::new(),
-                fuse_widening: rows_of(&spec, graph, options) == 1,
-                globals: &mut globals,
-            };
+            let fuse_widening = rows_of(&spec, graph, options) == 1;
+            let mut f = FuncEmitter::new(&spanned, &arch, options, &table, manifest, fuse_widening, &mut globals);
             let text = f.function(manifest, graph, func, token)?;
             funcs.push_str(&text);
         }
@@ -199,17 +217,7 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 "embedFunction `{qualified}`: a contract v1 function of the step graph's module"
             )));
         }
-        let mut f = FuncEmitter {
-            spec: &spec,
-            arch: &arch,
-            options,
-            table: &table,
-            scope: &manifest.parameter_scope,
-            b: Body::new(),
-            loaded: HashMap::new(),
-            fuse_widening: true,
-            globals: &mut globals,
-        };
+        let mut f = FuncEmitter::new(&spec, &arch, options, &table, manifest, true, &mut globals);
         funcs.push_str(&f.embed_function(func));
     }
     let mut out = String::new();
@@ -335,7 +343,30 @@ fn symbol(name: &str) -> String {
     s
 }
 
-impl FuncEmitter<'_> {
+impl<'a> FuncEmitter<'a> {
+    /// An emitter of one function of the module whose parameter globals are `globals`.
+    fn new(
+        spec: &'a KvSpec,
+        arch: &'a Architecture,
+        options: &'a EmitOptions,
+        table: &'a HashMap<String, ParamInfo>,
+        manifest: &'a Manifest,
+        fuse_widening: bool,
+        globals: &'a mut BTreeMap<String, String>,
+    ) -> Self {
+        FuncEmitter {
+            spec,
+            arch,
+            options,
+            table,
+            scope: &manifest.parameter_scope,
+            b: Body::new(),
+            loaded: HashMap::new(),
+            fuse_widening,
+            globals,
+        }
+    }
+
     /// The function `func` of `graph`; without `token`, its results but the token and top-k (a
     /// prefill's token-less variant: the LM head is never computed).
     fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str, token: bool) -> Result<String, ExportError> {
@@ -1360,6 +1391,21 @@ impl FuncEmitter<'_> {
     /// `a [G, x]` and a cache head `c [P, d]`: a `dot_general`, or with `by_reduce`
     /// [`Self::mul_reduce`].
     fn head_product(&mut self, a: &V, c: &V, scores: bool, by_reduce: bool) -> V {
+        let [rows, d] = c.ty.static_dims()[..] else {
+            kv_core::error::invariant("a cache head is [P, d]")
+        };
+        match self.options.attention_products {
+            // (The call's own rows stay IREE's: fewer than a workgroup's keys.)
+            Some(config) if by_reduce && c.ty.elem == Elem::F32 && rows >= config.keys => {
+                let info = if scores {
+                    config.info(config.keys, d)
+                } else {
+                    config.info(config.outputs, rows)
+                };
+                return self.b.configured_product(a, c, scores, &info);
+            }
+            _ => {}
+        }
         match (by_reduce, scores) {
             (true, true) => self.mul_reduce(a, c, 2),
             (true, false) => self.mul_reduce(a, c, 1),

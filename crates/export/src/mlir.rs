@@ -167,9 +167,10 @@ pub fn argmax_stages(n: usize) -> Vec<usize> {
 
 /// Stages of `width` values (the last one what is left, padded up) whose product covers `n`:
 /// Gemma's 262144 in stages of 16 is 16 × 16 × 16 × 16 × 4. On the H200 over Vulkan the
-/// five stages of 16 took 29 µs where [`argmax_stages`]' three of 64 took ~190 µs in the decode
-/// step (docs/benchmarks.md, session 17): each stage's threads run their loop serially, so
-/// short loops over many threads win while a dispatch costs a few µs.
+/// five stages of 16 took 95 µs of the decode step's GPU time where [`argmax_stages`]' three of
+/// 64 took 188 (28 against 44 µs alone; docs/benchmarks.md, session 17): each stage's threads
+/// run their loop serially, so short loops over many threads win while a dispatch costs a few
+/// µs.
 pub fn argmax_stages_of_width(n: usize, width: usize) -> Vec<usize> {
     assert!(width >= 2, "argmax stages of {width} values never end");
     let mut stages = Vec::new();
@@ -1012,6 +1013,34 @@ impl Body {
         let ty = Ty::fixed(&[o], Elem::F32);
         let product = self.reduction_generic(&[&xv, w], ty, &["d1", "d0, d1"], 1, &attrs, Self::widened_product);
         self.reshape_static(&product, &[1, o])
+    }
+
+    /// `a [G, x]` against `c` (f32) as one `linalg.generic` carrying `compilation_info` (see
+    /// [`Self::row_contract_i16`]): with `scores`, `c [P, x]` and `[G, P]` (`a · cᵀ`: a query's
+    /// scores against a cache's keys), else `c [x, n]` and `[G, n]` (`a · c`: probabilities
+    /// against a cache's values, reduced over the cache's rows).
+    pub fn configured_product(&mut self, a: &V, c: &V, scores: bool, compilation_info: &str) -> V {
+        let g = a.ty.static_dims()[0];
+        let [rows, cols] = c.ty.static_dims()[..] else {
+            kv_core::error::invariant("a cache head is [P, d]")
+        };
+        let (n, maps) = if scores {
+            (rows, ["d0, d2", "d1, d2"])
+        } else {
+            (cols, ["d0, d2", "d2, d1"])
+        };
+        let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
+        let ty = Ty::fixed(&[g, n], Elem::F32);
+        self.reduction_generic(&[a, c], ty, &maps, 1, &attrs, |b, args| {
+            let [x, y, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let (p, sum) = (b.fresh(), b.fresh());
+            (
+                format!("{p} = arith.mulf {x}, {y} : f32\n{sum} = arith.addf {acc}, {p} : f32"),
+                sum,
+            )
+        })
     }
 
     /// The body of an i16 × f32 product (block arguments `x`, the weight's bf16 bits, the

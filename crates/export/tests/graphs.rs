@@ -265,18 +265,7 @@ fn i16_weight_format_on_cpu() {
 /// (`scripts/h200/row-products.sh`).
 #[test]
 fn lm_heads_configured_for_nvidia_vulkan() {
-    let export = |target: export::Target| {
-        let dir = tempfile::tempdir().unwrap();
-        let options = ExportOptions {
-            targets: vec![target],
-            weights: export::WeightFormat::I16,
-            graphs: vec![Graph::Chunk, Graph::Step],
-            compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
-            ..ExportOptions::default()
-        };
-        let m = export_artifacts(&fixture_source("tiny-gemma3-gqa:5"), dir.path(), &options).unwrap();
-        (m, std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap())
-    };
+    let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3-gqa:5"), target, 1);
     let (m, mlir) = export(export::Target::Vulkan {
         target: Some("ampere".into()),
     });
@@ -298,6 +287,56 @@ fn lm_heads_configured_for_nvidia_vulkan() {
     assert!(
         !export(export::Target::cpu()).1.contains("compilation_info"),
         "IREE's own choice on the CPU"
+    );
+}
+
+/// The chunk and step graphs of `source` exported with i16 weights under `contract` for
+/// `target`: the manifest and the module's MLIR.
+fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) -> (Manifest, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ExportOptions {
+        targets: vec![target],
+        weights: export::WeightFormat::I16,
+        contract,
+        graphs: vec![Graph::Chunk, Graph::Step],
+        compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(source, dir.path(), &options).unwrap();
+    (m, std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap())
+}
+
+/// Contract v2 exports for NVIDIA Vulkan configure the step's one-row products over each cache
+/// head: the scores (a subgroup per key) and the values (a subgroup per output column).
+/// Compiled only, as the LM head's: lavapipe cannot run GPU-target modules (`diverge` on the
+/// H200 checks them: docs/benchmarks.md, session 17).
+#[test]
+fn v2_attention_products_configured_for_nvidia_vulkan() {
+    let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3:7"), target, 2);
+    let (m, mlir) = export(export::Target::Vulkan {
+        target: Some("ampere".into()),
+    });
+    let (nh, nkv, d) = (m.spec.n_heads, m.spec.n_kv_heads, m.spec.head_dim);
+    let group = nh / nkv;
+    let configured: Vec<&str> = mlir
+        .lines()
+        .filter(|l| l.contains("compilation_info") && l.contains("\"parallel\", \"parallel\", \"reduction\""))
+        .collect();
+    // Per layer and KV head: the cache's scores [group, rows] (reduced over d) and the values'
+    // product [group, d] (reduced over the rows), a subgroup per output.
+    assert_eq!(configured.len(), 2 * m.spec.n_layers * nkv, "{configured:#?}");
+    assert!(
+        configured.iter().all(|l| l.contains("SubgroupReduce")),
+        "{configured:#?}"
+    );
+    let values = configured
+        .iter()
+        .filter(|l| l.contains(&format!(": tensor<{group}x{d}xf32>) attrs")))
+        .count();
+    assert_eq!(values, m.spec.n_layers * nkv, "{configured:#?}");
+    assert!(
+        !export(export::Target::vulkan()).1.contains("compilation_info"),
+        "IREE's own choice for the portable target"
     );
 }
 
