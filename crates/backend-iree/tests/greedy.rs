@@ -85,6 +85,47 @@ fn running_ahead_matches_stepping_and_leaves_no_trace() {
     }
 }
 
+/// Steps past the context: the same tokens as one step at a time, then the same error, and both
+/// sessions at the last position (the step queued ahead was never queued, not half done).
+#[test]
+fn running_out_of_context_is_the_same_error_at_the_same_step() {
+    // The export with a context of SEQ (256) positions, so that a prefill leaves 16 steps.
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(artifacts()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+    }
+    let mut manifest = Manifest::load(copy.path()).unwrap();
+    manifest.spec.max_positions = manifest.spec.seq;
+    manifest.save(copy.path()).unwrap();
+    let (mut ahead, mut serial) = (open(copy.path()), open(copy.path()));
+    let long: Vec<i32> = (0..manifest.spec.seq as i32 - 16)
+        .map(|i| (i * 37 + 11) % 200 + 3)
+        .collect();
+    let first = ahead.prefill(&long).unwrap();
+    serial.prefill(&long).unwrap();
+    let room = ahead.spec().max_positions - ahead.position();
+    assert_eq!(room, 16);
+    let run = |b: &mut IreeKvBackend, serially: bool| {
+        let mut seen = Vec::new();
+        let mut more = |id: i32| {
+            seen.push(id);
+            true
+        };
+        let result = if serially {
+            step_greedy_serially(b, first, room + 5, &mut more)
+        } else {
+            b.step_greedy(first, room + 5, &mut more)
+        };
+        (result.map_err(|e| e.to_string()), seen, b.position())
+    };
+    let (got, want) = (run(&mut ahead, false), run(&mut serial, true));
+    assert_eq!(got, want);
+    assert!(got.0.is_err(), "{got:?}");
+    assert_eq!(got.1.len(), room, "every step that fits");
+    assert_eq!(got.2, ahead.spec().max_positions);
+}
+
 #[test]
 fn a_missing_embedding_function_is_named_at_open() {
     let dir = artifacts();

@@ -99,7 +99,12 @@ fn exported_graphs_return_the_reference_top_k() {
         top_k: k,
         ..ExportOptions::default()
     };
-    let m = export_artifacts(&Source::Fixture("tiny-gemma3:7".into()), &out, &options).unwrap();
+    let m = export_artifacts(
+        &Source::Dir(fixtures::materialize("tiny-gemma3:7").unwrap()),
+        &out,
+        &options,
+    )
+    .unwrap();
     assert_eq!(m.top_k, Some(k));
     for g in Graph::KV {
         let outputs = m.outputs_or_canonical(g);

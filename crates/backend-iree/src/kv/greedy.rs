@@ -61,12 +61,11 @@ impl IreeKvBackend {
         let mut current = self.queue_step(Fed::Host(token), &layers, self.position, 0)?;
         let mut steps = 0;
         let result = loop {
+            // A step that cannot be queued (the context is full) is the error of the step after
+            // `current`, as it would be one step at a time: `current` is still read and handed.
             let ahead = if steps + 1 < max {
                 let fed = Fed::Device(current.token.clone());
-                match self.queue_step(fed, &current.layers, self.position + 1, (steps + 1) % 2) {
-                    Ok(ahead) => Some(ahead),
-                    Err(e) => break Err(e),
-                }
+                Some(self.queue_step(fed, &current.layers, self.position + 1, (steps + 1) % 2))
             } else {
                 None
             };
@@ -85,7 +84,8 @@ impl IreeKvBackend {
                 break Ok(steps);
             }
             match ahead {
-                Some(next) => current = next,
+                Some(Ok(next)) => current = next,
+                Some(Err(e)) => break Err(e),
                 None => break Ok(steps),
             }
         };
