@@ -612,13 +612,7 @@ impl KvBackend for IreeKvBackend {
     fn step(&mut self, token: i32) -> Result<i32> {
         let (start, before) = (Instant::now(), self.clock);
         let result = self.step_inner(token);
-        let (spent, c) = (start.elapsed(), self.clock);
-        let inner = (c.invoke - before.invoke) + (c.read - before.read) + (c.writes - before.writes);
-        self.steps.steps += 1;
-        self.steps.inputs += spent.saturating_sub(inner);
-        self.steps.invoke += c.invoke - before.invoke;
-        self.steps.read += c.read - before.read;
-        self.steps.writes += c.writes - before.writes;
+        self.count_steps(1, start, before);
         result
     }
 
@@ -827,13 +821,36 @@ impl IreeKvBackend {
     fn advance(
         &mut self,
         graph: Graph,
-        mut inputs: HashMap<Name, BufferView>,
+        inputs: HashMap<Name, BufferView>,
         pasts: &[usize],
         rows: usize,
         real: usize,
     ) -> Result<i32> {
+        let layers = self.layers.clone();
+        let (results, layers) = self.call_after(graph, inputs, &layers, self.position, pasts, rows, real)?;
+        let token = self.read_token(&results)?;
+        self.layers = layers;
+        self.position += real;
+        self.last_top_k = Self::top_k_views(&results);
+        Ok(token)
+    }
+
+    /// Calls with-past `graph` at `position` over `layers` (layer `l` handing its last
+    /// `pasts[l]` rows) on `rows` new rows of which `real` are kept: the results and the caches
+    /// after the call. Changes nothing of the session's.
+    #[allow(clippy::too_many_arguments)]
+    fn call_after(
+        &mut self,
+        graph: Graph,
+        mut inputs: HashMap<Name, BufferView>,
+        layers: &[LayerCache],
+        position: usize,
+        pasts: &[usize],
+        rows: usize,
+        real: usize,
+    ) -> Result<(HashMap<Name, BufferView>, Vec<LayerCache>)> {
         let spec = self.manifest.spec.clone();
-        for (l, cache) in self.layers.iter().enumerate() {
+        for (l, cache) in layers.iter().enumerate() {
             let (k, v) = Self::tail(cache, pasts[l])?;
             inputs.insert(Name::K(l), k);
             inputs.insert(Name::V(l), v);
@@ -843,14 +860,22 @@ impl IreeKvBackend {
             Name::K(l) | Name::V(l) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + rows),
             _ => (vec![], ElementType::F32),
         })?;
-        let token = self.read_token(&results)?;
-        let position = self.position;
-        self.layers = (0..spec.n_layers)
+        let layers = (0..spec.n_layers)
             .map(|l| Self::kept(&results, l, position - pasts[l], pasts[l] + rows, pasts[l] + real))
             .collect::<Result<_>>()?;
-        self.position += real;
-        self.last_top_k = Self::top_k_views(&results);
-        Ok(token)
+        Ok((results, layers))
+    }
+
+    /// Moves the phases of the steps run since `before` (the clock then) and `started` into
+    /// the step sums: what the clock did not time is the inputs' share.
+    fn count_steps(&mut self, steps: usize, started: Instant, before: StepPhases) {
+        let c = self.clock;
+        let (invoke, read, writes) = (c.invoke - before.invoke, c.read - before.read, c.writes - before.writes);
+        self.steps.steps += steps as u32;
+        self.steps.inputs += started.elapsed().saturating_sub(invoke + read + writes);
+        self.steps.invoke += invoke;
+        self.steps.read += read;
+        self.steps.writes += writes;
     }
 
     /// Layer `l`'s new cache from a call's results: the first `keep` of `total` rows (padding

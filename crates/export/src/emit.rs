@@ -113,12 +113,18 @@ impl AttentionProducts {
     /// The `compilation_info` of a product over `(query row, output, reduced)` whose outputs go
     /// `per_workgroup` a workgroup, each reduced over `inner`.
     fn info(self, per_workgroup: usize, inner: usize) -> String {
-        format!(
-            "#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = [[1, {per_workgroup}], [0, 0, {inner}]]>, \
-             translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{}, 1, 1]>>",
-            self.workgroup
-        )
+        subgroup_reduce_info(&format!("[[1, {per_workgroup}], [0, 0, {inner}]]"), self.workgroup)
     }
+}
+
+/// A `compilation_info` for IREE's SPIR-V SubgroupReduce pipeline (each output reduced by one
+/// subgroup): the op's `tile_sizes` (a workgroup's outputs, then the reduction's tile) and the
+/// threads of a workgroup.
+fn subgroup_reduce_info(tile_sizes: &str, workgroup: usize) -> String {
+    format!(
+        "#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = {tile_sizes}>, \
+         translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{workgroup}, 1, 1]>>"
+    )
 }
 
 /// How IREE's SPIR-V code runs a one-row product `x [in] · W [out, in]ᵀ` (SubgroupReduce:
@@ -133,11 +139,7 @@ pub struct RowProducts {
 impl RowProducts {
     /// The `compilation_info` attribute of a product whose rows are `inner` long.
     fn compilation_info(self, inner: usize) -> String {
-        format!(
-            "#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = [[{}], [0, {inner}]]>, \
-             translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{}, 1, 1]>>",
-            self.rows, self.workgroup
-        )
+        subgroup_reduce_info(&format!("[[{}], [0, {inner}]]", self.rows), self.workgroup)
     }
 }
 

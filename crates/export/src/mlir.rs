@@ -952,16 +952,7 @@ impl Body {
     /// slower (docs/benchmarks.md, session 11).
     pub fn block_contract(&mut self, x: &V, w: &V) -> V {
         let o = w.ty.static_dims()[0];
-        self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, |b, args| {
-            let [a, w, acc] = args else {
-                kv_core::error::invariant("a block argument per input, then the accumulator")
-            };
-            let (p, q) = (b.fresh(), b.fresh());
-            (
-                format!("{p} = arith.mulf {a}, {w} : f32\n{q} = arith.addf {acc}, {p} : f32"),
-                q,
-            )
-        })
+        self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, Self::f32_product)
     }
 
     /// `x [R, nb, blk] · (f32(q) * s) [O, nb, blk]` for block-quantized values `q [O, nb, blk]`
@@ -1031,16 +1022,20 @@ impl Body {
         };
         let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
         let ty = Ty::fixed(&[g, n], Elem::F32);
-        self.reduction_generic(&[a, c], ty, &maps, 1, &attrs, |b, args| {
-            let [x, y, acc] = args else {
-                kv_core::error::invariant("a block argument per input, then the accumulator")
-            };
-            let (p, sum) = (b.fresh(), b.fresh());
-            (
-                format!("{p} = arith.mulf {x}, {y} : f32\n{sum} = arith.addf {acc}, {p} : f32"),
-                sum,
-            )
-        })
+        self.reduction_generic(&[a, c], ty, &maps, 1, &attrs, Self::f32_product)
+    }
+
+    /// The body of an f32 × f32 product (block arguments `x`, `y`, the accumulator): multiply,
+    /// accumulate.
+    fn f32_product(&mut self, args: &[String]) -> (String, String) {
+        let [x, y, acc] = args else {
+            kv_core::error::invariant("a block argument per input, then the accumulator")
+        };
+        let (p, sum) = (self.fresh(), self.fresh());
+        (
+            format!("{p} = arith.mulf {x}, {y} : f32\n{sum} = arith.addf {acc}, {p} : f32"),
+            sum,
+        )
     }
 
     /// The body of an i16 × f32 product (block arguments `x`, the weight's bf16 bits, the

@@ -61,11 +61,15 @@ impl IreeKvBackend {
         let mut current = self.queue_step(Fed::Host(token), &layers, self.position, 0)?;
         let mut steps = 0;
         let result = loop {
-            // A step that cannot be queued (the context is full) is the error of the step after
-            // `current`, as it would be one step at a time: `current` is still read and handed.
-            let ahead = if steps + 1 < max {
+            // (Where the step after `current` would not fit the context, none is queued; it is
+            // then asked for one step at a time below, which fails as it would have.)
+            let fits = self.position + 2 <= self.manifest.spec.max_positions;
+            let ahead = if steps + 1 < max && fits {
                 let fed = Fed::Device(current.token.clone());
-                Some(self.queue_step(fed, &current.layers, self.position + 1, (steps + 1) % 2))
+                match self.queue_step(fed, &current.layers, self.position + 1, (steps + 1) % 2) {
+                    Ok(ahead) => Some(ahead),
+                    Err(e) => break Err(e),
+                }
             } else {
                 None
             };
@@ -84,17 +88,14 @@ impl IreeKvBackend {
                 break Ok(steps);
             }
             match ahead {
-                Some(Ok(next)) => current = next,
-                Some(Err(e)) => break Err(e),
+                Some(next) => current = next,
+                None if steps < max => {
+                    break kv_core::backend::step_greedy_serially(self, token, max - steps, more).map(|n| steps + n)
+                }
                 None => break Ok(steps),
             }
         };
-        let c = self.clock;
-        let inner = (c.invoke - before.invoke) + (c.read - before.read);
-        self.steps.steps += steps as u32;
-        self.steps.inputs += started.elapsed().saturating_sub(inner);
-        self.steps.invoke += c.invoke - before.invoke;
-        self.steps.read += c.read - before.read;
+        self.count_steps(steps, started, before);
         result
     }
 
@@ -124,19 +125,7 @@ impl IreeKvBackend {
         inputs.insert(Name::Emb, emb);
         self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
         let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
-        for (l, cache) in layers.iter().enumerate() {
-            let (k, v) = Self::tail(cache, pasts[l])?;
-            inputs.insert(Name::K(l), k);
-            inputs.insert(Name::V(l), v);
-        }
-        let results = self.call(Graph::Step, inputs, &|name| match name {
-            Name::Token => (vec![1], ElementType::I32),
-            Name::K(l) | Name::V(l) if l < pasts.len() => Self::kv_shape(&spec, pasts[l] + 1),
-            _ => (vec![], ElementType::F32),
-        })?;
-        let layers = (0..spec.n_layers)
-            .map(|l| Self::kept(&results, l, position - pasts[l], pasts[l] + 1, pasts[l] + 1))
-            .collect::<Result<_>>()?;
+        let (results, layers) = self.call_after(Graph::Step, inputs, layers, position, &pasts, 1, 1)?;
         let token = results[&Name::Token].clone();
         let readback = self.readback_slot(slot)?;
         let copy = Transfer::Copy {
