@@ -28,7 +28,8 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// of tied models add the step module's `embed_token` function (`Manifest::embed_function`).
 /// 13: NVIDIA Vulkan exports reduce the argmax in stages of 16 (`EmitOptions::argmax_width`).
 /// 14: their contract v2 step configures its attention products (`EmitOptions::attention_products`).
-const EMITTER_REVISION: u32 = 14;
+/// 15: their step's gate and up projections are one configured dispatch (`Body::row_pair_i16`).
+const EMITTER_REVISION: u32 = 15;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
@@ -37,8 +38,9 @@ const EMITTER_REVISION: u32 = 14;
 /// `maxPositions` (4, a view of a linear cache, was never released). 6: the step
 /// multiplies-and-reduces over the caches instead of `dot_general` (`FuncEmitter::attention_v2`).
 /// 7: the prefill graph reads `prefillSpan` rows of each cache, beside token-less variants
-/// over `prefillSpans`.
-const EMITTER_REVISION_V2: u32 = 7;
+/// over `prefillSpans`. 8: the configured step's softmax and values in one dispatch
+/// (`FuncEmitter::attention_row`).
+const EMITTER_REVISION_V2: u32 = 8;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row

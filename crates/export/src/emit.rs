@@ -302,6 +302,16 @@ fn per_word(format: QuantFormat) -> usize {
 /// geometry); it compiles at 128. Larger calls keep the norm, then the rotation.
 const NORM_ROPE_MAX_ROWS: usize = 128;
 
+/// `x [Q, P]` reduced over its last axis in tiles of `tile` keys, then across the tiles.
+fn tiled_reduce(b: &mut Body, x: &V, kind: Reduce, tile: usize) -> V {
+    let [q, p] = x.ty.static_dims()[..] else {
+        kv_core::error::invariant("scores are [Q, P]")
+    };
+    let x3 = b.reshape_static(x, &[q, p / tile, tile]);
+    let partial = b.reduce(&x3, &[2], kind);
+    b.reduce(&partial, &[1], kind)
+}
+
 /// Keys per tile of contract v2's softmax over the cache ([`FuncEmitter::softmax_split`]).
 const SOFTMAX_TILE: usize = 64;
 
@@ -1163,7 +1173,7 @@ impl<'a> FuncEmitter<'a> {
     /// step. The tiles only regroup the sums, so the result equals the one-row softmax up to
     /// float rounding.
     fn softmax_split(&mut self, sc: &V, sn: &V, tiled: bool) -> (V, V) {
-        let [q, p] = sc.ty.static_dims()[..] else {
+        let [_, p] = sc.ty.static_dims()[..] else {
             kv_core::error::invariant("cache scores are [Q, P]")
         };
         let tile = if tiled && p % SOFTMAX_TILE == 0 {
@@ -1171,11 +1181,7 @@ impl<'a> FuncEmitter<'a> {
         } else {
             p
         };
-        let tiled = |b: &mut Body, x: &V, kind: Reduce| {
-            let x3 = b.reshape_static(x, &[q, p / tile, tile]);
-            let partial = b.reduce(&x3, &[2], kind);
-            b.reduce(&partial, &[1], kind)
-        };
+        let tiled = |b: &mut Body, x: &V, kind: Reduce| tiled_reduce(b, x, kind, tile);
         let mc = tiled(&mut self.b, sc, Reduce::Max);
         let mn = self.b.reduce(sn, &[1], Reduce::Max);
         let m = self.b.binary("maximum", &mc, &mn);
@@ -1191,6 +1197,36 @@ impl<'a> FuncEmitter<'a> {
         let sbc = self.b.broadcast(&sum, &[0], &sc.ty);
         let sbn = self.b.broadcast(&sum, &[0], &sn.ty);
         (self.b.div(&ec, &sbc), self.b.div(&en, &sbn))
+    }
+
+    /// One query row's attention (the step) over a cache head's values `vc [P, d]` and the
+    /// call's own row `vn [1, d]`, from the masked scores `sc [G, P]` and `sn [G, 1]`: the
+    /// maximum in tiles (as [`Self::softmax_split`]), then the exponentials, their sum and their
+    /// product with the values in one configured dispatch ([`Body::exp_product`]), the own row
+    /// and the division elementwise. [`Self::softmax_split`] and two products took nine
+    /// dispatches a layer (the exponentials and the probabilities each written out); this, five.
+    fn attention_row(&mut self, sc: &V, sn: &V, vc: &V, vn: &V, config: AttentionProducts) -> V {
+        let [g, p] = sc.ty.static_dims()[..] else {
+            kv_core::error::invariant("cache scores are [G, P]")
+        };
+        let d = vc.ty.static_dims()[1];
+        let tile = if p % SOFTMAX_TILE == 0 { SOFTMAX_TILE } else { p };
+        let mc = tiled_reduce(&mut self.b, sc, Reduce::Max, tile);
+        let mn = self.b.reduce(sn, &[1], Reduce::Max);
+        let m = self.b.binary("maximum", &mc, &mn);
+        let (acc, sum) = self.b.exp_product(sc, &m, vc, &config.info(config.outputs, p));
+        let mbn = self.b.broadcast(&m, &[0], &sn.ty);
+        let dn = self.b.sub(sn, &mbn);
+        let en = self.b.unary("exponential", &dn);
+        let en = self.b.reshape_static(&en, &[g]);
+        let out = Ty::fixed(&[g, d], Elem::F32);
+        let en = self.b.broadcast(&en, &[0], &out);
+        let vn = self.b.reshape_static(vn, &[d]);
+        let vn = self.b.broadcast(&vn, &[1], &out);
+        let own = self.b.mul(&en, &vn);
+        let num = self.b.add(&acc, &own);
+        let den = self.b.add(&sum, &en);
+        self.b.div(&num, &den)
     }
 
     /// Contract v2's masks of one layer kind for a call of `r` rows at position `pos [1]`: query
@@ -1296,6 +1332,12 @@ impl<'a> FuncEmitter<'a> {
             let sc = self.b.select(masks.0, &sc, &masked_cache);
             let sn = self.head_product(&qj, &kn, true, by_reduce);
             let sn = self.b.select(masks.1, &sn, &masked_new);
+            let configured = self.options.attention_products.filter(|c| c.keys <= p);
+            if let (Some(config), true, Elem::F32) = (configured, by_reduce, vc.ty.elem) {
+                let o = self.attention_row(&sc, &sn, &vc, &vn, config);
+                outs.push(self.b.reshape_static(&o, &[group, r, d]));
+                continue;
+            }
             let (pc, pn) = if self.options.tiled_softmax || by_reduce {
                 // (no concatenation of the two scores, and so no copy of either)
                 self.softmax_split(&sc, &sn, self.options.tiled_softmax)
@@ -1544,8 +1586,7 @@ impl<'a> FuncEmitter<'a> {
         let x = self.b.add(x, &a);
         let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
         // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
-        let g = self.proj(&h2, &p("ffn_gate.weight"));
-        let u = self.proj(&h2, &p("ffn_up.weight"));
+        let (g, u) = self.gate_up(&h2, &p("ffn_gate.weight"), &p("ffn_up.weight"));
         let act = match arch.activation {
             Activation::GeluTanh => self.gelu_tanh(&g),
             Activation::Silu => self.silu(&g),
@@ -1685,6 +1726,26 @@ impl<'a> FuncEmitter<'a> {
         let one = self.b.splat_f32(1.0, &e.ty);
         let den = self.b.add(&one, &e);
         self.b.div(g, &den)
+    }
+
+    /// The gate and up projections of `x`. One row of i16 weights on the GPUs [`RowProducts`]
+    /// suits (the step): both in one configured dispatch ([`Body::row_pair_i16`]), which IREE
+    /// ran as two `vecmat`s (the activation fused into the second).
+    fn gate_up(&mut self, x: &V, gate: &str, up: &str) -> (V, V) {
+        let one_row = x.ty.is_static() && x.ty.static_dims()[0] == 1;
+        match self.options.head_product {
+            Some(config)
+                if one_row
+                    && self.options.weights == WeightFormat::I16
+                    && self.quant_format(gate).is_none()
+                    && self.quant_format(up).is_none() =>
+            {
+                let (wg, wu) = (self.raw_param(gate), self.raw_param(up));
+                let info = config.compilation_info(wg.ty.static_dims()[1]);
+                self.b.row_pair_i16(x, &wg, &wu, &info)
+            }
+            _ => (self.proj(x, gate), self.proj(x, up)),
+        }
     }
 
     /// `rmsnorm(x, output_norm) · Eᵀ` for every row of `x [R, hidden]`: `[R, vocab]`.

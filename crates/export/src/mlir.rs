@@ -1025,6 +1025,91 @@ impl Body {
         self.reduction_generic(&[a, c], ty, &maps, 1, &attrs, Self::f32_product)
     }
 
+    /// Two one-row products of `x [1, in]` against i16 weights `w1`, `w2 [out, in]` (the bf16
+    /// bits, as [`Self::row_contract_i16`]) in one `linalg.generic` over `(out, in)` carrying
+    /// `compilation_info`: `[1, out]` each. Each reduction reads `x` once for both.
+    pub fn row_pair_i16(&mut self, x: &V, w1: &V, w2: &V, compilation_info: &str) -> (V, V) {
+        let [o, inner] = w1.ty.static_dims()[..] else {
+            kv_core::error::invariant("a weight is [out, in]")
+        };
+        let xv = self.reshape_static(x, &[inner]);
+        let ty = Ty::fixed(&[o], Elem::F32);
+        let (a0, b0) = (self.zeros(&ty), self.zeros(&ty));
+        let name = self.fresh();
+        let [xa, wa, wb, acc_a, acc_b] = std::array::from_fn(|_| self.fresh());
+        let (pa, sum_a) = self.widened_product(&[xa.clone(), wa.clone(), acc_a.clone()]);
+        let (pb, sum_b) = self.widened_product(&[xa.clone(), wb.clone(), acc_b.clone()]);
+        let map = |m: &str| format!("affine_map<(d0, d1) -> ({m})>");
+        let maps = ["d1", "d0, d1", "d0, d1", "d0", "d0"].map(map).join(", ");
+        let t = ty.text();
+        let body: String = pa.lines().chain(pb.lines()).map(|l| format!("      {l}\n")).collect();
+        writeln!(
+            self.text,
+            "    {name}:2 = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"reduction\"]}} \
+             ins({}, {}, {} : {}, {}, {}) outs({}, {} : {t}, {t}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
+             ^bb0({xa}: f32, {wa}: i16, {wb}: i16, {acc_a}: f32, {acc_b}: f32):\n{body}      \
+             linalg.yield {sum_a}, {sum_b} : f32, f32\n    }} -> ({t}, {t})",
+            xv.name,
+            w1.name,
+            w2.name,
+            xv.ty.text(),
+            w1.ty.text(),
+            w2.ty.text(),
+            a0.name,
+            b0.name,
+        )
+        .unwrap();
+        let part = |b: &mut Self, i: usize| {
+            let v = V {
+                name: format!("{name}#{i}"),
+                ty: ty.clone(),
+            };
+            b.reshape_static(&v, &[1, o])
+        };
+        (part(self, 0), part(self, 1))
+    }
+
+    /// One query row's unnormalized attention over a cache head, as one `linalg.generic` over
+    /// `(query row, output, key)` carrying `compilation_info` (see [`Self::row_contract_i16`]):
+    /// `e = exp(scores [G, P] - max [G])` against the values `v [P, d]`, returning `Σ e·v` and
+    /// `Σ e` (`[G, d]` each; every output column holds the same sum). The exponentials are never
+    /// written out, and the sum needs no reduction of its own.
+    pub fn exp_product(&mut self, scores: &V, max: &V, v: &V, compilation_info: &str) -> (V, V) {
+        let g = scores.ty.static_dims()[0];
+        let d = v.ty.static_dims()[1];
+        let ty = Ty::fixed(&[g, d], Elem::F32);
+        let (acc0, sum0) = (self.zeros(&ty), self.zeros(&ty));
+        let name = self.fresh();
+        let [s, m, x, acc, sum, diff, e, p, acc1, sum1] = std::array::from_fn(|_| self.fresh());
+        let map = |m: &str| format!("affine_map<(d0, d1, d2) -> ({m})>");
+        let maps = ["d0, d2", "d0", "d2, d1", "d0, d1", "d0, d1"].map(map).join(", ");
+        let t = ty.text();
+        writeln!(
+            self.text,
+            "    {name}:2 = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]}} \
+             ins({}, {}, {} : {}, {}, {}) outs({}, {} : {t}, {t}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
+             ^bb0({s}: f32, {m}: f32, {x}: f32, {acc}: f32, {sum}: f32):\n      \
+             {diff} = arith.subf {s}, {m} : f32\n      {e} = math.exp {diff} : f32\n      \
+             {p} = arith.mulf {e}, {x} : f32\n      {acc1} = arith.addf {acc}, {p} : f32\n      \
+             {sum1} = arith.addf {sum}, {e} : f32\n      linalg.yield {acc1}, {sum1} : f32, f32\n    \
+             }} -> ({t}, {t})",
+            scores.name,
+            max.name,
+            v.name,
+            scores.ty.text(),
+            max.ty.text(),
+            v.ty.text(),
+            acc0.name,
+            sum0.name,
+        )
+        .unwrap();
+        let part = |i: usize| V {
+            name: format!("{name}#{i}"),
+            ty: ty.clone(),
+        };
+        (part(0), part(1))
+    }
+
     /// The body of an f32 × f32 product (block arguments `x`, `y`, the accumulator): multiply,
     /// accumulate.
     fn f32_product(&mut self, args: &[String]) -> (String, String) {

@@ -307,7 +307,9 @@ fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) ->
 }
 
 /// Contract v2 exports for NVIDIA Vulkan configure the step's one-row products over each cache
-/// head: the scores (a subgroup per key) and the values (a subgroup per output column).
+/// head: the scores (a subgroup per key) and the values (a subgroup per output column, the
+/// exponentials and their sum in the same product), and each layer's gate and up projections
+/// as one product.
 /// Compiled only, as the LM head's: lavapipe cannot run GPU-target modules (`diverge` on the
 /// H200 checks them: docs/benchmarks.md, session 17).
 #[test]
@@ -323,17 +325,32 @@ fn v2_attention_products_configured_for_nvidia_vulkan() {
         .filter(|l| l.contains("compilation_info") && l.contains("\"parallel\", \"parallel\", \"reduction\""))
         .collect();
     // Per layer and KV head: the cache's scores [group, rows] (reduced over d) and the values'
-    // product [group, d] (reduced over the rows), a subgroup per output.
+    // product [group, d] with the sum of the exponentials (reduced over the rows), a subgroup
+    // per output.
     assert_eq!(configured.len(), 2 * m.spec.n_layers * nkv, "{configured:#?}");
     assert!(
         configured.iter().all(|l| l.contains("SubgroupReduce")),
         "{configured:#?}"
     );
+    let out = format!("tensor<{group}x{d}xf32>");
     let values = configured
         .iter()
-        .filter(|l| l.contains(&format!(": tensor<{group}x{d}xf32>) attrs")))
+        .filter(|l| l.contains(":2 = linalg.generic") && l.contains(&format!(": {out}, {out}) attrs")))
         .count();
     assert_eq!(values, m.spec.n_layers * nkv, "{configured:#?}");
+    let gate_up = mlir
+        .lines()
+        .filter(|l| {
+            l.contains(":2 = linalg.generic")
+                && l.contains("[\"parallel\", \"reduction\"]")
+                && l.contains("SubgroupReduce")
+                && l.matches("xi16>").count() == 2
+        })
+        .count();
+    assert_eq!(
+        gate_up, m.spec.n_layers,
+        "one gate/up product a layer, in the step only"
+    );
     assert!(
         !export(export::Target::vulkan()).1.contains("compilation_info"),
         "IREE's own choice for the portable target"
