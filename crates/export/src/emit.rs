@@ -1538,15 +1538,22 @@ impl<'a> FuncEmitter<'a> {
         let arch = self.arch;
         let r = x.ty.static_dims()[0];
         let p = |s: &str| layer_param(l, s);
-        let h = self.norm_param(x, &p("attn_norm.weight"));
         let fused = self.table.contains_key(&p("attn_qkv.weight"));
         let (q, k, v) = if fused && arch.qk_norm && !arch.attn_bias && r <= NORM_ROPE_MAX_ROWS {
-            let y = self.proj(&h, &p("attn_qkv.weight"));
+            let (norm, qkv) = (p("attn_norm.weight"), p("attn_qkv.weight"));
+            let y = match self.normed_products(x, &norm, &[&qkv]) {
+                Some(mut y) => y.remove(0),
+                None => {
+                    let h = self.norm_param(x, &norm);
+                    self.proj(&h, &qkv)
+                }
+            };
             let y = self.b.reshape_static(&y, &[r, nh + 2 * nkv, d]);
             let z = self.qkv_norm_rope(&y, l, cos, sin);
             let mut heads = |from: usize, n: usize| self.b.slice(&z, &[(0, r), (from, from + n), (0, d)]);
             (heads(0, nh), heads(nh, nkv), heads(nh + nkv, nkv))
         } else {
+            let h = self.norm_param(x, &p("attn_norm.weight"));
             self.qkv_apart(&h, l, cos, sin)
         };
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
@@ -1584,9 +1591,18 @@ impl<'a> FuncEmitter<'a> {
             a = self.norm_param(&a, &p("post_attention_norm.weight"));
         }
         let x = self.b.add(x, &a);
-        let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
         // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
-        let (g, u) = self.gate_up(&h2, &p("ffn_gate.weight"), &p("ffn_up.weight"));
+        let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
+        let (g, u) = match self
+            .normed_products(&x, &p("ffn_norm.weight"), &[&gate, &up])
+            .as_deref()
+        {
+            Some([g, u]) => (g.clone(), u.clone()),
+            _ => {
+                let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
+                (self.proj(&h2, &gate), self.proj(&h2, &up))
+            }
+        };
         let act = match arch.activation {
             Activation::GeluTanh => self.gelu_tanh(&g),
             Activation::Silu => self.silu(&g),
@@ -1728,24 +1744,39 @@ impl<'a> FuncEmitter<'a> {
         self.b.div(g, &den)
     }
 
-    /// The gate and up projections of `x`. One row of i16 weights on the GPUs [`RowProducts`]
-    /// suits (the step): both in one configured dispatch ([`Body::row_pair_i16`]), which IREE
-    /// ran as two `vecmat`s (the activation fused into the second).
-    fn gate_up(&mut self, x: &V, gate: &str, up: &str) -> (V, V) {
+    /// `rmsnorm(x, norm) · Wᵀ` for each of `weights` (`x [1, hidden]`, weights of one output
+    /// size), where one row of i16 weights runs on the GPUs [`RowProducts`] suits (the step):
+    /// all products and the norm's sum of squares in one configured dispatch
+    /// ([`Body::row_products_i16`]: `Σ (x·w)·W`, then scaled by `rsqrt(mean(x²) + eps)`), where
+    /// IREE ran the norm as a dispatch of its own and each product as a `vecmat`. `None`
+    /// elsewhere.
+    fn normed_products(&mut self, x: &V, norm: &str, weights: &[&str]) -> Option<Vec<V>> {
+        let config = self.options.head_product?;
         let one_row = x.ty.is_static() && x.ty.static_dims()[0] == 1;
-        match self.options.head_product {
-            Some(config)
-                if one_row
-                    && self.options.weights == WeightFormat::I16
-                    && self.quant_format(gate).is_none()
-                    && self.quant_format(up).is_none() =>
-            {
-                let (wg, wu) = (self.raw_param(gate), self.raw_param(up));
-                let info = config.compilation_info(wg.ty.static_dims()[1]);
-                self.b.row_pair_i16(x, &wg, &wu, &info)
-            }
-            _ => (self.proj(x, gate), self.proj(x, up)),
+        let plain = |e: &Self, n: &str| e.quant_format(n).is_none();
+        if !one_row
+            || self.options.weights != WeightFormat::I16
+            || !plain(self, norm)
+            || !weights.iter().all(|w| plain(self, w))
+        {
+            return None;
         }
+        let n = self.param(norm);
+        let ws: Vec<V> = weights.iter().map(|w| self.raw_param(w)).collect();
+        let inner = ws[0].ty.static_dims()[1];
+        let info = config.compilation_info(inner);
+        let mut parts = self
+            .b
+            .row_products_i16(x, Some(&n), &ws.iter().collect::<Vec<_>>(), &info);
+        let sum = parts
+            .pop()
+            .unwrap_or_else(|| kv_core::error::invariant("the sum of squares comes last"));
+        let count = self.b.splat_f32(inner as f32, &sum.ty);
+        let mean = self.b.div(&sum, &count);
+        let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
+        let var = self.b.add(&mean, &eps);
+        let r = self.b.unary("rsqrt", &var);
+        Some(parts.iter().map(|p| self.b.mul(p, &r)).collect())
     }
 
     /// `rmsnorm(x, output_norm) · Eᵀ` for every row of `x [R, hidden]`: `[R, vocab]`.

@@ -1025,48 +1025,94 @@ impl Body {
         self.reduction_generic(&[a, c], ty, &maps, 1, &attrs, Self::f32_product)
     }
 
-    /// Two one-row products of `x [1, in]` against i16 weights `w1`, `w2 [out, in]` (the bf16
-    /// bits, as [`Self::row_contract_i16`]) in one `linalg.generic` over `(out, in)` carrying
-    /// `compilation_info`: `[1, out]` each. Each reduction reads `x` once for both.
-    pub fn row_pair_i16(&mut self, x: &V, w1: &V, w2: &V, compilation_info: &str) -> (V, V) {
-        let [o, inner] = w1.ty.static_dims()[..] else {
+    /// One-row products of `x [1, in]` against i16 weights `ws`, each `[out_i, in]` with the
+    /// same `out` (the bf16 bits, as [`Self::row_contract_i16`]), in one `linalg.generic` over
+    /// `(out, in)` carrying `compilation_info`: `[1, out]` each, in order. With `scale [in]`
+    /// the products are of `x · scale`, and the last result is `Σ x²` (`[1, out]`, every column
+    /// the same): an RMS norm's sum of squares, taken in the products' own dispatch.
+    pub fn row_products_i16(&mut self, x: &V, scale: Option<&V>, ws: &[&V], compilation_info: &str) -> Vec<V> {
+        let [o, inner] = ws[0].ty.static_dims()[..] else {
             kv_core::error::invariant("a weight is [out, in]")
         };
         let xv = self.reshape_static(x, &[inner]);
         let ty = Ty::fixed(&[o], Elem::F32);
-        let (a0, b0) = (self.zeros(&ty), self.zeros(&ty));
+        let n_out = ws.len() + usize::from(scale.is_some());
+        let inits: Vec<V> = (0..n_out).map(|_| self.zeros(&ty)).collect();
         let name = self.fresh();
-        let [xa, wa, wb, acc_a, acc_b] = std::array::from_fn(|_| self.fresh());
-        let (pa, sum_a) = self.widened_product(&[xa.clone(), wa.clone(), acc_a.clone()]);
-        let (pb, sum_b) = self.widened_product(&[xa.clone(), wb.clone(), acc_b.clone()]);
-        let map = |m: &str| format!("affine_map<(d0, d1) -> ({m})>");
-        let maps = ["d1", "d0, d1", "d0, d1", "d0", "d0"].map(map).join(", ");
+        let xa = self.fresh();
+        let sa = scale.map(|_| self.fresh());
+        let was: Vec<String> = ws.iter().map(|_| self.fresh()).collect();
+        let accs: Vec<String> = (0..n_out).map(|_| self.fresh()).collect();
+        let mut body = String::new();
+        let factor = match &sa {
+            Some(sa) => {
+                let xs = self.fresh();
+                writeln!(body, "{xs} = arith.mulf {xa}, {sa} : f32").unwrap();
+                xs
+            }
+            None => xa.clone(),
+        };
+        let mut yields = Vec::with_capacity(n_out);
+        for (w, acc) in was.iter().zip(&accs) {
+            let (ops, sum) = self.widened_product(&[factor.clone(), w.clone(), acc.clone()]);
+            writeln!(body, "{ops}").unwrap();
+            yields.push(sum);
+        }
+        if scale.is_some() {
+            let (sq, sum) = (self.fresh(), self.fresh());
+            let acc = &accs[n_out - 1];
+            writeln!(
+                body,
+                "{sq} = arith.mulf {xa}, {xa} : f32\n{sum} = arith.addf {acc}, {sq} : f32"
+            )
+            .unwrap();
+            yields.push(sum);
+        }
+        let mut ins: Vec<&V> = vec![&xv];
+        let mut maps = vec!["d1"];
+        let mut args = vec![format!("{xa}: f32")];
+        if let (Some(s), Some(sa)) = (scale, &sa) {
+            ins.push(s);
+            maps.push("d1");
+            args.push(format!("{sa}: f32"));
+        }
+        for (w, wa) in ws.iter().zip(&was) {
+            ins.push(w);
+            maps.push("d0, d1");
+            args.push(format!("{wa}: i16"));
+        }
+        maps.extend(std::iter::repeat_n("d0", n_out));
+        args.extend(accs.iter().map(|a| format!("{a}: f32")));
+        let maps = maps
+            .iter()
+            .map(|m| format!("affine_map<(d0, d1) -> ({m})>"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let names = ins.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
+        let types = ins.iter().map(|v| v.ty.text()).collect::<Vec<_>>().join(", ");
         let t = ty.text();
-        let body: String = pa.lines().chain(pb.lines()).map(|l| format!("      {l}\n")).collect();
+        let out_names = inits.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
+        let out_types = vec![t.as_str(); n_out].join(", ");
+        let body: String = body.lines().map(|l| format!("      {l}\n")).collect();
         writeln!(
             self.text,
-            "    {name}:2 = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"reduction\"]}} \
-             ins({}, {}, {} : {}, {}, {}) outs({}, {} : {t}, {t}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
-             ^bb0({xa}: f32, {wa}: i16, {wb}: i16, {acc_a}: f32, {acc_b}: f32):\n{body}      \
-             linalg.yield {sum_a}, {sum_b} : f32, f32\n    }} -> ({t}, {t})",
-            xv.name,
-            w1.name,
-            w2.name,
-            xv.ty.text(),
-            w1.ty.text(),
-            w2.ty.text(),
-            a0.name,
-            b0.name,
+            "    {name}:{n_out} = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"reduction\"]}} \
+             ins({names} : {types}) outs({out_names} : {out_types}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
+             ^bb0({}):\n{body}      linalg.yield {} : {}\n    }} -> ({out_types})",
+            args.join(", "),
+            yields.join(", "),
+            vec!["f32"; n_out].join(", "),
         )
         .unwrap();
-        let part = |b: &mut Self, i: usize| {
-            let v = V {
-                name: format!("{name}#{i}"),
-                ty: ty.clone(),
-            };
-            b.reshape_static(&v, &[1, o])
-        };
-        (part(self, 0), part(self, 1))
+        (0..n_out)
+            .map(|i| {
+                let v = V {
+                    name: format!("{name}#{i}"),
+                    ty: ty.clone(),
+                };
+                self.reshape_static(&v, &[1, o])
+            })
+            .collect()
     }
 
     /// One query row's unnormalized attention over a cache head, as one `linalg.generic` over

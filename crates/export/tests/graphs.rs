@@ -308,8 +308,8 @@ fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) ->
 
 /// Contract v2 exports for NVIDIA Vulkan configure the step's one-row products over each cache
 /// head: the scores (a subgroup per key) and the values (a subgroup per output column, the
-/// exponentials and their sum in the same product), and each layer's gate and up projections
-/// as one product.
+/// exponentials and their sum in the same product), and each layer's Q/K/V and its gate and
+/// up projections as one product each, with the RMS norm before them.
 /// Compiled only, as the LM head's: lavapipe cannot run GPU-target modules (`diverge` on the
 /// H200 checks them: docs/benchmarks.md, session 17).
 #[test]
@@ -338,18 +338,26 @@ fn v2_attention_products_configured_for_nvidia_vulkan() {
         .filter(|l| l.contains(":2 = linalg.generic") && l.contains(&format!(": {out}, {out}) attrs")))
         .count();
     assert_eq!(values, m.spec.n_layers * nkv, "{configured:#?}");
-    let gate_up = mlir
-        .lines()
-        .filter(|l| {
-            l.contains(":2 = linalg.generic")
-                && l.contains("[\"parallel\", \"reduction\"]")
-                && l.contains("SubgroupReduce")
-                && l.matches("xi16>").count() == 2
-        })
-        .count();
+    // Each one a dispatch with its norm's sum of squares: (Q/K/V, Σ x²), (gate, up, Σ x²).
+    let row_products = |outputs: usize, weights: usize| {
+        mlir.lines()
+            .filter(|l| {
+                l.contains(&format!(":{outputs} = linalg.generic"))
+                    && l.contains("[\"parallel\", \"reduction\"]")
+                    && l.contains("SubgroupReduce")
+                    && l.matches("xi16>").count() == weights
+            })
+            .count()
+    };
     assert_eq!(
-        gate_up, m.spec.n_layers,
-        "one gate/up product a layer, in the step only"
+        row_products(2, 1),
+        m.spec.n_layers,
+        "one normed Q/K/V product a layer, in the step only"
+    );
+    assert_eq!(
+        row_products(3, 2),
+        m.spec.n_layers,
+        "one normed gate/up product a layer, in the step only"
     );
     assert!(
         !export(export::Target::vulkan()).1.contains("compilation_info"),
