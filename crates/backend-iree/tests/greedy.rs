@@ -1,18 +1,41 @@
 //! Greedy decoding a step ahead of the host (`KvBackend::step_greedy` on Vulkan, lavapipe here):
 //! the same tokens and caches as one step after the other, whichever prediction stops it, and
-//! a session that goes on from there as if the step queued ahead had never run.
+//! a session that goes on from there as if the step queued ahead had never run; under both
+//! contracts (v2's steps write their rows into the caches, the step ahead too).
 
 use std::path::{Path, PathBuf};
 
 use backend_iree::{IreeKvBackend, IreeOptions};
-use export::{cached_export, Layout, Target};
+use export::{cached_export, cached_export_with, ExportOptions, Layout, Target};
 use kv_core::backend::step_greedy_serially;
-use kv_core::{KvBackend, Manifest};
+use kv_core::{Graph, KvBackend, Manifest};
 
 const MODEL: &str = "tiny-gemma3:7";
 
 fn artifacts() -> PathBuf {
     cached_export(MODEL, &Target::vulkan(), Layout::Shared).expect("export for Vulkan (run scripts/setup.sh)")
+}
+
+/// The contract v2 export the Vulkan conformance suite runs (`conformance::iree::artifacts_with`,
+/// the same options: one cache entry): the chunk and step graphs in the three-module layout,
+/// sliding rings of the window and 4 rows, which the steps below wrap, and fork from the
+/// snapshot they restore.
+fn artifacts_v2() -> PathBuf {
+    let defaults = ExportOptions::default();
+    let options = ExportOptions {
+        contract: 2,
+        ring_slack: Some(4),
+        graphs: defaults
+            .graphs
+            .iter()
+            .copied()
+            .filter(|g| Graph::KV.contains(g))
+            .collect(),
+        targets: vec![Target::vulkan()],
+        layout: Layout::Three,
+        ..defaults
+    };
+    cached_export_with(MODEL, &options).expect("export v2 for Vulkan (run scripts/setup.sh)")
 }
 
 fn open(dir: &Path) -> IreeKvBackend {
@@ -44,15 +67,23 @@ fn greedy<B: KvBackend>(
 
 #[test]
 fn running_ahead_matches_stepping_and_leaves_no_trace() {
-    let dir = artifacts();
-    let manifest = Manifest::load(&dir).unwrap();
+    matches_stepping(&artifacts());
+}
+
+#[test]
+fn running_ahead_matches_stepping_and_leaves_no_trace_v2() {
+    matches_stepping(&artifacts_v2());
+}
+
+fn matches_stepping(dir: &Path) {
+    let manifest = Manifest::load(dir).unwrap();
     assert!(
         manifest.embed_function.is_some(),
-        "a v1 Vulkan export of a tied model has embedFunction"
+        "a Vulkan export of a tied model has embedFunction"
     );
-    let (mut ahead, mut serial) = (open(&dir), open(&dir));
-    assert!(ahead.runs_ahead());
+    let (mut ahead, mut serial) = (open(dir), open(dir));
     let first = ahead.prefill(&prompt()).unwrap();
+    assert!(ahead.runs_ahead());
     assert_eq!(serial.prefill(&prompt()).unwrap(), first);
     let (start_a, start_s) = (ahead.snapshot().unwrap(), serial.snapshot().unwrap());
     // (max steps, stop after this many predictions): stopped by the reader at the first, in the

@@ -338,10 +338,10 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         m.functions = Functions::with_prefix(&prefix);
     }
     // Greedy decoding on an async device feeds each step's token to the next on the device
-    // (`Manifest::embed_function`): v1 exports for Vulkan whose LM head is the embedding table,
+    // (`Manifest::embed_function`): exports for Vulkan whose LM head is the embedding table,
     // so the function costs no second copy of the table on the device.
     let async_target = options.targets.iter().any(|t| matches!(t, Target::Vulkan { .. }));
-    m.embed_function = (!v2 && async_target && arch.tied_output && graphs.contains(&Graph::Step))
+    m.embed_function = (async_target && arch.tied_output && graphs.contains(&Graph::Step))
         .then(|| format!("module.{prefix}_embed_token"));
     m.modules.clear();
     m.encoded_parameters.clear();

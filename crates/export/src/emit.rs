@@ -214,9 +214,9 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
     }
     if let (true, Some(qualified)) = (graphs.contains(&Graph::Step), &manifest.embed_function) {
         let (module, func) = qualified.rsplit_once('.').unwrap_or(("module", qualified.as_str()));
-        if module_name.as_deref().is_some_and(|m| m != module) || manifest.is_v2() {
+        if module_name.as_deref().is_some_and(|m| m != module) {
             return Err(ExportError::Unsupported(format!(
-                "embedFunction `{qualified}`: a contract v1 function of the step graph's module"
+                "embedFunction `{qualified}`: a function of the step graph's module"
             )));
         }
         let mut f = FuncEmitter::new(&spec, &arch, options, &table, manifest, true, &mut globals);

@@ -352,7 +352,7 @@ pub struct Manifest {
     /// Archive entry of the `vocab × hidden` bf16 embedding table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding_parameter: Option<String>,
-    /// Ours, contract v1: a function of the step graph's module, `token [1] i32 → emb [1, hidden]
+    /// Ours (contracts 1 and 2): a function of the step graph's module, `token [1] i32 → emb [1, hidden]
     /// f32`, that gathers the embedding row the host would (the same values): greedy decoding
     /// then feeds a step's token to the next step on the device, without a host read between
     /// them (`KvBackend::step_greedy`). Absent: every step's row is gathered on the host.

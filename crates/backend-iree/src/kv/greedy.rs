@@ -6,8 +6,12 @@
 //! queued before the host reads the token: its embedding row is gathered on the device by the
 //! step module's `embed_token` function (`Manifest::embed_function`) from the token the
 //! device holds, so the host reads step `n`'s token while step `n + 1` runs. When the reader
-//! says stop, the step queued ahead is dropped: contract v1 calls return new caches, so it
-//! changed nothing the session keeps.
+//! says stop, the step queued ahead is dropped. Contract v1 calls return new caches, so it
+//! changed nothing the session keeps. A contract v2 step writes its rows into the caches: the
+//! step queued ahead writes position `p + 1` of a session left at `p + 1`, a row no call reads
+//! before the next step overwrites it (masked on global layers; on a ring, the slot of position
+//! `p + 1 - rows`, outside every window from `p + 1` on), and a row no live snapshot keeps (the
+//! step forks the caches first, as any step, and a dropped step's fork is dropped with it).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -17,6 +21,9 @@ use kv_core::manifest::Name;
 use kv_core::window::plan_step;
 use kv_core::{Error, Graph, Result};
 
+use std::sync::Arc;
+
+use super::v2::CacheSet;
 use super::{IreeKvBackend, LayerCache, TopKViews};
 use crate::convert::{contract_err, iree_err};
 
@@ -26,10 +33,15 @@ enum Fed {
     Device(BufferView),
 }
 
+/// The caches after a step: contract v1's returned ones, or the v2 set it wrote into.
+enum Caches {
+    V1(Vec<LayerCache>),
+    V2(Arc<CacheSet>),
+}
+
 /// A step on the device's queue whose token the host has not read.
 struct Ahead {
-    /// The caches after the step.
-    layers: Vec<LayerCache>,
+    caches: Caches,
     token: BufferView,
     top_k: Option<TopKViews>,
     /// Where the token is read: a host-mappable copy queued after the step.
@@ -39,10 +51,11 @@ struct Ahead {
 
 impl IreeKvBackend {
     /// Whether greedy decoding ([`KvBackend::step_greedy`](kv_core::KvBackend::step_greedy))
-    /// runs a step ahead of the host: contract v1 with the step module's embedding function,
-    /// which is looked up only where it is async (Vulkan).
+    /// runs a step ahead of the host: with the step module's embedding function, which is
+    /// looked up only where it is async (Vulkan); under contract v2 once the session has
+    /// caches (after a prefill or a restore).
     pub fn runs_ahead(&self) -> bool {
-        !self.manifest.is_v2() && self.embed.is_some()
+        self.embed.is_some() && (!self.manifest.is_v2() || self.v2.is_some())
     }
 
     /// [`KvBackend::step_greedy`](kv_core::KvBackend::step_greedy) with one step queued ahead.
@@ -57,8 +70,11 @@ impl IreeKvBackend {
         }
         let started = Instant::now();
         let before = self.clock;
-        let layers = self.layers.clone();
-        let mut current = self.queue_step(Fed::Host(token), &layers, self.position, 0)?;
+        let caches = match &self.v2 {
+            Some(set) => Caches::V2(set.clone()),
+            None => Caches::V1(self.layers.clone()),
+        };
+        let mut current = self.queue_step(Fed::Host(token), &caches, self.position, 0)?;
         let mut steps = 0;
         let result = loop {
             // (Where the step after `current` would not fit the context, none is queued; it is
@@ -66,7 +82,7 @@ impl IreeKvBackend {
             let fits = self.position + 2 <= self.manifest.spec.max_positions;
             let ahead = if steps + 1 < max && fits {
                 let fed = Fed::Device(current.token.clone());
-                match self.queue_step(fed, &current.layers, self.position + 1, (steps + 1) % 2) {
+                match self.queue_step(fed, &current.caches, self.position + 1, (steps + 1) % 2) {
                     Ok(ahead) => Some(ahead),
                     Err(e) => break Err(e),
                 }
@@ -80,7 +96,10 @@ impl IreeKvBackend {
                 Ok(token) => token,
                 Err(e) => break Err(e),
             };
-            self.layers = current.layers;
+            match current.caches {
+                Caches::V1(layers) => self.layers = layers,
+                Caches::V2(set) => self.v2 = Some(set),
+            }
             self.position += 1;
             self.last_top_k = current.top_k;
             steps += 1;
@@ -99,10 +118,10 @@ impl IreeKvBackend {
         result
     }
 
-    /// Queues a step at `position` on `fed` over `layers`, and the copy of its token into
-    /// read-back buffer `slot` (two, so that the copy of the step ahead never writes the one
-    /// being read).
-    fn queue_step(&mut self, fed: Fed, layers: &[LayerCache], position: usize, slot: usize) -> Result<Ahead> {
+    /// Queues a step at `position` on `fed` over `caches` (under contract v2 with its row
+    /// writes), and the copy of its token into read-back buffer `slot` (two, so that the copy of
+    /// the step ahead never writes the one being read).
+    fn queue_step(&mut self, fed: Fed, caches: &Caches, position: usize, slot: usize) -> Result<Ahead> {
         let spec = self.manifest.spec.clone();
         // A token on the device is an argmax (in range); the plan checks a host one.
         let checked = match fed {
@@ -124,28 +143,52 @@ impl IreeKvBackend {
         inputs.insert(Name::Token, token);
         inputs.insert(Name::Emb, emb);
         self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
-        let (results, layers) = self.call_after(Graph::Step, inputs, layers, position, &pasts, 1, 1)?;
-        let token = results[&Name::Token].clone();
         let readback = self.readback_slot(slot)?;
-        let copy = Transfer::Copy {
-            source: &token,
-            source_offset: 0,
-            target: &readback,
-            target_offset: 0,
-            length: 4,
+        let (results, after, done) = match caches {
+            Caches::V1(layers) => {
+                let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+                let (results, layers) = self.call_after(Graph::Step, inputs, layers, position, &pasts, 1, 1)?;
+                let done = self.queue_token_copy(&results, &readback, Vec::new())?;
+                (results, Caches::V1(layers), done)
+            }
+            Caches::V2(set) => {
+                self.v2_cache_inputs(&mut inputs, set, position, spec.max_positions)?;
+                let results = self.v2_call(Graph::Step, None, inputs, set, 1)?;
+                let writes = position..position + 1;
+                let fork = self.v2_fork_for(set, writes.clone())?;
+                let ops = self.v2_row_writes(set, fork.as_deref(), &results, writes);
+                let t = Instant::now();
+                let done = self.queue_token_copy(&results, &readback, ops);
+                self.clock.writes += t.elapsed();
+                (results, Caches::V2(fork.unwrap_or_else(|| set.clone())), done?)
+            }
         };
-        let done = self
-            .device
-            .transfer_queued(&[copy])
-            .map_err(iree_err("queue the copy of a step's token"))?;
         Ok(Ahead {
-            layers,
+            caches: after,
             top_k: Self::top_k_views(&results),
-            token,
+            token: results[&Name::Token].clone(),
             readback,
             done,
         })
+    }
+
+    /// Queues `ops` and the copy of a call's token into `readback`, in one submission.
+    fn queue_token_copy<'a>(
+        &self,
+        results: &'a HashMap<Name, BufferView>,
+        readback: &'a BufferView,
+        mut ops: Vec<Transfer<'a>>,
+    ) -> Result<Queued> {
+        ops.push(Transfer::Copy {
+            source: &results[&Name::Token],
+            source_offset: 0,
+            target: readback,
+            target_offset: 0,
+            length: 4,
+        });
+        self.device
+            .transfer_queued(&ops)
+            .map_err(iree_err("queue a step's row writes and the copy of its token"))
     }
 
     /// The embedding row of the token `token` holds, gathered on the device.

@@ -319,16 +319,56 @@ impl IreeKvBackend {
         rows: usize,
         real: usize,
     ) -> Result<Option<i32>> {
-        let spec = self.manifest.spec.clone();
         let position = self.position;
         let set = self
             .v2
             .clone()
             .unwrap_or_else(|| kv_core::error::invariant("a v2 call past position 0 without caches"));
+        self.v2_cache_inputs(&mut inputs, &set, position, reads.span)?;
+        let results = self.v2_call(graph, reads.variant, inputs, &set, rows)?;
+        // The token is read by the submission that writes the rows (one round trip, not two).
+        let readback = match reads.variant {
+            None => Some(self.readback_slot(0)?),
+            Some(_) => None,
+        };
+        let writes = position..position + real;
+        let fork = self.v2_fork_for(&set, writes.clone())?;
+        let ops = self.v2_row_writes(&set, fork.as_deref(), &results, writes);
+        let t = std::time::Instant::now();
+        let token = match &readback {
+            Some(readback) => self
+                .submit_and_read_token(&results[&Name::Token], readback, ops)
+                .map(Some),
+            None => self
+                .device
+                .transfer(&ops)
+                .map_err(iree_err("write the new rows"))
+                .map(|()| None),
+        };
+        self.clock.writes += t.elapsed();
+        let token = token?;
+        if let Some(fork) = fork {
+            self.v2 = Some(fork);
+        }
+        self.position += real;
+        self.last_top_k = Self::top_k_views(&results);
+        Ok(token)
+    }
+
+    /// The position and the caches a call at `position` reads: the first `span` rows of each of
+    /// `set`'s buffers (`KvSpec::span_rows`).
+    pub(super) fn v2_cache_inputs(
+        &self,
+        inputs: &mut HashMap<Name, BufferView>,
+        set: &CacheSet,
+        position: usize,
+        span: usize,
+    ) -> Result<()> {
+        let spec = &self.manifest.spec;
         inputs.insert(Name::Pos, self.i32_view(&[1], &[position as i32])?);
         for l in 0..spec.n_layers {
             let kind = spec.layer_kind(l);
-            let n = spec.span_rows(kind, reads.span);
+            let n = spec.span_rows(kind, span);
             for (name, cache) in [(Name::K(l), &set.k[l]), (Name::V(l), &set.v[l])] {
                 let view = match n == spec.cache_rows(kind) {
                     true => cache.clone(),
@@ -337,29 +377,48 @@ impl IreeKvBackend {
                 inputs.insert(name, view);
             }
         }
-        let results = self.call_variant(graph, reads.variant, inputs, &|name| match name {
+        Ok(())
+    }
+
+    /// Calls `graph` (or its prefill variant) over `set`, checking that it returns `rows` new
+    /// rows of each layer in the set's type.
+    pub(super) fn v2_call(
+        &mut self,
+        graph: Graph,
+        variant: Option<usize>,
+        inputs: HashMap<Name, BufferView>,
+        set: &CacheSet,
+        rows: usize,
+    ) -> Result<HashMap<Name, BufferView>> {
+        let spec = self.manifest.spec.clone();
+        self.call_variant(graph, variant, inputs, &|name| match name {
             Name::Token => (vec![1], ElementType::I32),
             _ => (vec![rows, spec.n_kv_heads, spec.head_dim], element(set.ty)),
-        })?;
-        // The token is read by the submission that writes the rows (one round trip, not two).
-        let readback = match reads.variant {
-            None => Some(self.readback_slot(0)?),
-            Some(_) => None,
-        };
+        })
+    }
 
-        let row_bytes = row_elems(&spec) * set.ty.size();
-        let writes = position..position + real;
-        let fork = if set.overwritten_by(&spec, writes.clone()) {
-            Some(Arc::new(CacheSet::allocate(
-                &self.device,
-                &spec,
-                set.ty,
-                set.first.clone(),
-            )?))
-        } else {
-            None
-        };
-        let target = fork.as_ref().unwrap_or(&set);
+    /// A fresh set to write positions `writes` into instead of `set`, when a live snapshot of
+    /// `set` keeps what they would overwrite (filled by [`Self::v2_row_writes`]).
+    pub(super) fn v2_fork_for(&self, set: &CacheSet, writes: std::ops::Range<usize>) -> Result<Option<Arc<CacheSet>>> {
+        let spec = &self.manifest.spec;
+        if !set.overwritten_by(spec, writes) {
+            return Ok(None);
+        }
+        CacheSet::allocate(&self.device, spec, set.ty, set.first.clone()).map(|fork| Some(Arc::new(fork)))
+    }
+
+    /// The transfers that write the new rows of `results` at positions `writes` into `set`, or
+    /// into `fork` ([`Self::v2_fork_for`]) with the rest of `set` the write leaves.
+    pub(super) fn v2_row_writes<'a>(
+        &self,
+        set: &'a CacheSet,
+        fork: Option<&'a CacheSet>,
+        results: &'a HashMap<Name, BufferView>,
+        writes: std::ops::Range<usize>,
+    ) -> Vec<Transfer<'a>> {
+        let spec = &self.manifest.spec;
+        let row_bytes = row_elems(spec) * set.ty.size();
+        let target = fork.unwrap_or(set);
         let mut ops = Vec::with_capacity(6 * spec.n_layers);
         for l in 0..spec.n_layers {
             let kind = spec.layer_kind(l);
@@ -417,25 +476,7 @@ impl IreeKvBackend {
             }
         }
         ops.retain(|op| !matches!(op, Transfer::Copy { length: 0, .. } | Transfer::Zero { length: 0, .. }));
-        let t = std::time::Instant::now();
-        let token = match &readback {
-            Some(readback) => self
-                .submit_and_read_token(&results[&Name::Token], readback, ops)
-                .map(Some),
-            None => self
-                .device
-                .transfer(&ops)
-                .map_err(iree_err("write the new rows"))
-                .map(|()| None),
-        };
-        self.clock.writes += t.elapsed();
-        let token = token?;
-        if let Some(fork) = fork {
-            self.v2 = Some(fork);
-        }
-        self.position += real;
-        self.last_top_k = Self::top_k_views(&results);
-        Ok(token)
+        ops
     }
 
     pub(super) fn v2_snapshot(&self) -> IreeSnapshot {
