@@ -40,8 +40,9 @@ const EMITTER_REVISION: u32 = 15;
 /// 7: the prefill graph reads `prefillSpan` rows of each cache, beside token-less variants
 /// over `prefillSpans`. 8: the configured step's softmax and values in one dispatch
 /// (`FuncEmitter::attention_row`). 9: Vulkan exports of tied models add the step module's
-/// `embed_token` (`Manifest::embed_function`), as contract 1's.
-const EMITTER_REVISION_V2: u32 = 9;
+/// `embed_token` (`Manifest::embed_function`), as contract 1's. 10: the configured step's
+/// attention maximum in one dispatch (`Body::configured_row_max`).
+const EMITTER_REVISION_V2: u32 = 10;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row

@@ -1201,17 +1201,19 @@ impl<'a> FuncEmitter<'a> {
 
     /// One query row's attention (the step) over a cache head's values `vc [P, d]` and the
     /// call's own row `vn [1, d]`, from the masked scores `sc [G, P]` and `sn [G, 1]`: the
-    /// maximum in tiles (as [`Self::softmax_split`]), then the exponentials, their sum and their
+    /// maximum ([`Body::configured_row_max`]), then the exponentials, their sum and their
     /// product with the values in one configured dispatch ([`Body::exp_product`]), the own row
     /// and the division elementwise. [`Self::softmax_split`] and two products took nine
-    /// dispatches a layer (the exponentials and the probabilities each written out); this, five.
+    /// dispatches a layer (the exponentials and the probabilities each written out); this, four.
     fn attention_row(&mut self, sc: &V, sn: &V, vc: &V, vn: &V, config: AttentionProducts) -> V {
         let [g, p] = sc.ty.static_dims()[..] else {
             kv_core::error::invariant("cache scores are [G, P]")
         };
         let d = vc.ty.static_dims()[1];
-        let tile = if p % SOFTMAX_TILE == 0 { SOFTMAX_TILE } else { p };
-        let mc = tiled_reduce(&mut self.b, sc, Reduce::Max, tile);
+        // The maximum in one dispatch: a subgroup a row, two rows a 64-thread workgroup.
+        let mc = self
+            .b
+            .configured_row_max(sc, &subgroup_reduce_info(&format!("[[2], [0, {p}]]"), 64));
         let mn = self.b.reduce(sn, &[1], Reduce::Max);
         let m = self.b.binary("maximum", &mc, &mn);
         let (acc, sum) = self.b.exp_product(sc, &m, vc, &config.info(config.outputs, p));

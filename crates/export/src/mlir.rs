@@ -858,8 +858,13 @@ impl Body {
     /// A zero-filled f32 tensor of type `ty` (`linalg.fill` of a scalar `arith.constant`): the
     /// accumulator of a `linalg.generic` contraction.
     fn zeros(&mut self, ty: &Ty) -> V {
+        self.filled(ty, "0.000000e+00")
+    }
+
+    /// An f32 tensor of type `ty` filled with `value` (an MLIR float literal).
+    fn filled(&mut self, ty: &Ty, value: &str) -> V {
         // A scalar `f32` (not a tensor): the fill's operand.
-        let zero = self.op(Ty::fixed(&[], Elem::F32), "arith.constant 0.000000e+00 : f32");
+        let zero = self.op(Ty::fixed(&[], Elem::F32), format!("arith.constant {value} : f32"));
         let empty = self.op(ty.clone(), format!("tensor.empty() : {}", ty.text()));
         self.op(
             ty.clone(),
@@ -1113,6 +1118,29 @@ impl Body {
                 self.reshape_static(&v, &[1, o])
             })
             .collect()
+    }
+
+    /// The maximum of each row of `x [G, P]` (f32): `[G]`, one `linalg.generic` carrying
+    /// `compilation_info` (see [`Self::row_contract_i16`]).
+    pub fn configured_row_max(&mut self, x: &V, compilation_info: &str) -> V {
+        let g = x.ty.static_dims()[0];
+        let ty = Ty::fixed(&[g], Elem::F32);
+        let init = self.filled(&ty, "0xFF800000");
+        let name = self.fresh();
+        let [a, acc, m] = std::array::from_fn(|_| self.fresh());
+        writeln!(
+            self.text,
+            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>], \
+             iterator_types = [\"parallel\", \"reduction\"]}} ins({} : {}) outs({} : {}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
+             ^bb0({a}: f32, {acc}: f32):\n      {m} = arith.maximumf {acc}, {a} : f32\n      linalg.yield {m} : f32\n    }} -> {}",
+            x.name,
+            x.ty.text(),
+            init.name,
+            ty.text(),
+            ty.text(),
+        )
+        .unwrap();
+        V { name, ty }
     }
 
     /// One query row's unnormalized attention over a cache head, as one `linalg.generic` over
