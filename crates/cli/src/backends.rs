@@ -162,9 +162,11 @@ pub struct TargetArgs {
     /// (static shapes over caches the runtime owns, sliding layers on rings, prefills as calls
     /// of a 128-row chunk graph; docs/contract-v2.md). Default: 2 on the CPU (on Gemma 3 270M
     /// here decode 2.7× faster than 1's, prefill 1.2× faster, 0.9× the memory:
-    /// docs/benchmarks.md), 1 on Vulkan (not measured on a GPU since the rings) and under the
-    /// seed's window rule (which contract 2 does not run). Artifacts given with `--artifacts`
-    /// say their own.
+    /// docs/benchmarks.md) and for NVIDIA `--vulkan-target`s (H200, FunctionGemma's geometry:
+    /// decode ~0.3 ms/token faster, chunk calls 13.5 → 10.5 ms: docs/benchmarks.md, session
+    /// 18); 1 on other Vulkan targets (lavapipe, phones: not measured) and under the seed's
+    /// window rule (which contract 2 does not run). Artifacts given with `--artifacts` say
+    /// their own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub contract: Option<u32>,
     /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
@@ -258,10 +260,14 @@ impl ModelSource {
     }
 
     /// The contract of an export made on demand for `device` under `rule`: `--contract`, else
-    /// 2 on the CPU drivers, 1 on Vulkan and under the seed's window rule (see
-    /// [`TargetArgs::contract`]).
+    /// 2 on the CPU drivers and NVIDIA Vulkan targets, 1 on other Vulkan targets and under the
+    /// seed's window rule (see [`TargetArgs::contract`]).
     pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
-        let needs_v1 = device == "vulkan" || rule == RuleChoice::Seed;
+        #[cfg(feature = "iree")]
+        let nvidia = self.target.vulkan_target.as_deref().is_some_and(export::nvidia_target);
+        #[cfg(not(feature = "iree"))]
+        let nvidia = false;
+        let needs_v1 = (device == "vulkan" && !nvidia) || rule == RuleChoice::Seed;
         self.contract.unwrap_or(if needs_v1 {
             kv_core::manifest::CONTRACT_VERSION
         } else {
@@ -406,11 +412,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn contract_defaults_to_2_on_the_cpu_only() {
+    fn contract_defaults_to_2_on_the_cpu_and_nvidia_vulkan() {
         let mut source = ModelSource::new("tiny-gemma3:7", None);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
         assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), 2);
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        #[cfg(feature = "iree")]
+        {
+            source.target.vulkan_target = Some("ampere".into());
+            assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2, "NVIDIA targets");
+            assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), 1);
+            source.target.vulkan_target = Some("valhall".into());
+            assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+            source.target.vulkan_target = None;
+        }
         // Contract 2 does not run the seed's step rule.
         assert_eq!(source.contract_for("local-task", RuleChoice::Seed), 1);
         // Contract 2 has a prefill graph too (a chunk graph of more rows).

@@ -738,9 +738,13 @@ fn nvidia_vulkan(target: &Target, default: Option<&str>) -> bool {
     let Target::Vulkan { target: named } = target else {
         return false;
     };
-    named.as_deref().or(default).is_some_and(|t| {
-        ["volta", "turing", "ampere", "ada"].contains(&t) || t.starts_with("sm_") || t.starts_with("rtx")
-    })
+    named.as_deref().or(default).is_some_and(nvidia_target)
+}
+
+/// Whether `--iree-vulkan-target` `name` is one of IREE 3.13's NVIDIA targets (architectures,
+/// `sm_NN`, products such as `rtx4090`).
+pub fn nvidia_target(name: &str) -> bool {
+    ["volta", "turing", "ampere", "ada"].contains(&name) || name.starts_with("sm_") || name.starts_with("rtx")
 }
 
 #[cfg(test)]

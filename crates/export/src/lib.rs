@@ -34,7 +34,9 @@ pub mod encode;
 pub mod kernels;
 pub mod mlir;
 
-pub use artifacts::{export_artifacts, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS};
+pub use artifacts::{
+    export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS,
+};
 pub use cache::{
     cache_root, cached_export, cached_export_in, cached_export_with, entry_name, host_converts_f16, host_has_bf16_dot,
     is_cached, runtime_options, runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
