@@ -260,9 +260,10 @@ fn i16_weight_format_on_cpu() {
 /// A Vulkan export for an NVIDIA target computes each graph's LM head (one row of i16 weights)
 /// as a product over `(vocab, hidden)` whose body widens the weight (`Body::row_contract_i16`),
 /// with IREE's configuration of 32-wide subgroups (`RowProducts`), which the compiler accepts;
-/// the step's other products keep IREE's fused form. Compiled only: lavapipe runs no module of a
-/// GPU's target correctly (see `i16_weight_format_on_cpu`); the H200 runs them
-/// (`scripts/h200/row-products.sh`).
+/// of the step's other products (contract 1) Q/K/V and gate/up are configured too, each with the
+/// RMS norm before it (`FuncEmitter::normed_products`: several results), the rest keep IREE's
+/// fused form. Compiled only: lavapipe runs no module of a GPU's target correctly (see
+/// `i16_weight_format_on_cpu`); the H200 runs them (`scripts/h200/ab-bench.sh`, `diverge`).
 #[test]
 fn lm_heads_configured_for_nvidia_vulkan() {
     let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3-gqa:5"), target, 1);
@@ -271,19 +272,28 @@ fn lm_heads_configured_for_nvidia_vulkan() {
     });
     let vocab_by_hidden = format!("tensor<{}x{}xi16>", m.spec.vocab_size, m.spec.hidden_size);
     let configured: Vec<&str> = mlir.lines().filter(|l| l.contains("compilation_info")).collect();
-    assert_eq!(
-        configured.len(),
-        2,
-        "the chunk's and the step's LM head: {configured:#?}"
-    );
-    for line in configured {
+    let (heads, others): (Vec<&str>, Vec<&str>) = configured.iter().partition(|l| l.contains(&vocab_by_hidden));
+    assert_eq!(heads.len(), 2, "the chunk's and the step's LM head: {heads:#?}");
+    for line in heads {
         assert!(
-            line.contains("linalg.generic")
-                && line.contains("[\"parallel\", \"reduction\"]")
-                && line.contains(&vocab_by_hidden),
-            "{line}"
+            line.contains("= linalg.generic")
+                && !line.contains(":2 =")
+                && !line.contains(":3 =")
+                && line.contains("[\"parallel\", \"reduction\"]"),
+            "one result: {line}"
         );
     }
+    assert_eq!(
+        others.len(),
+        2 * m.spec.n_layers,
+        "the step's Q/K/V and gate/up: {others:#?}"
+    );
+    assert!(
+        others
+            .iter()
+            .all(|l| l.contains(":2 = linalg.generic") || l.contains(":3 = linalg.generic")),
+        "{others:#?}"
+    );
     assert!(
         !export(export::Target::cpu()).1.contains("compilation_info"),
         "IREE's own choice on the CPU"
