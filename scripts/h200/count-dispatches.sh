@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Dispatches per call of one function of an NVIDIA Vulkan export, counted here (no device):
+# `iree-compile --compile-to=flow` with the export's flags, then the `flow.dispatch` ops inside
+# `util.func public @FN`, by kind; and how many executables still carry a `compilation_info`
+# (IREE drops it when it rewrites a configured op, e.g. fusing a producer into it: check this
+# before spending device time on a configured form).
+#   scripts/h200/count-dispatches.sh EXPORT_DIR [FN (gemma_with_past)] [extra iree-compile flags]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/env.sh
+dir=$1
+fn=${2:-gemma_with_past}
+shift $(( $# >= 2 ? 2 : 1 ))
+mlir=$(ls "$dir"/*.mlir | head -1)
+target=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["provenance"]["targets"])' "$dir/manifest.json")
+flags=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["provenance"].get("compileFlags",""))' "$dir/manifest.json")
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+# shellcheck disable=SC2086
+iree-compile --iree-input-type=stablehlo --iree-hal-target-device=vulkan --iree-vulkan-target="${target#vulkan-}" \
+  --iree-execution-model=async-external $flags "$@" --compile-to=flow "$mlir" -o "$tmp"
+python3 - "$tmp" "$fn" <<'PY'
+import collections, re, sys
+lines = open(sys.argv[1]).read().splitlines()
+fn = sys.argv[2]
+start = next(i for i, l in enumerate(lines) if re.match(rf"\s*util\.func public @{fn}\(", l))
+indent = len(lines[start]) - len(lines[start].lstrip())
+end = next(i for i in range(start + 1, len(lines)) if lines[i] == " " * indent + "}")
+kinds = collections.Counter()
+for l in lines[start:end]:
+    m = re.search(r"flow\.dispatch @\w+::@(\w+)", l)
+    if m:
+        kinds[re.sub(r"^.*?dispatch_\d+_", "", m.group(1))] += 1
+print(f"{sum(kinds.values())} dispatches a call of {fn}")
+for k, n in kinds.most_common():
+    print(f"  {n:4d} {k}")
+configured = sum("compilation_info" in l for l in lines)
+print(f"{configured} ops in the module's executables carry a compilation_info")
+PY
