@@ -907,46 +907,90 @@ impl Body {
         attrs: &str,
         body: impl FnOnce(&mut Self, &[String]) -> (String, String),
     ) -> V {
-        let parallel = ty.rank();
         let init = self.zeros(&ty);
+        let out_map: Vec<String> = (0..ty.rank()).map(|i| format!("d{i}")).collect();
+        let out_map = out_map.join(", ");
+        let ins: Vec<(&V, &str)> = ins.iter().copied().zip(maps.iter().copied()).collect();
+        let mut results = self.generic(&ins, &[(&init, &out_map)], reductions, attrs, |b, args| {
+            let (ops, sum) = body(b, args);
+            (ops, vec![sum])
+        });
+        results
+            .pop()
+            .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
+    }
+
+    /// One `linalg.generic`: `ins` and the outputs' initial values `outs`, each with its indexing
+    /// map over `(d0 …)` (the outputs' rank of parallel dimensions, then `reductions` reduced
+    /// ones); `attrs` is written after `outs` (empty, or ` attrs = {…}`). `body` gets the block's
+    /// argument names (one per input, then one per output) and returns its ops (one per line)
+    /// and the values to yield, one per output. The results have `outs`' types.
+    fn generic(
+        &mut self,
+        ins: &[(&V, &str)],
+        outs: &[(&V, &str)],
+        reductions: usize,
+        attrs: &str,
+        body: impl FnOnce(&mut Self, &[String]) -> (String, Vec<String>),
+    ) -> Vec<V> {
+        let parallel = outs[0].0.ty.rank();
         let name = self.fresh();
-        let args: Vec<String> = (0..=ins.len()).map(|_| self.fresh()).collect();
-        let (ops, sum) = body(self, &args);
-        let dim_names: Vec<String> = (0..parallel + reductions).map(|i| format!("d{i}")).collect();
-        let dims = dim_names.join(", ");
-        let out_map = dim_names[..parallel].join(", ");
-        let map_list = maps
+        let operands: Vec<&V> = ins.iter().chain(outs).map(|(v, _)| *v).collect();
+        let args: Vec<String> = operands.iter().map(|_| self.fresh()).collect();
+        let (ops, yields) = body(self, &args);
+        let dims: Vec<String> = (0..parallel + reductions).map(|i| format!("d{i}")).collect();
+        let dims = dims.join(", ");
+        let map_list = ins
             .iter()
-            .copied()
-            .chain(std::iter::once(out_map.as_str()))
-            .map(|m| format!("affine_map<({dims}) -> ({m})>"))
+            .chain(outs)
+            .map(|(_, m)| format!("affine_map<({dims}) -> ({m})>"))
             .collect::<Vec<_>>()
             .join(", ");
         let iterators = std::iter::repeat_n("\"parallel\"", parallel)
             .chain(std::iter::repeat_n("\"reduction\"", reductions))
             .collect::<Vec<_>>()
             .join(", ");
-        let block_args = ins
+        let block_args = operands
             .iter()
-            .map(|v| v.ty.elem.name())
-            .chain(std::iter::once("f32"))
             .zip(&args)
-            .map(|(t, a)| format!("{a}: {t}"))
+            .map(|(v, a)| format!("{a}: {}", v.ty.elem.name()))
             .collect::<Vec<_>>()
             .join(", ");
-        let names = ins.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
-        let types = ins.iter().map(|v| v.ty.text()).collect::<Vec<_>>().join(", ");
+        let list = |vs: &[(&V, &str)], f: fn(&V) -> String| vs.iter().map(|(v, _)| f(v)).collect::<Vec<_>>().join(", ");
+        let (in_names, in_types) = (list(ins, |v| v.name.clone()), list(ins, |v| v.ty.text()));
+        let (out_names, out_types) = (list(outs, |v| v.name.clone()), list(outs, |v| v.ty.text()));
+        let yield_types = list(outs, |v| v.ty.elem.name().to_string());
+        let (head, result) = match outs.len() {
+            1 => (name.clone(), out_types.clone()),
+            n => (format!("{name}:{n}"), format!("({out_types})")),
+        };
         let mut text = format!(
-            "    {name} = linalg.generic {{indexing_maps = [{map_list}], iterator_types = [{iterators}]}} ins({names} : {types}) outs({} : {}){attrs} {{\n    ^bb0({block_args}):\n",
-            init.name,
-            ty.text()
+            "    {head} = linalg.generic {{indexing_maps = [{map_list}], iterator_types = [{iterators}]}} ins({in_names} : {in_types}) outs({out_names} : {out_types}){attrs} {{\n    ^bb0({block_args}):\n"
         );
         for line in ops.lines() {
             writeln!(text, "      {line}").unwrap();
         }
-        writeln!(text, "      linalg.yield {sum} : f32\n    }} -> {}", ty.text()).unwrap();
+        writeln!(
+            text,
+            "      linalg.yield {} : {yield_types}\n    }} -> {result}",
+            yields.join(", ")
+        )
+        .unwrap();
         self.text.push_str(&text);
-        V { name, ty }
+        match outs {
+            [(out, _)] => vec![V {
+                name,
+                ty: out.ty.clone(),
+            }],
+            _ => outs
+                .iter()
+                .enumerate()
+                .map(|(i, (out, _))| V {
+                    name: format!("{name}#{i}"),
+                    ty: out.ty.clone(),
+                })
+                .collect(),
+        }
     }
 
     /// `x [R, nb, blk] · w [O, nb, blk]` contracted over both block axes: `[R, O]` f32, as one
@@ -1043,104 +1087,60 @@ impl Body {
         let ty = Ty::fixed(&[o], Elem::F32);
         let n_out = ws.len() + usize::from(scale.is_some());
         let inits: Vec<V> = (0..n_out).map(|_| self.zeros(&ty)).collect();
-        let name = self.fresh();
-        let xa = self.fresh();
-        let sa = scale.map(|_| self.fresh());
-        let was: Vec<String> = ws.iter().map(|_| self.fresh()).collect();
-        let accs: Vec<String> = (0..n_out).map(|_| self.fresh()).collect();
-        let mut body = String::new();
-        let factor = match &sa {
-            Some(sa) => {
-                let xs = self.fresh();
-                writeln!(body, "{xs} = arith.mulf {xa}, {sa} : f32").unwrap();
-                xs
+        let mut ins: Vec<(&V, &str)> = vec![(&xv, "d1")];
+        ins.extend(scale.map(|s| (s, "d1")));
+        ins.extend(ws.iter().map(|w| (*w, "d0, d1")));
+        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0")).collect();
+        let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
+        let products = self.generic(&ins, &outs, 1, &attrs, |b, args| {
+            let xa = &args[0];
+            let scaled = usize::from(scale.is_some());
+            let (was, accs) = args[1 + scaled..].split_at(ws.len());
+            let mut body = String::new();
+            let factor = match scale {
+                Some(_) => {
+                    let xs = b.fresh();
+                    writeln!(body, "{xs} = arith.mulf {xa}, {} : f32", args[1]).unwrap();
+                    xs
+                }
+                None => xa.clone(),
+            };
+            let mut yields = Vec::with_capacity(n_out);
+            for (w, acc) in was.iter().zip(accs) {
+                let (ops, sum) = b.widened_product(&[factor.clone(), w.clone(), acc.clone()]);
+                writeln!(body, "{ops}").unwrap();
+                yields.push(sum);
             }
-            None => xa.clone(),
-        };
-        let mut yields = Vec::with_capacity(n_out);
-        for (w, acc) in was.iter().zip(&accs) {
-            let (ops, sum) = self.widened_product(&[factor.clone(), w.clone(), acc.clone()]);
-            writeln!(body, "{ops}").unwrap();
-            yields.push(sum);
-        }
-        if scale.is_some() {
-            let (sq, sum) = (self.fresh(), self.fresh());
-            let acc = &accs[n_out - 1];
-            writeln!(
-                body,
-                "{sq} = arith.mulf {xa}, {xa} : f32\n{sum} = arith.addf {acc}, {sq} : f32"
-            )
-            .unwrap();
-            yields.push(sum);
-        }
-        let mut ins: Vec<&V> = vec![&xv];
-        let mut maps = vec!["d1"];
-        let mut args = vec![format!("{xa}: f32")];
-        if let (Some(s), Some(sa)) = (scale, &sa) {
-            ins.push(s);
-            maps.push("d1");
-            args.push(format!("{sa}: f32"));
-        }
-        for (w, wa) in ws.iter().zip(&was) {
-            ins.push(w);
-            maps.push("d0, d1");
-            args.push(format!("{wa}: i16"));
-        }
-        maps.extend(std::iter::repeat_n("d0", n_out));
-        args.extend(accs.iter().map(|a| format!("{a}: f32")));
-        let maps = maps
-            .iter()
-            .map(|m| format!("affine_map<(d0, d1) -> ({m})>"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let names = ins.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
-        let types = ins.iter().map(|v| v.ty.text()).collect::<Vec<_>>().join(", ");
-        let t = ty.text();
-        let out_names = inits.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ");
-        let out_types = vec![t.as_str(); n_out].join(", ");
-        let body: String = body.lines().map(|l| format!("      {l}\n")).collect();
-        writeln!(
-            self.text,
-            "    {name}:{n_out} = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"reduction\"]}} \
-             ins({names} : {types}) outs({out_names} : {out_types}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
-             ^bb0({}):\n{body}      linalg.yield {} : {}\n    }} -> ({out_types})",
-            args.join(", "),
-            yields.join(", "),
-            vec!["f32"; n_out].join(", "),
-        )
-        .unwrap();
-        (0..n_out)
-            .map(|i| {
-                let v = V {
-                    name: format!("{name}#{i}"),
-                    ty: ty.clone(),
-                };
-                self.reshape_static(&v, &[1, o])
-            })
-            .collect()
+            if scale.is_some() {
+                let (sq, sum) = (b.fresh(), b.fresh());
+                let acc = &accs[n_out - 1];
+                writeln!(
+                    body,
+                    "{sq} = arith.mulf {xa}, {xa} : f32\n{sum} = arith.addf {acc}, {sq} : f32"
+                )
+                .unwrap();
+                yields.push(sum);
+            }
+            (body, yields)
+        });
+        products.iter().map(|v| self.reshape_static(v, &[1, o])).collect()
     }
 
     /// The maximum of each row of `x [G, P]` (f32): `[G]`, one `linalg.generic` carrying
     /// `compilation_info` (see [`Self::row_contract_i16`]).
     pub fn configured_row_max(&mut self, x: &V, compilation_info: &str) -> V {
         let g = x.ty.static_dims()[0];
-        let ty = Ty::fixed(&[g], Elem::F32);
-        let init = self.filled(&ty, "0xFF800000");
-        let name = self.fresh();
-        let [a, acc, m] = std::array::from_fn(|_| self.fresh());
-        writeln!(
-            self.text,
-            "    {name} = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>], \
-             iterator_types = [\"parallel\", \"reduction\"]}} ins({} : {}) outs({} : {}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
-             ^bb0({a}: f32, {acc}: f32):\n      {m} = arith.maximumf {acc}, {a} : f32\n      linalg.yield {m} : f32\n    }} -> {}",
-            x.name,
-            x.ty.text(),
-            init.name,
-            ty.text(),
-            ty.text(),
-        )
-        .unwrap();
-        V { name, ty }
+        let init = self.filled(&Ty::fixed(&[g], Elem::F32), "0xFF800000");
+        let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
+        let mut max = self.generic(&[(x, "d0, d1")], &[(&init, "d0")], 1, &attrs, |b, args| {
+            let [a, acc] = args else {
+                kv_core::error::invariant("a block argument for the input and the accumulator")
+            };
+            let m = b.fresh();
+            (format!("{m} = arith.maximumf {acc}, {a} : f32"), vec![m])
+        });
+        max.pop()
+            .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
     }
 
     /// One query row's unnormalized attention over a cache head, as one `linalg.generic` over
@@ -1153,35 +1153,24 @@ impl Body {
         let d = v.ty.static_dims()[1];
         let ty = Ty::fixed(&[g, d], Elem::F32);
         let (acc0, sum0) = (self.zeros(&ty), self.zeros(&ty));
-        let name = self.fresh();
-        let [s, m, x, acc, sum, diff, e, p, acc1, sum1] = std::array::from_fn(|_| self.fresh());
-        let map = |m: &str| format!("affine_map<(d0, d1, d2) -> ({m})>");
-        let maps = ["d0, d2", "d0", "d2, d1", "d0, d1", "d0, d1"].map(map).join(", ");
-        let t = ty.text();
-        writeln!(
-            self.text,
-            "    {name}:2 = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]}} \
-             ins({}, {}, {} : {}, {}, {}) outs({}, {} : {t}, {t}) attrs = {{compilation_info = {compilation_info}}} {{\n    \
-             ^bb0({s}: f32, {m}: f32, {x}: f32, {acc}: f32, {sum}: f32):\n      \
-             {diff} = arith.subf {s}, {m} : f32\n      {e} = math.exp {diff} : f32\n      \
-             {p} = arith.mulf {e}, {x} : f32\n      {acc1} = arith.addf {acc}, {p} : f32\n      \
-             {sum1} = arith.addf {sum}, {e} : f32\n      linalg.yield {acc1}, {sum1} : f32, f32\n    \
-             }} -> ({t}, {t})",
-            scores.name,
-            max.name,
-            v.name,
-            scores.ty.text(),
-            max.ty.text(),
-            v.ty.text(),
-            acc0.name,
-            sum0.name,
-        )
-        .unwrap();
-        let part = |i: usize| V {
-            name: format!("{name}#{i}"),
-            ty: ty.clone(),
-        };
-        (part(0), part(1))
+        let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
+        let ins = [(scores, "d0, d2"), (max, "d0"), (v, "d2, d1")];
+        let outs = [(&acc0, "d0, d1"), (&sum0, "d0, d1")];
+        let parts = self.generic(&ins, &outs, 1, &attrs, |b, args| {
+            let [s, m, x, acc, sum] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            let [diff, e, p, acc1, sum1] = std::array::from_fn(|_| b.fresh());
+            (
+                format!(
+                    "{diff} = arith.subf {s}, {m} : f32\n{e} = math.exp {diff} : f32\n{p} = arith.mulf {e}, {x} : f32\n\
+                     {acc1} = arith.addf {acc}, {p} : f32\n{sum1} = arith.addf {sum}, {e} : f32"
+                ),
+                vec![acc1, sum1],
+            )
+        });
+        let [acc, sum] = <[V; 2]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("two outputs"));
+        (acc, sum)
     }
 
     /// The body of an f32 × f32 product (block arguments `x`, `y`, the accumulator): multiply,
