@@ -18,6 +18,12 @@
 #   later: exports of one-off variants of the emitter (the attention's forms and configurations;
 #      the code that made them was not kept, the kept forms are the emitter's), each exported
 #      here into its own directory beside the kept export named in ARCHIVE
+# Session 18's runs (docs/benchmarks.md): each kept change's export beside the previous one,
+#   e.g. PAIRS="v1:skainet-kv:i16-ampere-ahead v2prev:skainet-kv:i16-ampere-v2-prev
+#   v2:skainet-kv:i16-ampere-v2" ARCHIVE="i16-ampere-v2 i16-ampere-ahead" ROUNDS=4
+#   DIVERGE=i16-ampere-v2 PROFILE=i16-ampere-v2 (the previous export renamed before
+#   prepare.sh re-exports; v1 and v2 archives of the twin are the same bytes, so ARCHIVE's first,
+#   a v2 export, serves every other export)
 # Prepare (here): scripts/h200/prepare.sh with the VARIANTS named. Carry [".cache/device", ".gl"].
 set -u
 source "$(dirname "$0")/device-env.sh"
