@@ -28,7 +28,7 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// of tied models add the step module's `embed_token` function (`Manifest::embed_function`).
 /// 13: NVIDIA Vulkan exports reduce the argmax in stages of 16 (`EmitOptions::argmax_width`).
 /// 14: their contract v2 step configures its attention products (`EmitOptions::attention_products`).
-/// 15: their step's gate and up projections are one configured dispatch (`Body::row_products_i16`).
+/// 15: their step's gate and up projections are one configured dispatch (`Body::normed_row_products_i16`).
 const EMITTER_REVISION: u32 = 15;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a

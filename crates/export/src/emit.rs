@@ -824,8 +824,13 @@ impl<'a> FuncEmitter<'a> {
         let n = x.ty.static_dims()[last];
         let sq = self.b.mul(x, x);
         let sum = self.b.reduce(&sq, &[last], Reduce::Add);
+        self.rms_from_sum(&sum, n)
+    }
+
+    /// `rsqrt(sum / n + eps)`: the RMS norm's factor from the sum of `n` squares.
+    fn rms_from_sum(&mut self, sum: &V, n: usize) -> V {
         let count = self.b.splat_f32(n as f32, &sum.ty);
-        let mean = self.b.div(&sum, &count);
+        let mean = self.b.div(sum, &count);
         let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
         let var = self.b.add(&mean, &eps);
         self.b.unary("rsqrt", &var)
@@ -1749,7 +1754,7 @@ impl<'a> FuncEmitter<'a> {
     /// `rmsnorm(x, norm) · Wᵀ` for each of `weights` (`x [1, hidden]`, weights of one output
     /// size), where one row of i16 weights runs on the GPUs [`RowProducts`] suits (the step):
     /// all products and the norm's sum of squares in one configured dispatch
-    /// ([`Body::row_products_i16`]: `Σ (x·w)·W`, then scaled by `rsqrt(mean(x²) + eps)`), where
+    /// ([`Body::normed_row_products_i16`]: `Σ (x·w)·W`, then scaled by `rsqrt(mean(x²) + eps)`), where
     /// IREE ran the norm as a dispatch of its own and each product as a `vecmat`. `None`
     /// elsewhere.
     fn normed_products(&mut self, x: &V, norm: &str, weights: &[&str]) -> Option<Vec<V>> {
@@ -1769,15 +1774,11 @@ impl<'a> FuncEmitter<'a> {
         let info = config.compilation_info(inner);
         let mut parts = self
             .b
-            .row_products_i16(x, Some(&n), &ws.iter().collect::<Vec<_>>(), &info);
+            .normed_row_products_i16(x, &n, &ws.iter().collect::<Vec<_>>(), &info);
         let sum = parts
             .pop()
             .unwrap_or_else(|| kv_core::error::invariant("the sum of squares comes last"));
-        let count = self.b.splat_f32(inner as f32, &sum.ty);
-        let mean = self.b.div(&sum, &count);
-        let eps = self.b.splat_f32(self.arch.rms_eps, &mean.ty);
-        let var = self.b.add(&mean, &eps);
-        let r = self.b.unary("rsqrt", &var);
+        let r = self.rms_from_sum(&sum, inner);
         Some(parts.iter().map(|p| self.b.mul(p, &r)).collect())
     }
 

@@ -1074,53 +1074,42 @@ impl Body {
         self.reduction_generic(&[a, c], ty, &maps, 1, &attrs, Self::f32_product)
     }
 
-    /// One-row products of `x [1, in]` against i16 weights `ws`, each `[out_i, in]` with the
-    /// same `out` (the bf16 bits, as [`Self::row_contract_i16`]), in one `linalg.generic` over
-    /// `(out, in)` carrying `compilation_info`: `[1, out]` each, in order. With `scale [in]`
-    /// the products are of `x · scale`, and the last result is `Σ x²` (`[1, out]`, every column
-    /// the same): an RMS norm's sum of squares, taken in the products' own dispatch.
-    pub fn row_products_i16(&mut self, x: &V, scale: Option<&V>, ws: &[&V], compilation_info: &str) -> Vec<V> {
+    /// One-row products of `x [1, in] · scale [in]` against i16 weights `ws`, each `[out, in]`
+    /// (the bf16 bits, as [`Self::row_contract_i16`]), and `Σ x²`, in one `linalg.generic` over
+    /// `(out, in)` carrying `compilation_info`: `[1, out]` each, the products in order, then the
+    /// sum (every column the same): an RMS norm's sum of squares, taken in the products' own
+    /// dispatch.
+    pub fn normed_row_products_i16(&mut self, x: &V, scale: &V, ws: &[&V], compilation_info: &str) -> Vec<V> {
         let [o, inner] = ws[0].ty.static_dims()[..] else {
             kv_core::error::invariant("a weight is [out, in]")
         };
         let xv = self.reshape_static(x, &[inner]);
         let ty = Ty::fixed(&[o], Elem::F32);
-        let n_out = ws.len() + usize::from(scale.is_some());
-        let inits: Vec<V> = (0..n_out).map(|_| self.zeros(&ty)).collect();
-        let mut ins: Vec<(&V, &str)> = vec![(&xv, "d1")];
-        ins.extend(scale.map(|s| (s, "d1")));
+        let inits: Vec<V> = (0..=ws.len()).map(|_| self.zeros(&ty)).collect();
+        let mut ins: Vec<(&V, &str)> = vec![(&xv, "d1"), (scale, "d1")];
         ins.extend(ws.iter().map(|w| (*w, "d0, d1")));
         let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0")).collect();
         let attrs = format!(" attrs = {{compilation_info = {compilation_info}}}");
         let products = self.generic(&ins, &outs, 1, &attrs, |b, args| {
-            let xa = &args[0];
-            let scaled = usize::from(scale.is_some());
-            let (was, accs) = args[1 + scaled..].split_at(ws.len());
+            let (xa, sa) = (&args[0], &args[1]);
+            let (was, accs) = args[2..].split_at(ws.len());
             let mut body = String::new();
-            let factor = match scale {
-                Some(_) => {
-                    let xs = b.fresh();
-                    writeln!(body, "{xs} = arith.mulf {xa}, {} : f32", args[1]).unwrap();
-                    xs
-                }
-                None => xa.clone(),
-            };
-            let mut yields = Vec::with_capacity(n_out);
+            let xs = b.fresh();
+            writeln!(body, "{xs} = arith.mulf {xa}, {sa} : f32").unwrap();
+            let mut yields = Vec::with_capacity(accs.len());
             for (w, acc) in was.iter().zip(accs) {
-                let (ops, sum) = b.widened_product(&[factor.clone(), w.clone(), acc.clone()]);
+                let (ops, sum) = b.widened_product(&[xs.clone(), w.clone(), acc.clone()]);
                 writeln!(body, "{ops}").unwrap();
                 yields.push(sum);
             }
-            if scale.is_some() {
-                let (sq, sum) = (b.fresh(), b.fresh());
-                let acc = &accs[n_out - 1];
-                writeln!(
-                    body,
-                    "{sq} = arith.mulf {xa}, {xa} : f32\n{sum} = arith.addf {acc}, {sq} : f32"
-                )
-                .unwrap();
-                yields.push(sum);
-            }
+            let (sq, sum) = (b.fresh(), b.fresh());
+            let acc = &accs[ws.len()];
+            writeln!(
+                body,
+                "{sq} = arith.mulf {xa}, {xa} : f32\n{sum} = arith.addf {acc}, {sq} : f32"
+            )
+            .unwrap();
+            yields.push(sum);
             (body, yields)
         });
         products.iter().map(|v| self.reshape_static(v, &[1, o])).collect()

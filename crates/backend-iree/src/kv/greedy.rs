@@ -14,14 +14,13 @@
 //! step forks the caches first, as any step, and a dropped step's fork is dropped with it).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use iree_runtime::{BufferView, ElementType, Queued, Transfer};
 use kv_core::manifest::Name;
 use kv_core::window::plan_step;
 use kv_core::{Error, Graph, Result};
-
-use std::sync::Arc;
 
 use super::v2::CacheSet;
 use super::{IreeKvBackend, LayerCache, TopKViews};
