@@ -521,6 +521,9 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .iter()
         .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
         .then_some(RowProducts { workgroup: 64, rows: 4 });
+    // The products as wide as the residual stream (output and down projections) writing it out
+    // as well: a workgroup a row, as IREE configures them alone (docs/benchmarks.md, session 19).
+    let stream_product = head_product.map(|_| crate::emit::StreamProducts { per_thread: 16 });
     // The same GPUs: the argmax in stages of 16 values (docs/benchmarks.md, session 17).
     let argmax_width = head_product.map(|_| 16);
     // And contract v2's one-row attention products over the caches: IREE's own choice, matmuls
@@ -545,6 +548,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         argmax_by_max: cpu_only,
         q4_kernel,
         head_product,
+        stream_product,
         argmax_width,
         attention_products,
     };

@@ -29,7 +29,8 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// 13: NVIDIA Vulkan exports reduce the argmax in stages of 16 (`EmitOptions::argmax_width`).
 /// 14: their contract v2 step configures its attention products (`EmitOptions::attention_products`).
 /// 15: their step's gate and up projections are one configured dispatch (`Body::normed_row_products_i16`).
-const EMITTER_REVISION: u32 = 15;
+/// 16: their step's post-norms carried into the next products (`emit::Residual`).
+const EMITTER_REVISION: u32 = 16;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.

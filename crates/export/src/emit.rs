@@ -88,6 +88,10 @@ pub struct EmitOptions {
     /// modules compiled only for GPUs whose subgroups are 32 wide; `None` = the product in the
     /// form of the graph's other projections, configured by IREE.
     pub head_product: Option<RowProducts>,
+    /// The same for the one-row products as wide as the residual stream (output and down
+    /// projections) where they also write the stream out ([`FuncEmitter::proj_settling`]);
+    /// `None` = those products in IREE's form, the stream's post-norms apart.
+    pub stream_product: Option<StreamProducts>,
     /// The staged argmax's stages reduce at most this many values each
     /// ([`crate::mlir::argmax_stages_of_width`]: more, shorter stages); `None` =
     /// [`crate::mlir::argmax_stages`].
@@ -140,6 +144,22 @@ impl RowProducts {
     /// The `compilation_info` attribute of a product whose rows are `inner` long.
     fn compilation_info(self, inner: usize) -> String {
         subgroup_reduce_info(&format!("[[{}], [0, {inner}]]", self.rows), self.workgroup)
+    }
+}
+
+/// How IREE's SPIR-V code runs the one-row products as wide as the residual stream where they
+/// also write the stream out ([`FuncEmitter::proj_settling`]): an output row a workgroup,
+/// `per_thread` values of the row a thread (as IREE configures those products itself on NVIDIA
+/// targets: 64 threads for rows of 1,024, 128 for 2,048).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamProducts {
+    pub per_thread: usize,
+}
+
+impl StreamProducts {
+    fn compilation_info(self, inner: usize) -> String {
+        let threads = (inner / self.per_thread).next_multiple_of(32).clamp(32, 1024);
+        subgroup_reduce_info(&format!("[[1], [0, {inner}]]"), threads)
     }
 }
 
@@ -329,6 +349,23 @@ enum MaskIn {
     V2 { cache: V, new: V },
 }
 
+/// The residual stream between a layer's blocks: `base`, and in the one-row step of NVIDIA
+/// Vulkan exports the last block's post-norm addition not yet made, `base + rmsnorm(delta,
+/// weight)` as `(delta, weight's name)`. The next normed products take the sum apart
+/// ([`FuncEmitter::normed_products`]) and the next product as wide as the stream writes it
+/// out ([`FuncEmitter::proj_settling`]), so that the post-norm needs no dispatch of its own.
+#[derive(Clone)]
+struct Residual {
+    base: V,
+    pending: Option<(V, String)>,
+}
+
+impl Residual {
+    fn settled(base: V) -> Self {
+        Self { base, pending: None }
+    }
+}
+
 struct FuncEmitter<'a> {
     spec: &'a KvSpec,
     arch: &'a Architecture,
@@ -424,7 +461,7 @@ impl<'a> FuncEmitter<'a> {
         match graph {
             Graph::Prefill | Graph::Chunk | Graph::Step => {
                 let emb = arg(Name::Emb)?;
-                let mut x = self.embed_scale(&emb);
+                let mut x = Residual::settled(self.embed_scale(&emb));
                 let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
                 let mut masks: HashMap<LayerKind, V> = HashMap::new();
                 let mut masks_v2: HashMap<LayerKind, (V, V)> = HashMap::new();
@@ -464,6 +501,7 @@ impl<'a> FuncEmitter<'a> {
                     outs.insert(Name::K(l), k);
                     outs.insert(Name::V(l), v);
                 }
+                let x = self.settle(&x);
                 let select = match graph {
                     Graph::Step => None,
                     _ => Some(arg(Name::Select)?),
@@ -484,7 +522,7 @@ impl<'a> FuncEmitter<'a> {
                 let tokens = arg(Name::Tokens)?;
                 let flat = self.b.reshape_static(&tokens, &[rows]);
                 let emb = self.embedding_rows(&flat);
-                let mut x = self.embed_scale(&emb);
+                let mut x = Residual::settled(self.embed_scale(&emb));
                 let mut tables: HashMap<LayerKind, (V, V)> = HashMap::new();
                 for kind in spec.kinds_present() {
                     let t = self.const_rope(kind, rows);
@@ -496,6 +534,7 @@ impl<'a> FuncEmitter<'a> {
                     let (nx, _, _) = self.layer(l, &x, &cos, &sin, None, MaskIn::InGraph(spec.window(kind)));
                     x = nx;
                 }
+                let x = self.settle(&x);
                 if graph == Graph::RedecodeAt {
                     let select = arg(Name::Select)?;
                     let token = self.head_token(&x, Some(&select));
@@ -1540,10 +1579,18 @@ impl<'a> FuncEmitter<'a> {
     /// `K, V [1, nKV, past + R, d]` (the past rows, then the new ones), or under contract v2
     /// (`mask` is [`MaskIn::V2`], `past` the whole caches `[P, nKV, d]`) only the new rows
     /// `[R, nKV, d]`.
-    fn layer(&mut self, l: usize, x: &V, cos: &V, sin: &V, past: Option<(V, V)>, mask: MaskIn) -> (V, V, V) {
+    fn layer(
+        &mut self,
+        l: usize,
+        x: &Residual,
+        cos: &V,
+        sin: &V,
+        past: Option<(V, V)>,
+        mask: MaskIn,
+    ) -> (Residual, V, V) {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let arch = self.arch;
-        let r = x.ty.static_dims()[0];
+        let r = x.base.ty.static_dims()[0];
         let p = |s: &str| layer_param(l, s);
         let fused = self.table.contains_key(&p("attn_qkv.weight"));
         let (q, k, v) = if fused && arch.qk_norm && !arch.attn_bias && r <= NORM_ROPE_MAX_ROWS {
@@ -1551,7 +1598,8 @@ impl<'a> FuncEmitter<'a> {
             let y = match self.normed_products(x, &norm, &[&qkv]) {
                 Some(mut y) => y.remove(0),
                 None => {
-                    let h = self.norm_param(x, &norm);
+                    let x = self.settle(x);
+                    let h = self.norm_param(&x, &norm);
                     self.proj(&h, &qkv)
                 }
             };
@@ -1560,7 +1608,8 @@ impl<'a> FuncEmitter<'a> {
             let mut heads = |from: usize, n: usize| self.b.slice(&z, &[(0, r), (from, from + n), (0, d)]);
             (heads(0, nh), heads(nh, nkv), heads(nh + nkv, nkv))
         } else {
-            let h = self.norm_param(x, &p("attn_norm.weight"));
+            let x = self.settle(x);
+            let h = self.norm_param(&x, &p("attn_norm.weight"));
             self.qkv_apart(&h, l, cos, sin)
         };
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
@@ -1593,11 +1642,8 @@ impl<'a> FuncEmitter<'a> {
             };
             (o, k_all, v_all)
         };
-        let mut a = self.proj(&o, &p("attn_output.weight"));
-        if arch.post_norms {
-            a = self.norm_param(&a, &p("post_attention_norm.weight"));
-        }
-        let x = self.b.add(x, &a);
+        let (a, x) = self.proj_settling(&o, &p("attn_output.weight"), x);
+        let x = self.add_block(x, a, &p("post_attention_norm.weight"));
         // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
         let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
         let (g, u) = match self
@@ -1606,6 +1652,7 @@ impl<'a> FuncEmitter<'a> {
         {
             Some([g, u]) => (g.clone(), u.clone()),
             _ => {
+                let x = self.settle(&x);
                 let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
                 (self.proj(&h2, &gate), self.proj(&h2, &up))
             }
@@ -1615,12 +1662,67 @@ impl<'a> FuncEmitter<'a> {
             Activation::Silu => self.silu(&g),
         };
         let gu = self.b.mul(&act, &u);
-        let mut m = self.proj(&gu, &p("ffn_down.weight"));
-        if arch.post_norms {
-            m = self.norm_param(&m, &p("post_ffw_norm.weight"));
-        }
-        let x = self.b.add(&x, &m);
+        let (m, x) = self.proj_settling(&gu, &p("ffn_down.weight"), &x);
+        let x = self.add_block(x, m, &p("post_ffw_norm.weight"));
         (x, k_out, v_out)
+    }
+
+    /// The residual stream `x` plus a block's output `y` (RMS-normed by `post_norm` where the
+    /// architecture has post-norms): the addition left pending where the next products can
+    /// make it ([`Residual`]: the one-row step of NVIDIA Vulkan exports with i16 weights).
+    fn add_block(&mut self, x: V, y: V, post_norm: &str) -> Residual {
+        if !self.arch.post_norms {
+            return Residual::settled(self.b.add(&x, &y));
+        }
+        let one_row = y.ty.is_static() && y.ty.static_dims()[0] == 1;
+        if one_row && self.options.head_product.is_some() && self.options.weights == WeightFormat::I16 {
+            return Residual {
+                base: x,
+                pending: Some((y, post_norm.to_string())),
+            };
+        }
+        let y = self.norm_param(&y, post_norm);
+        Residual::settled(self.b.add(&x, &y))
+    }
+
+    /// The residual stream written out: `base + rmsnorm(delta, weight)` where an addition is
+    /// pending.
+    fn settle(&mut self, x: &Residual) -> V {
+        match &x.pending {
+            None => x.base.clone(),
+            Some((d, post)) => {
+                let y = self.norm_param(d, post);
+                self.b.add(&x.base, &y)
+            }
+        }
+    }
+
+    /// `x · Wᵀ` (a layer's output or down projection) and the residual stream `res` written out,
+    /// as `(product, stream)`; with an addition pending, both in one configured dispatch
+    /// ([`Body::row_product_settling_i16`]).
+    fn proj_settling(&mut self, x: &V, weight: &str, res: &Residual) -> (V, V) {
+        if let (Some((d, post)), Some(config)) = (&res.pending, self.options.stream_product) {
+            if self.quant_format(weight).is_none() && self.options.weights == WeightFormat::I16 {
+                let w = self.raw_param(weight);
+                let [hidden, inner] = w.ty.static_dims()[..] else {
+                    kv_core::error::invariant("a weight is [out, in]")
+                };
+                let post = self.param(post);
+                // `Σ d²` once more, a dispatch of its own: the normed products took it too, but
+                // a second reader of their sums keeps IREE from fusing the products' epilogue
+                // into their dispatch. This one depends on `d` alone, so it runs beside them.
+                let sq = self.b.mul(d, d);
+                let sum = self.b.reduce(&sq, &[1], Reduce::Add);
+                let sum = self.b.reshape_static(&sum, &[]);
+                let info = config.compilation_info(inner);
+                let eps = self.arch.rms_eps;
+                return self
+                    .b
+                    .row_product_settling_i16(x, &w, (&res.base, d, &post), &sum, (hidden, eps), &info);
+            }
+        }
+        let y = self.proj(x, weight);
+        (y, self.settle(res))
     }
 
     /// [`Self::qkv_apart`]'s Q/K norms, rotation and query scale as one expression over the
@@ -1757,9 +1859,9 @@ impl<'a> FuncEmitter<'a> {
     /// ([`Body::normed_row_products_i16`]: `Σ (x·w)·W`, then scaled by `rsqrt(mean(x²) + eps)`), where
     /// IREE ran the norm as a dispatch of its own and each product as a `vecmat`. `None`
     /// elsewhere.
-    fn normed_products(&mut self, x: &V, norm: &str, weights: &[&str]) -> Option<Vec<V>> {
+    fn normed_products(&mut self, x: &Residual, norm: &str, weights: &[&str]) -> Option<Vec<V>> {
         let config = self.options.head_product?;
-        let one_row = x.ty.is_static() && x.ty.static_dims()[0] == 1;
+        let one_row = x.base.ty.is_static() && x.base.ty.static_dims()[0] == 1;
         let plain = |e: &Self, n: &str| e.quant_format(n).is_none();
         if !one_row
             || self.options.weights != WeightFormat::I16
@@ -1770,16 +1872,45 @@ impl<'a> FuncEmitter<'a> {
         }
         let n = self.param(norm);
         let ws: Vec<V> = weights.iter().map(|w| self.raw_param(w)).collect();
-        let inner = ws[0].ty.static_dims()[1];
+        let ws: Vec<&V> = ws.iter().collect();
+        let [out, inner] = ws[0].ty.static_dims()[..] else {
+            kv_core::error::invariant("a weight is [out, in]")
+        };
         let info = config.compilation_info(inner);
-        let mut parts = self
-            .b
-            .normed_row_products_i16(x, &n, &ws.iter().collect::<Vec<_>>(), &info);
-        let sum = parts
-            .pop()
-            .unwrap_or_else(|| kv_core::error::invariant("the sum of squares comes last"));
-        let r = self.rms_from_sum(&sum, inner);
-        Some(parts.iter().map(|p| self.b.mul(p, &r)).collect())
+        let Some((d, post)) = &x.pending else {
+            let mut parts = self.b.normed_row_products_i16(&x.base, &n, &ws, &info);
+            let sum = parts
+                .pop()
+                .unwrap_or_else(|| kv_core::error::invariant("the sum of squares comes last"));
+            let r = self.rms_from_sum(&sum, inner);
+            return Some(parts.iter().map(|p| self.b.mul(p, &r)).collect());
+        };
+        // `h = x + c·u` (`u = d·post`): `Σ h² = Σ x² + 2c·Σ x·u + c²·Σ u²` and `h·W = x·W + c·(u·W)`,
+        // every sum taken in the one dispatch.
+        if out < inner || !plain(self, post) {
+            return None;
+        }
+        let post = self.param(post);
+        let mut parts = self.b.carried_row_products_i16(&x.base, d, &post, &n, &ws, &info);
+        let sums = parts.split_off(2 * ws.len());
+        let [sxx, sxu, suu, sdd] = <[V; 4]>::try_from(sums).unwrap_or_else(|_| kv_core::error::invariant("four sums"));
+        let c = self.rms_from_sum(&sdd, inner);
+        let two_c = self.b.add(&c, &c);
+        let cross = self.b.mul(&two_c, &sxu);
+        let c2 = self.b.mul(&c, &c);
+        let square = self.b.mul(&c2, &suu);
+        let ss = self.b.add(&sxx, &cross);
+        let ss = self.b.add(&ss, &square);
+        let r = self.rms_from_sum(&ss, inner);
+        let products = parts
+            .chunks(2)
+            .map(|pair| {
+                let cu = self.b.mul(&c, &pair[1]);
+                let h = self.b.add(&pair[0], &cu);
+                self.b.mul(&h, &r)
+            })
+            .collect();
+        Some(products)
     }
 
     /// `rmsnorm(x, output_norm) · Eᵀ` for every row of `x [R, hidden]`: `[R, vocab]`.

@@ -42,7 +42,7 @@ pub use cache::{
     is_cached, runtime_options, runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
 };
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
-pub use emit::{emit, emit_module, EmitOptions, RowProducts, WeightFormat};
+pub use emit::{emit, emit_module, EmitOptions, RowProducts, StreamProducts, WeightFormat};
 
 use std::path::PathBuf;
 

@@ -1115,6 +1115,109 @@ impl Body {
         products.iter().map(|v| self.reshape_static(v, &[1, o])).collect()
     }
 
+    /// [`Self::normed_row_products_i16`] of a residual stream `h = x + c·u` whose last
+    /// addition is still pending (`u = d·post`, `c = rsqrt(mean(d²) + eps)`; `x`, `d` `[1, in]`,
+    /// `post`, `scale` `[in]`), `h` never written out: per weight `Σ (x·scale)·W` and
+    /// `Σ (u·scale)·W`, then `Σ x²`, `Σ x·u`, `Σ u²` and `Σ d²` (`[1, out]` each, every column of
+    /// a sum the same), from which the caller forms `c`, `Σ h² = Σ x² + 2c·Σ x·u + c²·Σ u²` and
+    /// the products of `h`: the RMS norm after one product and before the next without a
+    /// dispatch of its own.
+    pub fn carried_row_products_i16(&mut self, x: &V, d: &V, post: &V, scale: &V, ws: &[&V], info: &str) -> Vec<V> {
+        let [o, inner] = ws[0].ty.static_dims()[..] else {
+            kv_core::error::invariant("a weight is [out, in]")
+        };
+        let xv = self.reshape_static(x, &[inner]);
+        let dv = self.reshape_static(d, &[inner]);
+        let ty = Ty::fixed(&[o], Elem::F32);
+        let inits: Vec<V> = (0..2 * ws.len() + 4).map(|_| self.zeros(&ty)).collect();
+        let mut ins: Vec<(&V, &str)> = vec![(&xv, "d1"), (&dv, "d1"), (post, "d1"), (scale, "d1")];
+        ins.extend(ws.iter().map(|w| (*w, "d0, d1")));
+        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0")).collect();
+        let attrs = format!(" attrs = {{compilation_info = {info}}}");
+        let parts = self.generic(&ins, &outs, 1, &attrs, |b, args| {
+            let (xa, da, pa, sa) = (&args[0], &args[1], &args[2], &args[3]);
+            let (was, accs) = args[4..].split_at(ws.len());
+            let [xs, u, us] = std::array::from_fn(|_| b.fresh());
+            let mut body = format!(
+                "{xs} = arith.mulf {xa}, {sa} : f32\n{u} = arith.mulf {da}, {pa} : f32\n{us} = arith.mulf {u}, {sa} : f32\n"
+            );
+            let mut yields = Vec::with_capacity(accs.len());
+            for (w, acc) in was.iter().zip(accs.chunks(2)) {
+                let (ops, wf) = b.widened(w);
+                writeln!(body, "{ops}").unwrap();
+                for (a, acc) in [&xs, &us].into_iter().zip(acc) {
+                    let (p, sum) = (b.fresh(), b.fresh());
+                    writeln!(body, "{p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32").unwrap();
+                    yields.push(sum);
+                }
+            }
+            for ((l, r), acc) in [(xa, xa), (xa, &u), (&u, &u), (da, da)].into_iter().zip(&accs[2 * ws.len()..]) {
+                let (p, sum) = (b.fresh(), b.fresh());
+                writeln!(body, "{p} = arith.mulf {l}, {r} : f32\n{sum} = arith.addf {acc}, {p} : f32").unwrap();
+                yields.push(sum);
+            }
+            (body, yields)
+        });
+        parts.iter().map(|v| self.reshape_static(v, &[1, o])).collect()
+    }
+
+    /// `x [1, in] · Wᵀ` for i16 `w [out, in]` (as [`Self::row_contract_i16`]) and, in the same
+    /// configured dispatch, a residual stream's pending addition made:
+    /// `base + d·rsqrt(dsum / n + eps)·post` (`base`, `d` `[1, out]`; `post [out]`; `dsum` the
+    /// 0-d `Σ d²` over `n` values). Returns both `[1, out]`. The second is the maximum of a value
+    /// the same at every step of the reduction: a reduction with a combiner, as IREE's
+    /// vectorizer needs.
+    pub fn row_product_settling_i16(
+        &mut self,
+        x: &V,
+        w: &V,
+        (base, d, post): (&V, &V, &V),
+        dsum: &V,
+        (n, eps): (usize, f32),
+        info: &str,
+    ) -> (V, V) {
+        let [o, inner] = w.ty.static_dims()[..] else {
+            kv_core::error::invariant("a weight is [out, in]")
+        };
+        let xv = self.reshape_static(x, &[inner]);
+        let bv = self.reshape_static(base, &[o]);
+        let dv = self.reshape_static(d, &[o]);
+        let ty = Ty::fixed(&[o], Elem::F32);
+        let (acc0, max0) = (self.zeros(&ty), self.filled(&ty, "0xFF800000"));
+        let attrs = format!(" attrs = {{compilation_info = {info}}}");
+        let ins = [
+            (&xv, "d1"),
+            (w, "d0, d1"),
+            (&bv, "d0"),
+            (&dv, "d0"),
+            (post, "d0"),
+            (dsum, ""),
+        ];
+        let outs = [(&acc0, "d0"), (&max0, "d0")];
+        let parts = self.generic(&ins, &outs, 1, &attrs, |b, args| {
+            let [xa, wa, ba, da, pa, sa, acc, max] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            let (ops, sum) = b.widened_product(&[xa.clone(), wa.clone(), acc.clone()]);
+            let [count, mean, eps_c, var, c, t, t2, h, m] = std::array::from_fn(|_| b.fresh());
+            let (n_bits, eps_bits) = ((n as f32).to_bits(), eps.to_bits());
+            (
+                format!(
+                    "{ops}\n{count} = arith.constant 0x{n_bits:08X} : f32\n{mean} = arith.divf {sa}, {count} : f32\n\
+                     {eps_c} = arith.constant 0x{eps_bits:08X} : f32\n{var} = arith.addf {mean}, {eps_c} : f32\n\
+                     {c} = math.rsqrt {var} : f32\n{t} = arith.mulf {da}, {c} : f32\n{t2} = arith.mulf {t}, {pa} : f32\n\
+                     {h} = arith.addf {ba}, {t2} : f32\n{m} = arith.maximumf {max}, {h} : f32"
+                ),
+                vec![sum, m],
+            )
+        });
+        let [product, settled] = <[V; 2]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("two outputs"));
+        (
+            self.reshape_static(&product, &[1, o]),
+            self.reshape_static(&settled, &[1, o]),
+        )
+    }
+
     /// The maximum of each row of `x [G, P]` (f32): `[G]`, one `linalg.generic` carrying
     /// `compilation_info` (see [`Self::row_contract_i16`]).
     pub fn configured_row_max(&mut self, x: &V, compilation_info: &str) -> V {
@@ -1181,21 +1284,24 @@ impl Body {
         let [a, bits, acc] = args else {
             kv_core::error::invariant("a block argument per input, then the accumulator")
         };
-        let (wide, c16, up, wf, p, sum) = (
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-            self.fresh(),
-        );
+        let (widen, wf) = self.widened(bits);
+        let (p, sum) = (self.fresh(), self.fresh());
+        (
+            format!("{widen}\n{p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"),
+            sum,
+        )
+    }
+
+    /// The ops widening a block argument of bf16 bits in `i16` to `f32` (sign-extend, shift into
+    /// the high half, bitcast), and the widened value's name.
+    fn widened(&mut self, bits: &str) -> (String, String) {
+        let [wide, c16, up, wf] = std::array::from_fn(|_| self.fresh());
         (
             format!(
                 "{wide} = arith.extsi {bits} : i16 to i32\n{c16} = arith.constant 16 : i32\n\
-                 {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32\n\
-                 {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                 {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32"
             ),
-            sum,
+            wf,
         )
     }
 

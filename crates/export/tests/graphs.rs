@@ -260,10 +260,9 @@ fn i16_weight_format_on_cpu() {
 /// A Vulkan export for an NVIDIA target computes each graph's LM head (one row of i16 weights)
 /// as a product over `(vocab, hidden)` whose body widens the weight (`Body::row_contract_i16`),
 /// with IREE's configuration of 32-wide subgroups (`RowProducts`), which the compiler accepts;
-/// of the step's other products (contract 1) Q/K/V and gate/up are configured too, each with the
-/// RMS norm before it (`FuncEmitter::normed_products`: several results), the rest keep IREE's
-/// fused form. Compiled only: lavapipe runs no module of a GPU's target correctly (see
-/// `i16_weight_format_on_cpu`); the H200 runs them (`scripts/h200/ab-bench.sh`, `diverge`).
+/// the step's other products (contract 1) are configured too ([`step_row_products`]).
+/// Compiled here; `nvidia_step_forms_on_cpu` runs the same forms on the CPU, the H200 on its
+/// GPU (`scripts/h200/ab-bench.sh`, `diverge`).
 #[test]
 fn lm_heads_configured_for_nvidia_vulkan() {
     let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3-gqa:5"), target, 1);
@@ -283,20 +282,105 @@ fn lm_heads_configured_for_nvidia_vulkan() {
             "one result: {line}"
         );
     }
-    assert_eq!(
-        others.len(),
-        2 * m.spec.n_layers,
-        "the step's Q/K/V and gate/up: {others:#?}"
-    );
-    assert!(
-        others
-            .iter()
-            .all(|l| l.contains(":2 = linalg.generic") || l.contains(":3 = linalg.generic")),
-        "{others:#?}"
-    );
+    assert_eq!(others.len(), 4 * m.spec.n_layers - 1, "{others:#?}");
+    step_row_products(&m, &mlir);
     assert!(
         !export(export::Target::cpu()).1.contains("compilation_info"),
         "IREE's own choice on the CPU"
+    );
+}
+
+/// The forms an NVIDIA Vulkan export gives the one-row step (`RowProducts`, `StreamProducts`:
+/// each RMS norm inside the products after it, the post-norms carried into the next products
+/// and the residual stream written out by the output and down projections) compute what the
+/// reference does: the module of an `ampere` export, its `compilation_info`s (SPIR-V's) taken
+/// out, compiled for the CPU in place of a CPU export's and run call by call. (lavapipe runs no
+/// module of a GPU's target; the H200 runs them: `diverge` in `scripts/h200/ab-bench.sh`.)
+#[test]
+fn nvidia_step_forms_on_cpu() {
+    let source = fixture_source("tiny-gemma3-gqa:5");
+    let cpu = tempfile::tempdir().unwrap();
+    let options = ExportOptions {
+        targets: vec![export::Target::cpu()],
+        prefill_seq: Some(PREFILL_SEQ),
+        weights: export::WeightFormat::I16,
+        graphs: vec![Graph::Prefill, Graph::Chunk, Graph::Step],
+        compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(&source, cpu.path(), &options).unwrap();
+    let gpu = tempfile::tempdir().unwrap();
+    let nvidia = ExportOptions {
+        targets: vec![export::Target::Vulkan {
+            target: Some("ampere".into()),
+        }],
+        ..options.clone()
+    };
+    export_artifacts(&source, gpu.path(), &nvidia).unwrap();
+    let mlir = std::fs::read_to_string(gpu.path().join("gemma.mlir")).unwrap();
+    // The settling products' second result (a maximum over one value), one per block.
+    let settling = mlir
+        .lines()
+        .filter(|l| l.contains("arith.maximumf") && !l.contains("stablehlo"))
+        .count();
+    assert!(settling >= 2 * m.spec.n_layers - 1, "{settling} settling products");
+    let mut cpu_text = String::with_capacity(mlir.len());
+    for line in mlir.lines() {
+        match line.find(" attrs = {compilation_info = ") {
+            Some(at) => {
+                let end = at + line[at..].find('}').unwrap() + 1;
+                cpu_text.push_str(&line[..at]);
+                cpu_text.push_str(&line[end..]);
+            }
+            None => cpu_text.push_str(line),
+        }
+        cpu_text.push('\n');
+    }
+    assert!(!cpu_text.contains("compilation_info"));
+    let mlir_path = cpu.path().join("gemma-nvidia-forms.mlir");
+    std::fs::write(&mlir_path, cpu_text).unwrap();
+    let vmfbs: std::collections::BTreeSet<&String> = m.modules["llvm-cpu"].values().collect();
+    assert_eq!(vmfbs.len(), 1, "one shared module: {vmfbs:?}");
+    for vmfb in vmfbs {
+        export::compile_with(
+            &mlir_path,
+            &export::Target::cpu(),
+            &cpu.path().join(vmfb),
+            &options.compile_flags,
+        )
+        .unwrap();
+    }
+    cpu_calls_agree(cpu.path(), &m, "nvidia forms", true, 4);
+}
+
+/// The step's one-row products in an NVIDIA Vulkan export of a Gemma (post-norms) with i16
+/// weights, each one configured dispatch: Q/K/V and gate/up with the RMS norm before them
+/// (`FuncEmitter::normed_products`), the first layer's Q/K/V from the embedding (its sum of
+/// squares a second result), every later one and every gate/up from a residual stream whose
+/// post-norm addition is pending (`Residual`: per weight two products, then four sums); the
+/// output and down projections writing that stream out (`FuncEmitter::proj_settling`: the
+/// product and the stream), except the first layer's output projection, whose stream is the
+/// embedding.
+fn step_row_products(m: &Manifest, mlir: &str) {
+    let n = m.spec.n_layers;
+    let count = |outputs: usize, weights: usize, zero_d: bool| {
+        mlir.lines()
+            .filter(|l| {
+                l.contains(&format!(":{outputs} = linalg.generic"))
+                    && l.contains("[\"parallel\", \"reduction\"]")
+                    && l.contains("SubgroupReduce")
+                    && l.matches("xi16>").count() == weights
+                    && l.contains("tensor<f32>") == zero_d
+            })
+            .count()
+    };
+    assert_eq!(count(2, 1, false), 1, "Q/K/V from the embedding");
+    assert_eq!(count(6, 1, false), n - 1, "Q/K/V of a pending stream");
+    assert_eq!(count(8, 2, false), n, "gate/up of a pending stream");
+    assert_eq!(
+        count(2, 1, true),
+        2 * n - 1,
+        "output and down projections settling the stream"
     );
 }
 
@@ -318,8 +402,8 @@ fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) ->
 
 /// Contract v2 exports for NVIDIA Vulkan configure the step's one-row products over each cache
 /// head: the scores (a subgroup per key) and the values (a subgroup per output column, the
-/// exponentials and their sum in the same product), and each layer's Q/K/V and its gate and
-/// up projections as one product each, with the RMS norm before them.
+/// exponentials and their sum in the same product), and the other products as contract 1's
+/// ([`step_row_products`]).
 /// Compiled only, as the LM head's: lavapipe cannot run GPU-target modules (`diverge` on the
 /// H200 checks them: docs/benchmarks.md, session 17).
 #[test]
@@ -348,27 +432,7 @@ fn v2_attention_products_configured_for_nvidia_vulkan() {
         .filter(|l| l.contains(":2 = linalg.generic") && l.contains(&format!(": {out}, {out}) attrs")))
         .count();
     assert_eq!(values, m.spec.n_layers * nkv, "{configured:#?}");
-    // Each one a dispatch with its norm's sum of squares: (Q/K/V, Σ x²), (gate, up, Σ x²).
-    let row_products = |outputs: usize, weights: usize| {
-        mlir.lines()
-            .filter(|l| {
-                l.contains(&format!(":{outputs} = linalg.generic"))
-                    && l.contains("[\"parallel\", \"reduction\"]")
-                    && l.contains("SubgroupReduce")
-                    && l.matches("xi16>").count() == weights
-            })
-            .count()
-    };
-    assert_eq!(
-        row_products(2, 1),
-        m.spec.n_layers,
-        "one normed Q/K/V product a layer, in the step only"
-    );
-    assert_eq!(
-        row_products(3, 2),
-        m.spec.n_layers,
-        "one normed gate/up product a layer, in the step only"
-    );
+    step_row_products(&m, &mlir);
     assert!(
         !export(export::Target::vulkan()).1.contains("compilation_info"),
         "IREE's own choice for the portable target"
