@@ -24,6 +24,14 @@
 #   DIVERGE=i16-ampere-v2 PROFILE=i16-ampere-v2 (the previous export renamed before
 #   prepare.sh re-exports; v1 and v2 archives of the twin are the same bytes, so ARCHIVE's first,
 #   a v2 export, serves every other export)
+# Session 19's runs (docs/benchmarks.md): the previous revision's exports made by its binary
+#   (BIN=/tmp/skv-base VARIANTS="i16-ampere-v2" prepare.sh, then renamed *-prev; the same for
+#   i16-ampere-ahead), this revision's by prepare.sh, e.g. PAIRS="v2prev:skainet-kv:i16-ampere-v2-prev
+#   v2:skainet-kv:i16-ampere-v2 v1prev:skainet-kv:i16-ampere-ahead-prev v1:skainet-kv:i16-ampere-ahead"
+#   ARCHIVE="i16-ampere-v2 i16-ampere-ahead" ROUNDS=8; one-off variants exported by a build of
+#   the emitter with the change (not kept) into their own directories, vmfb and manifest only.
+#   Write the log under $OUT and grep it: the device tool returns only the output's last 12,000
+#   characters. The first bench on a freshly started machine runs slow: read same-round pairs.
 # Prepare (here): scripts/h200/prepare.sh with the VARIANTS named. Carry [".cache/device", ".gl"].
 set -u
 source "$(dirname "$0")/device-env.sh"
