@@ -1857,8 +1857,9 @@ impl<'a> FuncEmitter<'a> {
     /// size), where one row of i16 weights runs on the GPUs [`RowProducts`] suits (the step):
     /// all products and the norm's sum of squares in one configured dispatch
     /// ([`Body::normed_row_products_i16`]: `Σ (x·w)·W`, then scaled by `rsqrt(mean(x²) + eps)`), where
-    /// IREE ran the norm as a dispatch of its own and each product as a `vecmat`. `None`
-    /// elsewhere.
+    /// IREE ran the norm as a dispatch of its own and each product as a `vecmat`; a stream
+    /// whose post-norm addition is pending ([`Residual`]) is normed as the sum it stands for,
+    /// never written out ([`Body::carried_row_products_i16`]). `None` elsewhere.
     fn normed_products(&mut self, x: &Residual, norm: &str, weights: &[&str]) -> Option<Vec<V>> {
         let config = self.options.head_product?;
         let one_row = x.base.ty.is_static() && x.base.ty.static_dims()[0] == 1;
