@@ -89,7 +89,7 @@ pub struct EmitOptions {
     /// form of the graph's other projections, configured by IREE.
     pub head_product: Option<RowProducts>,
     /// The same for the one-row products as wide as the residual stream (output and down
-    /// projections) where they also write the stream out ([`FuncEmitter::proj_settling`]);
+    /// projections) where they also write the stream out (`FuncEmitter::proj_settling`);
     /// `None` = those products in IREE's form, the stream's post-norms apart.
     pub stream_product: Option<StreamProducts>,
     /// The staged argmax's stages reduce at most this many values each
