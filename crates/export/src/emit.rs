@@ -148,7 +148,7 @@ impl RowProducts {
 }
 
 /// How IREE's SPIR-V code runs the one-row products as wide as the residual stream where they
-/// also write the stream out ([`FuncEmitter::proj_settling`]): an output row a workgroup,
+/// also write the stream out (`FuncEmitter::proj_settling`): an output row a workgroup,
 /// `per_thread` values of the row a thread (as IREE configures those products itself on NVIDIA
 /// targets: 64 threads for rows of 1,024, 128 for 2,048).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
