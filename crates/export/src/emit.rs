@@ -1669,13 +1669,14 @@ impl<'a> FuncEmitter<'a> {
 
     /// The residual stream `x` plus a block's output `y` (RMS-normed by `post_norm` where the
     /// architecture has post-norms): the addition left pending where the next products can
-    /// make it ([`Residual`]: the one-row step of NVIDIA Vulkan exports with i16 weights).
+    /// make it ([`Residual`]: the one-row step where [`EmitOptions::stream_product`] says how
+    /// the products writing the stream out run, with i16 weights).
     fn add_block(&mut self, x: V, y: V, post_norm: &str) -> Residual {
         if !self.arch.post_norms {
             return Residual::settled(self.b.add(&x, &y));
         }
         let one_row = y.ty.is_static() && y.ty.static_dims()[0] == 1;
-        if one_row && self.options.head_product.is_some() && self.options.weights == WeightFormat::I16 {
+        if one_row && self.options.stream_product.is_some() && self.options.weights == WeightFormat::I16 {
             return Residual {
                 base: x,
                 pending: Some((y, post_norm.to_string())),

@@ -1146,14 +1146,14 @@ impl Body {
                 let (ops, wf) = b.widened(w);
                 writeln!(body, "{ops}").unwrap();
                 for (a, acc) in [&xs, &us].into_iter().zip(acc) {
-                    let (p, sum) = (b.fresh(), b.fresh());
-                    writeln!(body, "{p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32").unwrap();
+                    let (ops, sum) = b.f32_product(&[a.clone(), wf.clone(), acc.clone()]);
+                    writeln!(body, "{ops}").unwrap();
                     yields.push(sum);
                 }
             }
             for ((l, r), acc) in [(xa, xa), (xa, &u), (&u, &u), (da, da)].into_iter().zip(&accs[2 * ws.len()..]) {
-                let (p, sum) = (b.fresh(), b.fresh());
-                writeln!(body, "{p} = arith.mulf {l}, {r} : f32\n{sum} = arith.addf {acc}, {p} : f32").unwrap();
+                let (ops, sum) = b.f32_product(&[l.clone(), r.clone(), acc.clone()]);
+                writeln!(body, "{ops}").unwrap();
                 yields.push(sum);
             }
             (body, yields)
