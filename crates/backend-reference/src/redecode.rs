@@ -23,11 +23,14 @@ impl ReferenceRedecode {
         ReferenceRedecode { model, seq }
     }
 
-    /// A graph of another fixed length (redecode graphs are often exported shorter than prefill).
+    /// A graph of another fixed length (redecode graphs are often exported shorter than prefill):
+    /// 1 up to the model's `maxPositions`, its logits and scores within `kv_core::limits`
+    /// (`Error::TooLarge`), checked here because each run allocates them.
     pub fn with_seq(model: Arc<ReferenceModel>, seq: usize) -> Result<Self> {
         if seq == 0 {
             return Err(Error::manifest("seq", "a redecode graph needs seq >= 1"));
         }
+        kv_core::limits::check_redecode_seq("redecode seq", model.spec(), seq)?;
         Ok(ReferenceRedecode { model, seq })
     }
 }

@@ -65,6 +65,23 @@ fn redecode_checks_its_input() {
     assert!(ReferenceRedecode::with_seq(model, 0).is_err());
 }
 
+/// A redecode graph's SEQ decides each run's allocations (`seq × vocabSize` logits): one beyond
+/// the model's context, or beyond `kv_core::limits`, is refused when the session is made, not
+/// aborted on (4e9 asked for 256 GB and died of SIGABRT).
+#[test]
+fn redecode_seq_is_bounded_before_anything_is_allocated() {
+    let model = model("tiny-gemma3:7");
+    let max = model.spec().max_positions;
+    ReferenceRedecode::with_seq(model.clone(), max).unwrap();
+    for seq in [max + 1, 4_000_000_000, usize::MAX] {
+        let err = ReferenceRedecode::with_seq(model.clone(), seq).unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { what, value, .. } if what == "redecode seq" && *value == seq as u128),
+            "seq {seq}: {err}"
+        );
+    }
+}
+
 fn fixture_parts(name: &str) -> (Manifest, IrpaArchive) {
     let dir = fixture_dir(name);
     let manifest = Manifest::load(&dir).unwrap();

@@ -34,6 +34,30 @@ pub enum Error {
     ForeignSnapshot { session: u64, snapshot_session: u64 },
     #[error("snapshot file {path}: {reason}")]
     SnapshotFile { path: String, reason: String },
+    /// A snapshot file whose rows hold a NaN or an infinity: intact (its CRC matches) but not
+    /// what a forward writes; a session fed it decodes garbage (token 0 forever, or an id
+    /// outside the vocabulary from a GPU's argmax).
+    #[error(
+        "snapshot file {path}: layer {layer} {tensor} at position {position} (KV head {head}) holds {value}, not a finite number"
+    )]
+    NonFiniteSnapshot {
+        path: String,
+        layer: usize,
+        /// `K` or `V`.
+        tensor: &'static str,
+        position: usize,
+        head: usize,
+        value: f32,
+    },
+    /// A path that exists but is not a regular file (a FIFO, a device node, a directory, a
+    /// socket), refused where a file is read or replaced: opening a FIFO blocks, and replacing
+    /// a device node (`--out /dev/null` as root) would destroy it.
+    #[error("{what} {path}: a {kind}, not a regular file")]
+    NotRegularFile {
+        what: &'static str,
+        path: String,
+        kind: &'static str,
+    },
     #[error("read_layer: layer {layer} out of range (nLayers {n_layers})")]
     LayerOutOfRange { layer: usize, n_layers: usize },
     #[error("redecode: prompt of {len} tokens leaves no room in a graph of SEQ {seq} (need 1..{seq})")]
@@ -41,6 +65,16 @@ pub enum Error {
     /// Two sessions a comparison needs to agree (on the model, on the rows held) do not.
     #[error("{op}: {reason}")]
     Incomparable { op: &'static str, reason: String },
+    /// A size from a caller, a manifest or a file above its bound ([`crate::limits`]), refused
+    /// before anything of that size is allocated. `what` names the flag or field (`--seq`,
+    /// ``spec `vocabSize` ``) or the buffer it implies, `bound` the limit's name.
+    #[error("{what} {value} exceeds the limit {limit} ({bound})")]
+    TooLarge {
+        what: String,
+        value: u128,
+        limit: u128,
+        bound: String,
+    },
     #[error("sampling: {key}: {reason}")]
     BadSampling { key: &'static str, reason: String },
     #[error(

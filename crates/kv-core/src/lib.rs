@@ -7,7 +7,8 @@
 //! - **Errors versus bugs.** Anything a caller or an artifact can get wrong (token ids, chunk
 //!   sizes, context overflow, a foreign snapshot, a malformed manifest, a truncated archive) is an
 //!   [`Error`], checked before any state changes, so the session stays usable. A broken internal
-//!   invariant panics through [`error::invariant`].
+//!   invariant panics through [`error::invariant`]. Every size from a caller or a file is
+//!   bounded by [`limits`] before anything of that size is allocated.
 //! - **Snapshots are owned values.** A backend's `Snapshot` holds its own references to the
 //!   per-layer caches (views, not copies), carries the [`backend::SessionId`] of its session, and
 //!   outlives any later call.
@@ -29,6 +30,7 @@ pub mod decoder;
 pub mod diverge;
 pub mod error;
 pub mod irpa;
+pub mod limits;
 pub mod manifest;
 pub mod mask;
 pub mod params;

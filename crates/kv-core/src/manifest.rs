@@ -787,6 +787,7 @@ impl Manifest {
                     format!("{k} must be in 1..={} (the vocabulary)", self.spec.vocab_size),
                 ));
             }
+            crate::limits::check_top_k("manifest `topK`", k)?;
         }
         for &graph in self.kv_graphs() {
             let (args_key, outputs_key) = list_keys(graph);

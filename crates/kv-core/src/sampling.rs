@@ -157,6 +157,7 @@ impl SamplingConfig {
                 format!("{} must be finite and > 0", self.repetition_penalty),
             );
         }
+        crate::limits::check_top_k("sampling: candidates", self.candidates)?;
         if self.candidates == 0 {
             return bad("candidates", "must be at least 1".into());
         }

@@ -114,7 +114,8 @@ impl Default for KvSpec {
 }
 
 impl KvSpec {
-    /// Checks that the spec does not contradict itself; the error names the offending key.
+    /// Checks that the spec does not contradict itself and that every size is within
+    /// [`crate::limits`] ([`Error::TooLarge`]); the error names the offending key.
     pub fn validate(&self) -> Result<()> {
         let positive = [
             ("nLayers", self.n_layers),
@@ -133,6 +134,7 @@ impl KvSpec {
                 return Err(Error::manifest(key, "must be positive"));
             }
         }
+        crate::limits::check_spec(self)?;
         if self.head_dim % 2 != 0 {
             return Err(Error::manifest(
                 "headDim",
@@ -499,6 +501,12 @@ impl Architecture {
         if self.ffn_size == 0 {
             return Err(Error::manifest("architecture.ffnSize", "must be positive"));
         }
+        crate::limits::check(
+            "manifest `architecture.ffnSize`",
+            self.ffn_size,
+            crate::limits::MAX_FFN,
+            "kv_core::limits::MAX_FFN",
+        )?;
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
             return Err(Error::manifest("architecture.rmsEps", "must be a positive number"));
         }

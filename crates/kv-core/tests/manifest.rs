@@ -437,3 +437,58 @@ fn cache_elements_encode_what_round_says() {
     let f32s = CacheType::F32.decode(&CacheType::F32.encode(&values));
     assert_eq!(f32s, values);
 }
+
+/// Every size a manifest gives is bounded before anything is allocated from it
+/// (`kv_core::limits`): the error names the key, the value and the limit. `chunk` beyond
+/// `maxPositions` was accepted, and a session then asked for a 40 GB mask.
+#[test]
+fn sizes_beyond_the_limits_are_refused_naming_the_key() {
+    let plain = Manifest::new(small(), None, "gemma");
+    Manifest::from_json(&plain.to_json()).unwrap();
+    let refused = |edit: &dyn Fn(&mut serde_json::Value), key: &str, value: u128| {
+        let mut json: serde_json::Value = serde_json::from_str(&plain.to_json()).unwrap();
+        edit(&mut json);
+        match Manifest::from_json(&json.to_string()) {
+            Err(e @ Error::TooLarge { .. }) => {
+                let Error::TooLarge { what, value: v, .. } = &e else {
+                    unreachable!()
+                };
+                assert!(what.contains(key), "{key}: {e}");
+                assert_eq!(*v, value, "{e}");
+                assert!(e.to_string().contains("exceeds the limit"), "{e}");
+            }
+            other => panic!("expected TooLarge on {key}, got {other:?}"),
+        }
+    };
+    let spec_key = |key: &'static str, value: u64| {
+        move |j: &mut serde_json::Value| {
+            let spec = if j.get("spec").is_some() { &mut j["spec"] } else { j };
+            spec[key] = value.into();
+        }
+    };
+    refused(&spec_key("chunk", 100_000), "chunk", 100_000);
+    refused(&spec_key("maxPositions", 4_000_000_000), "maxPositions", 4_000_000_000);
+    refused(&spec_key("vocabSize", 2_000_000_000), "vocabSize", 2_000_000_000);
+    refused(&spec_key("nLayers", 1 << 40), "nLayers", 1 << 40);
+    refused(&spec_key("headDim", 1 << 20), "headDim", 1 << 20);
+    refused(&spec_key("nKvHeads", 1 << 20), "nKvHeads", 1 << 20);
+    refused(&spec_key("slidingWindow", 1 << 40), "slidingWindow", 1 << 40);
+    // Each within its own limit, together a cache beyond MAX_BUFFER_BYTES.
+    let big = |j: &mut serde_json::Value| {
+        spec_key("maxPositions", 1 << 20)(j);
+        spec_key("headDim", 4096)(j);
+        spec_key("nKvHeads", 4)(j);
+        spec_key("nHeads", 4)(j);
+    };
+    let mut json: serde_json::Value = serde_json::from_str(&plain.to_json()).unwrap();
+    big(&mut json);
+    match Manifest::from_json(&json.to_string()) {
+        Err(Error::TooLarge { what, bound, .. }) => {
+            assert!(
+                what.contains("a layer's cache") && bound.contains("MAX_BUFFER_BYTES"),
+                "{what}"
+            )
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+}
