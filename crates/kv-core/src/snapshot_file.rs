@@ -26,6 +26,11 @@
 //! rule or geometry, a truncated or corrupt one (length, CRC-32) is an [`Error::SnapshotFile`]
 //! and the session is not touched: loading makes a new snapshot, it does not restore it.
 //! Writes go to a temporary file in the same directory, renamed over the target once complete.
+//! Every value is checked to be finite when loaded ([`Error::NonFiniteSnapshot`], naming the
+//! layer and position): an intact file (its CRC matches) holding NaN or infinity sent sessions
+//! into garbage. Only regular files are read or replaced ([`Error::NotRegularFile`]): a FIFO
+//! would block the reader, and renaming over a device node would destroy it. [`verify`] checks a
+//! file whole without a session (what `snapshot info` prints).
 //!
 //! Like the `.irpa` archives, a snapshot file must not be truncated while it is being loaded
 //! (reading a truncated mapping raises SIGBUS); its length is checked when it is opened.
@@ -341,6 +346,7 @@ pub fn check_layers(spec: &KvSpec, position: usize, layers: &[LayerHeader]) -> s
 /// Saves `snapshot` of `backend` to `path`, atomically (a temporary file beside it, renamed).
 /// Returns the number of bytes written.
 pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, path: &Path) -> Result<u64> {
+    check_target(path)?;
     let spec = backend.spec().clone();
     let position = backend.snapshot_position(snapshot);
     let ty = backend.cache_type();
@@ -406,11 +412,80 @@ pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, pa
         let _ = std::fs::remove_file(&tmp);
         io_err("writing snapshot", &tmp)(e)
     })?;
+    // Checked again: the layers took a while, and the rename would replace whatever is there.
+    if let Err(e) = check_target(path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         io_err("renaming snapshot into place", path)(e)
     })?;
     Ok(written)
+}
+
+/// Refuses `path` as a place to save a snapshot when something other than a regular file is
+/// there (following symbolic links): the rename that completes a save would replace it, and a
+/// device node or a FIFO replaced by a file is destroyed (`--out /dev/null` as root). A missing
+/// path is fine. Callers that do expensive work before saving check first.
+pub fn check_target(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) => require_regular("snapshot target", path, &meta),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("checking snapshot target", path)(e)),
+    }
+}
+
+/// The kind of a file that is not a regular one, for the error.
+fn special_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return None;
+    }
+    if t.is_dir() {
+        return Some("directory");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return Some("FIFO");
+        }
+        if t.is_char_device() {
+            return Some("character device");
+        }
+        if t.is_block_device() {
+            return Some("block device");
+        }
+        if t.is_socket() {
+            return Some("socket");
+        }
+    }
+    Some("special file")
+}
+
+fn require_regular(what: &'static str, path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    match special_kind(meta) {
+        None => Ok(()),
+        Some(kind) => Err(Error::NotRegularFile {
+            what,
+            path: path.display().to_string(),
+            kind,
+        }),
+    }
+}
+
+/// Opens a snapshot file for reading, refusing anything but a regular file before opening it:
+/// opening a FIFO blocks until a writer comes (`snapshot info FIFO` hung).
+fn open_regular(path: &Path) -> Result<File> {
+    let what = "snapshot";
+    let meta = std::fs::metadata(path).map_err(io_err("opening snapshot", path))?;
+    require_regular(what, path, &meta)?;
+    let file = File::open(path).map_err(io_err("opening snapshot", path))?;
+    // What was opened, in case the path was replaced in between.
+    let meta = file.metadata().map_err(io_err("opening snapshot", path))?;
+    require_regular(what, path, &meta)?;
+    Ok(file)
 }
 
 fn temp_path(path: &Path) -> PathBuf {
@@ -421,10 +496,10 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
 }
 
-/// Reads a snapshot file's header (magic, version, JSON) without loading any rows or checking
-/// them against a session: what `snapshot info` prints.
+/// Reads a snapshot file's header (magic, version, JSON) without reading any rows: cheap, but
+/// it says nothing of the data; [`verify`] checks the whole file.
 pub fn read_header(path: &Path) -> Result<SnapshotHeader> {
-    let file = File::open(path).map_err(io_err("opening snapshot", path))?;
+    let file = open_regular(path)?;
     // SAFETY: the mapping is read-only and dropped before returning; see the module note on
     // files truncated under a mapping (the length is checked first).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("mapping snapshot", path))?;
@@ -464,7 +539,7 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
             "snapshot files are little-endian; this host is big-endian",
         ));
     }
-    let file = File::open(path).map_err(io_err("opening snapshot", path))?;
+    let file = open_regular(path)?;
     // SAFETY: read-only; the length is checked against the header before any data is read, and
     // the rows are copied to the backend before the mapping is dropped.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("mapping snapshot", path))?;
@@ -501,18 +576,92 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
             ),
         ));
     }
-    let ty = match header.dtype.as_str() {
-        "f32" => CacheType::F32,
-        "f16" => CacheType::F16,
-        other => {
-            return Err(file_err(
-                path,
-                format!("dtype `{other}`; this runtime reads f32 and f16"),
-            ))
-        }
-    };
+    let ty = dtype_of(path, &header)?;
     // The fingerprint covers the geometry, so the header's spec can only disagree if edited.
     check_layers(spec, header.position, &header.layers).map_err(|reason| file_err(path, reason))?;
+    let offsets = check_data(path, spec, ty, &header, &map, data_start)?;
+    let data = &map[data_start..];
+    let release = |offset: usize, len: usize| release_pages(&map, data_start + offset, len);
+    let block = |offset: usize, rows: usize| {
+        let len = block_bytes(spec, ty, rows).unwrap_or_else(|| crate::error::invariant("checked by data_layout"));
+        Block {
+            ty,
+            bytes: &data[offset..offset + len],
+        }
+    };
+    let mut previous: Option<(usize, usize)> = None;
+    let mut rows = header.layers.iter().zip(&offsets).map(|(layer, &(k, v))| {
+        // Asked for the next layer: the backend is done with the previous one.
+        if let Some((offset, len)) = previous.take() {
+            release(offset, len);
+        }
+        let rows = LayerRows {
+            first_position: layer.first_position,
+            rows: layer.rows,
+            k: block(k, layer.rows),
+            v: block(v, layer.rows),
+        };
+        previous = Some((k, v - k + rows.v.bytes.len()));
+        rows
+    });
+    backend.snapshot_from_layers(header.position, &mut rows)
+}
+
+/// Checks a whole snapshot file without a session: the header (its spec within
+/// [`crate::limits`], the rows it describes), the length, the CRC-32 and that every value is
+/// finite. Returns the header; what `snapshot info` prints. Whether the file suits a session
+/// (model, contract, window rule) is [`load`]'s to say.
+pub fn verify(path: &Path) -> Result<SnapshotHeader> {
+    if cfg!(target_endian = "big") {
+        return Err(file_err(
+            path,
+            "snapshot files are little-endian; this host is big-endian",
+        ));
+    }
+    let file = open_regular(path)?;
+    // SAFETY: as in `load`: read-only, the length checked before any data is read.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("mapping snapshot", path))?;
+    let (header, data_start) = parse_header(path, &map)?;
+    header
+        .spec
+        .validate()
+        .map_err(|e| file_err(path, format!("corrupt header: {e}")))?;
+    let ty = dtype_of(path, &header)?;
+    check_layers(&header.spec, header.position, &header.layers).map_err(|reason| file_err(path, reason))?;
+    check_data(path, &header.spec, ty, &header, &map, data_start)?;
+    Ok(header)
+}
+
+fn dtype_of(path: &Path, header: &SnapshotHeader) -> Result<CacheType> {
+    match header.dtype.as_str() {
+        "f32" => Ok(CacheType::F32),
+        "f16" => Ok(CacheType::F16),
+        other => Err(file_err(
+            path,
+            format!("dtype `{other}`; this runtime reads f32 and f16"),
+        )),
+    }
+}
+
+/// Drops the pages of `map[offset..offset + len]` from the process once read.
+fn release_pages(map: &memmap2::Mmap, offset: usize, len: usize) {
+    // SAFETY: a read-only private file mapping: dropped pages are read again from the file
+    // when touched (memmap2 widens the range to whole pages, which may reach into a
+    // neighbour: it is read again too). Failing only costs the memory.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+}
+
+/// Checks the data of a file whose header parsed and whose layers suit `spec`: the declared and
+/// actual lengths, the CRC-32, and that every K and V value is finite. Returns each layer's K
+/// and V offsets from the start of the data.
+fn check_data(
+    path: &Path,
+    spec: &KvSpec,
+    ty: CacheType,
+    header: &SnapshotHeader,
+    map: &memmap2::Mmap,
+    data_start: usize,
+) -> Result<Vec<(usize, usize)>> {
     let (offsets, data_bytes) =
         data_layout(spec, ty, &header.layers).ok_or_else(|| file_err(path, "layer sizes overflow"))?;
     if header.data_bytes != data_bytes as u64 {
@@ -542,47 +691,61 @@ pub fn load<B: PersistSnapshot + ?Sized>(backend: &B, path: &Path) -> Result<B::
         ));
     }
     let data = &map[data_start..];
-    // The data is read twice (the CRC, then the upload) a piece at a time, and each piece's pages
-    // leave the process once read: a load holds no more of the file than one layer (a whole
-    // mapping counted 20 MB of Gemma 3 270M's bench peak RSS).
-    let release = |offset: usize, len: usize| {
-        // SAFETY: a read-only private file mapping: dropped pages are read again from the file
-        // when touched (memmap2 widens the range to whole pages, which may reach into a
-        // neighbour: it is read again too). Failing only costs the memory.
-        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, data_start + offset, len) };
-    };
+    // One pass over the data for the CRC and the values, a block (K or V of a layer, padded) at
+    // a time, each block's pages leaving the process once read: a load holds no more of the
+    // file than one layer (a whole mapping counted 20 MB of Gemma 3 270M's bench peak RSS).
+    // Blocks follow each other from offset 0 to `data_bytes`, so their CRC is the data's.
     let mut crc = crc32fast::Hasher::new();
-    for (i, piece) in data.chunks(CRC_PIECE).enumerate() {
-        crc.update(piece);
-        release(i * CRC_PIECE, piece.len());
+    let mut bad: Option<Error> = None;
+    for (l, (layer, &(k, v))) in header.layers.iter().zip(&offsets).enumerate() {
+        let len =
+            block_bytes(spec, ty, layer.rows).unwrap_or_else(|| crate::error::invariant("checked by data_layout"));
+        for (tensor, offset) in [("K", k), ("V", v)] {
+            let padded = aligned(len);
+            crc.update(&data[offset..offset + padded]);
+            if bad.is_none() {
+                if let Some(i) = first_non_finite(ty, &data[offset..offset + len]) {
+                    let row_len = spec.head_dim;
+                    let value = ty.decode(&data[offset + i * ty.size()..offset + (i + 1) * ty.size()])[0];
+                    bad = Some(Error::NonFiniteSnapshot {
+                        path: path.display().to_string(),
+                        layer: l,
+                        tensor,
+                        position: layer.first_position + (i / row_len) % layer.rows,
+                        head: i / (row_len * layer.rows),
+                        value,
+                    });
+                }
+            }
+            release_pages(map, data_start + offset, padded);
+        }
     }
     if crc.finalize() != header.data_crc32 {
         return Err(file_err(path, "corrupt: the data's CRC-32 does not match the header"));
     }
-    let block = |offset: usize, rows: usize| {
-        let len = block_bytes(spec, ty, rows).unwrap_or_else(|| crate::error::invariant("checked by data_layout"));
-        Block {
-            ty,
-            bytes: &data[offset..offset + len],
-        }
-    };
-    let mut previous: Option<(usize, usize)> = None;
-    let mut rows = header.layers.iter().zip(&offsets).map(|(layer, &(k, v))| {
-        // Asked for the next layer: the backend is done with the previous one.
-        if let Some((offset, len)) = previous.take() {
-            release(offset, len);
-        }
-        let rows = LayerRows {
-            first_position: layer.first_position,
-            rows: layer.rows,
-            k: block(k, layer.rows),
-            v: block(v, layer.rows),
-        };
-        previous = Some((k, v - k + rows.v.bytes.len()));
-        rows
-    });
-    backend.snapshot_from_layers(header.position, &mut rows)
+    match bad {
+        Some(e) => Err(e),
+        None => Ok(offsets),
+    }
 }
 
-/// Bytes the CRC pass reads before releasing them.
-const CRC_PIECE: usize = 1 << 20;
+/// The index of the first element of `bytes` (LE elements of `ty`) that is NaN or infinite.
+fn first_non_finite(ty: CacheType, bytes: &[u8]) -> Option<usize> {
+    // All exponent bits set is NaN or infinity in both types. Whole groups are tested without
+    // branching (the common case: none), the element found only in a group that has one.
+    const GROUP: usize = 64;
+    fn find<const N: usize>(bytes: &[u8], bad: impl Fn([u8; N]) -> bool) -> Option<usize> {
+        let element = |b: &[u8]| -> [u8; N] { b.try_into().unwrap_or_else(|_| unreachable!()) };
+        for (g, group) in bytes.chunks(GROUP * N).enumerate() {
+            if group.chunks_exact(N).fold(false, |any, b| any | bad(element(b))) {
+                let i = group.chunks_exact(N).position(|b| bad(element(b)))?;
+                return Some(g * GROUP + i);
+            }
+        }
+        None
+    }
+    match ty {
+        CacheType::F32 => find::<4>(bytes, |b| u32::from_le_bytes(b) & 0x7f80_0000 == 0x7f80_0000),
+        CacheType::F16 => find::<2>(bytes, |b| u16::from_le_bytes(b) & 0x7c00 == 0x7c00),
+    }
+}

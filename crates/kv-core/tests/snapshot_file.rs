@@ -480,3 +480,212 @@ fn f16_sessions_write_f16_and_either_type_loads() {
         assert_ne!(got.k, want.k, "the rows were rounded");
     }
 }
+
+/// `good` rebuilt with its header edited and its data edited, the CRC recomputed: an intact file
+/// (length and CRC right) saying whatever the edits say.
+fn rebuilt(good: &[u8], edit_header: &dyn Fn(&mut serde_json::Value), edit_data: &dyn Fn(&mut [u8])) -> Vec<u8> {
+    let header_len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&good[16..16 + header_len]).unwrap();
+    let mut data = good[(16 + header_len).div_ceil(64) * 64..].to_vec();
+    edit_data(&mut data);
+    header["dataCrc32"] = crc32fast::hash(&data).into();
+    edit_header(&mut header);
+    let json = serde_json::to_vec(&header).unwrap();
+    let mut bytes = good[..12].to_vec();
+    bytes.extend((json.len() as u32).to_le_bytes());
+    bytes.extend(&json);
+    bytes.resize((16 + json.len()).div_ceil(64) * 64, 0);
+    bytes.extend(data);
+    bytes
+}
+
+/// Byte offset in the data of element (head, row, i) of layer `l`'s K or V block (f32).
+fn element_offset(
+    header: &snapshot_file::SnapshotHeader,
+    l: usize,
+    v: bool,
+    head: usize,
+    row: usize,
+    i: usize,
+) -> usize {
+    let spec = &header.spec;
+    let block = |rows: usize| (spec.n_kv_heads * rows * spec.head_dim * 4).div_ceil(64) * 64;
+    let start: usize = header.layers[..l].iter().map(|h| 2 * block(h.rows)).sum();
+    let rows = header.layers[l].rows;
+    start + if v { block(rows) } else { 0 } + ((head * rows + row) * spec.head_dim + i) * 4
+}
+
+/// A file whose CRC matches but whose rows hold NaN or infinity is refused on load, naming the
+/// layer, K or V, the position and the head; `verify` says the same. Before, it loaded and the
+/// reference decoded token 0 forever.
+#[test]
+fn non_finite_rows_are_refused_with_their_layer_and_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let good = std::fs::read(&path).unwrap();
+    let header = snapshot_file::read_header(&path).unwrap();
+    for (value, l, v, head, row) in [
+        (f32::NAN, 1, true, 1, 3),
+        (f32::INFINITY, 0, false, 0, 0),
+        (f32::NEG_INFINITY, 3, true, 1, 10),
+    ] {
+        let at = element_offset(&header, l, v, head, row, 5);
+        let bytes = rebuilt(&good, &|_| {}, &|data| {
+            data[at..at + 4].copy_from_slice(&value.to_le_bytes())
+        });
+        let bad = dir.path().join("nan.skvsnap");
+        std::fs::write(&bad, &bytes).unwrap();
+        let position = header.layers[l].first_position + row;
+        let tensor = if v { "V" } else { "K" };
+        for err in [
+            snapshot_file::load(&Fake::new(0), &bad).unwrap_err(),
+            snapshot_file::verify(&bad).unwrap_err(),
+        ] {
+            assert!(
+                matches!(
+                    err,
+                    Error::NonFiniteSnapshot { layer, tensor: t, position: p, head: h, .. }
+                        if layer == l && t == tensor && p == position && h == head
+                ),
+                "{value} at layer {l} {tensor} position {position} head {head}: {err}"
+            );
+            assert!(
+                err.to_string()
+                    .contains(&format!("layer {l} {tensor} at position {position}")),
+                "{err}"
+            );
+        }
+    }
+    // The same rebuild without the edit loads: the test's file surgery is sound.
+    let same = dir.path().join("same.skvsnap");
+    std::fs::write(&same, rebuilt(&good, &|_| {}, &|_| {})).unwrap();
+    snapshot_file::load(&Fake::new(0), &same).unwrap();
+    snapshot_file::verify(&same).unwrap();
+}
+
+/// f16 files are checked too (an exponent of all ones is NaN or infinity there as well).
+#[test]
+fn non_finite_f16_rows_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut original = Fake {
+        cache: CacheType::F16,
+        ..Fake::new(0)
+    };
+    original.prefill(&PREFIX).unwrap();
+    let snap = original.snapshot().unwrap();
+    let path = dir.path().join("f16.skvsnap");
+    snapshot_file::save(&original, &snap, &path).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    // Layer 0's K, head 0, the first row's third value: f16 +infinity.
+    let bytes = rebuilt(&good, &|_| {}, &|data| {
+        data[4..6].copy_from_slice(&0x7c00u16.to_le_bytes())
+    });
+    std::fs::write(&path, bytes).unwrap();
+    let err = snapshot_file::verify(&path).unwrap_err();
+    assert!(
+        matches!(err, Error::NonFiniteSnapshot { layer: 0, tensor: "K", head: 0, value, .. } if value == f32::INFINITY),
+        "{err}"
+    );
+}
+
+/// `verify` (what `snapshot info` runs) checks the whole file, as `load` does: a truncated file
+/// or a broken CRC is an error, not a header printed as if all were well.
+#[test]
+fn verify_checks_the_length_and_the_crc() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let good = std::fs::read(&path).unwrap();
+    let header = snapshot_file::verify(&path).unwrap();
+    assert_eq!(header.position, PREFIX.len());
+    let check = |bytes: &[u8], expect: &str| {
+        let bad = dir.path().join("bad.skvsnap");
+        std::fs::write(&bad, bytes).unwrap();
+        // The header alone still reads: that is all `read_header` promises.
+        let err = snapshot_file::verify(&bad).unwrap_err();
+        assert!(matches!(err, Error::SnapshotFile { .. }), "{err}");
+        assert!(err.to_string().contains(expect), "`{err}` should say `{expect}`");
+    };
+    check(&good[..good.len() - 100], "truncated");
+    let mut corrupt = good.clone();
+    let last = corrupt.len() - 3;
+    corrupt[last] ^= 0x40;
+    check(&corrupt, "CRC-32");
+    // A header whose geometry is beyond the limits (the CRC is right).
+    check(
+        &rebuilt(&good, &|h| h["spec"]["vocabSize"] = 4_000_000_000u64.into(), &|_| {}),
+        "vocabSize",
+    );
+}
+
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success());
+}
+
+/// Runs `f` on another thread and fails the test if it does not return within 10 s (opening a
+/// FIFO for reading blocks until a writer comes: the bug this guards against is a hang).
+fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || send.send(f()));
+    receive
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("blocked on a special file")
+}
+
+/// A FIFO, a device or a directory is neither read as a snapshot (a FIFO blocked the reader
+/// for good) nor replaced by one (a save renamed its file over `/dev/null`-like nodes).
+#[test]
+fn special_files_are_refused_as_inputs_and_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let kind = |err: &Error| match err {
+        Error::NotRegularFile { kind, .. } => *kind,
+        other => panic!("not NotRegularFile: {other}"),
+    };
+    for path in [fifo.clone(), "/dev/null".into(), dir.path().to_path_buf()] {
+        let p = path.clone();
+        let (load, verify, header) = within_10s(move || {
+            (
+                snapshot_file::load(&Fake::new(0), &p).map(|_| ()).unwrap_err(),
+                snapshot_file::verify(&p).unwrap_err(),
+                snapshot_file::read_header(&p).unwrap_err(),
+            )
+        });
+        let want = if path == fifo {
+            "FIFO"
+        } else if path.is_dir() {
+            "directory"
+        } else {
+            "character device"
+        };
+        for err in [load, verify, header] {
+            assert_eq!(kind(&err), want, "{}: {err}", path.display());
+        }
+    }
+
+    let (fake, snap) = prefixed(0, &PREFIX);
+    for path in [fifo.clone(), "/dev/null".into()] {
+        let err = snapshot_file::save(&fake, &snap, &path).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotRegularFile {
+                    what: "snapshot target",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(!path.is_file(), "{} was replaced by a regular file", path.display());
+    }
+    let err = snapshot_file::check_target(dir.path()).unwrap_err();
+    assert_eq!(kind(&err), "directory");
+    // Nothing but the FIFO is left in the directory: no temporary file.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    // A regular file is replaced, as before.
+    let file = dir.path().join("x.skvsnap");
+    std::fs::write(&file, b"old").unwrap();
+    snapshot_file::save(&fake, &snap, &file).unwrap();
+    snapshot_file::verify(&file).unwrap();
+}
