@@ -226,3 +226,75 @@ pub fn lockstep<A: KvBackend, B: KvBackend>(
         divergence_at_near_tie,
     })
 }
+
+/// One draw of [`sampled_lockstep`].
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct SampledStep {
+    pub step: usize,
+    pub draw: crate::sampling::DrawAgreement,
+    /// The largest difference between the two backends' logits of a candidate both returned.
+    pub max_logit_diff: f32,
+}
+
+/// Seeded sampling on `a` and `b` in lockstep: after the prompt, each step draws once from the
+/// shared stream of `config`'s seed, picks a token from each backend's candidates with that draw,
+/// and feeds both `a`'s token (teacher forcing), up to `max_new` draws or a stop token of `a`.
+/// Both backends must return candidates (`KvBackend::last_top_k`). Whether every step is
+/// [`DrawAgreement::explained`](crate::sampling::DrawAgreement::explained) is the cross-backend
+/// claim of seeded sampling.
+pub fn sampled_lockstep<A: KvBackend, B: KvBackend>(
+    a: &mut A,
+    b: &mut B,
+    prompt: &[i32],
+    config: &crate::sampling::SamplingConfig,
+    max_new: usize,
+    stops: &[i32],
+) -> Result<Vec<SampledStep>> {
+    use crate::sampling::{distribution, DrawAgreement, Sampler};
+    if (a.spec().n_layers, a.spec().vocab_size) != (b.spec().n_layers, b.spec().vocab_size) {
+        return Err(incomparable(format!("{} and {}: different models", a.name(), b.name())));
+    }
+    let mut sampler = Sampler::new(config.clone())?;
+    feed_prompt(a, prompt)?;
+    feed_prompt(b, prompt)?;
+    let mut history = prompt.to_vec();
+    let mut steps = Vec::new();
+    for step in 0..max_new {
+        let (ka, kb) = (candidates(a, config.candidates)?, candidates(b, config.candidates)?);
+        let max_logit_diff = ka
+            .ids()
+            .iter()
+            .zip(ka.logits())
+            .filter_map(|(id, la)| {
+                let j = kb.ids().iter().position(|x| x == id)?;
+                Some((la - kb.logits()[j]).abs())
+            })
+            .fold(0.0, f32::max);
+        let u = sampler.draw();
+        let (pa, pb) = (distribution(config, &ka, &history), distribution(config, &kb, &history));
+        let Some(draw) = DrawAgreement::of(&pa, &pb, u) else {
+            return Err(incomparable("a backend returned no candidates".into()));
+        };
+        let teacher = draw.token_a;
+        steps.push(SampledStep {
+            step,
+            draw,
+            max_logit_diff,
+        });
+        if step + 1 == max_new || stops.contains(&teacher) {
+            break;
+        }
+        history.push(teacher);
+        a.step(teacher)?;
+        b.step(teacher)?;
+    }
+    Ok(steps)
+}
+
+fn candidates<B: KvBackend>(backend: &B, k: usize) -> Result<crate::sampling::TopK> {
+    backend.last_top_k(k)?.ok_or_else(|| Error::NoTopK {
+        backend: backend.name(),
+        needed: k,
+        available: backend.top_k_capacity(),
+    })
+}

@@ -26,6 +26,7 @@ use std::collections::HashSet;
 
 use chacha20::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 
@@ -265,21 +266,107 @@ impl Sampler {
     /// The next token: one draw, mapped through the cumulative probabilities. `top` must not be
     /// empty (a backend with a top-k has at least one candidate).
     pub fn sample(&mut self, top: &TopK, history: &[i32]) -> i32 {
-        // 53 random bits: every f64 in [0, 1) this can produce is exact.
-        let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        let u = self.draw();
         let probs = distribution(&self.config, top, history);
-        let Some(&(last, _)) = probs.last() else {
-            crate::error::invariant("sampling from an empty candidate set");
-        };
-        let mut cumulative = 0.0;
-        for &(id, p) in &probs {
-            cumulative += p;
-            if u < cumulative {
-                return id;
-            }
+        pick(&probs, u).unwrap_or_else(|| crate::error::invariant("sampling from an empty candidate set"))
+    }
+
+    /// The next uniform draw in [0, 1): one per sampled token, whatever the backend, so two
+    /// backends with the same seed consume the same stream.
+    pub fn draw(&mut self) -> f64 {
+        // 53 random bits: every f64 in [0, 1) this can produce is exact.
+        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// The token the draw `u` picks from `probs` (as [`distribution`] orders them): the first whose
+/// cumulative probability exceeds `u`. `None` for no candidates.
+pub fn pick(probs: &[(i32, f64)], u: f64) -> Option<i32> {
+    let mut cumulative = 0.0;
+    for &(id, p) in probs {
+        cumulative += p;
+        if u < cumulative {
+            return Some(id);
         }
-        // Rounding left the total a hair below 1 and the draw above it.
-        last
+    }
+    // Rounding left the total a hair below 1 and the draw above it.
+    probs.last().map(|&(id, _)| id)
+}
+
+/// How far `u` lies from the nearest boundary of `probs`' cumulative distribution (0 and 1
+/// excluded: no draw crosses them): the distance another distribution's boundaries must move to
+/// make the same draw pick another token.
+pub fn draw_margin(probs: &[(i32, f64)], u: f64) -> f64 {
+    let mut cumulative = 0.0;
+    let mut margin = f64::INFINITY;
+    for &(_, p) in &probs[..probs.len().saturating_sub(1)] {
+        cumulative += p;
+        margin = margin.min((u - cumulative).abs());
+    }
+    margin
+}
+
+/// The largest difference between the cumulative probabilities of `a` and `b` over every prefix
+/// of `a`'s order (an id `b` lacks counts 0 there): how far `b`'s boundaries lie from `a`'s when
+/// both rank their candidates alike ([`same_order`]).
+pub fn cumulative_shift(a: &[(i32, f64)], b: &[(i32, f64)]) -> f64 {
+    let q: std::collections::HashMap<i32, f64> = b.iter().copied().collect();
+    let (mut ca, mut cb, mut shift) = (0.0f64, 0.0f64, 0.0f64);
+    for &(id, p) in a {
+        ca += p;
+        cb += q.get(&id).copied().unwrap_or(0.0);
+        shift = shift.max((ca - cb).abs());
+    }
+    shift
+}
+
+/// Whether `a` and `b` hold the same candidates in the same order.
+pub fn same_order(a: &[(i32, f64)], b: &[(i32, f64)]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.0 == y.0)
+}
+
+/// What holds for one draw of two backends with the same seed, settings and history. A pick
+/// depends only on the candidates up to the one picked: where both distributions rank those
+/// (up to the later of the two picks) alike, the same draw picks the same token unless it lies
+/// within the distributions' cumulative shift of one of their boundaries. A reordering among them
+/// needs two candidates closer in logit than twice the backends' logit difference: it, too, is a
+/// consequence of the logits, not of the sampler.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DrawAgreement {
+    pub u: f64,
+    pub token_a: i32,
+    pub token_b: i32,
+    /// How many leading candidates the picks depend on: one past the later pick's rank.
+    pub depth: usize,
+    /// [`draw_margin`] over the boundaries of `a`'s first `depth` candidates.
+    pub margin: f64,
+    /// [`cumulative_shift`] over the first `depth` candidates of `a`.
+    pub shift: f64,
+    /// Whether both rank their first `depth` candidates alike.
+    pub same_order: bool,
+}
+
+impl DrawAgreement {
+    pub fn of(a: &[(i32, f64)], b: &[(i32, f64)], u: f64) -> Option<DrawAgreement> {
+        let (token_a, token_b) = (pick(a, u)?, pick(b, u)?);
+        let rank = |probs: &[(i32, f64)], id| probs.iter().position(|p| p.0 == id).unwrap_or(probs.len());
+        let depth = (rank(a, token_a).max(rank(b, token_b)) + 1).min(a.len());
+        // Boundaries inside the first `depth` candidates; the total (1) is never crossed.
+        let inner = depth.min(a.len().saturating_sub(1));
+        Some(DrawAgreement {
+            u,
+            token_a,
+            token_b,
+            depth,
+            margin: draw_margin(&a[..inner + 1], u),
+            shift: cumulative_shift(&a[..depth], b),
+            same_order: b.len() >= depth && same_order(&a[..depth], &b[..depth]),
+        })
+    }
+
+    /// The tokens agree, or their difference follows from the two distributions' difference.
+    pub fn explained(&self) -> bool {
+        self.token_a == self.token_b || !self.same_order || self.margin <= self.shift
     }
 }
 
@@ -535,6 +622,73 @@ mod tests {
                 prop_assert!(d.iter().any(|p| p.0 == id));
                 prop_assert_eq!(id, again.sample(&t, &history));
             }
+        }
+    }
+
+    #[test]
+    fn pick_is_what_the_sampler_draws() {
+        let config = SamplingConfig {
+            seed: 11,
+            ..sampling(0.9)
+        };
+        let t = top(&[2.0, 1.5, 1.0, 0.2, -1.0]);
+        let mut sampler = Sampler::new(config.clone()).unwrap();
+        let mut draws = Sampler::new(config.clone()).unwrap();
+        let probs = distribution(&config, &t, &[]);
+        for _ in 0..200 {
+            assert_eq!(Some(sampler.sample(&t, &[])), pick(&probs, draws.draw()));
+        }
+    }
+
+    #[test]
+    fn margin_and_shift_on_a_worked_case() {
+        let a = [(7, 0.5), (3, 0.3), (9, 0.2)];
+        // Boundaries at 0.5 and 0.8: a draw of 0.55 lies 0.05 from the first.
+        assert!((draw_margin(&a, 0.55) - 0.05).abs() < 1e-12);
+        assert!((draw_margin(&a, 0.79) - 0.01).abs() < 1e-12);
+        let b = [(7, 0.45), (3, 0.35), (9, 0.2)];
+        assert!((cumulative_shift(&a, &b) - 0.05).abs() < 1e-12);
+        assert!(same_order(&a, &b));
+        assert!(!same_order(&a, &[(3, 0.5), (7, 0.3), (9, 0.2)]));
+        assert!(!same_order(&a, &a[..2]));
+        // 0.47: margin 0.03 < shift 0.05, and the tokens do differ: explained.
+        let d = DrawAgreement::of(&a, &b, 0.47).unwrap();
+        assert_eq!((d.token_a, d.token_b), (7, 3));
+        assert!(d.explained());
+        // The same tokens with a margin the shift cannot cross: not explained (a sampler bug).
+        let wrong = DrawAgreement {
+            token_b: 9,
+            ..DrawAgreement::of(&a, &b, 0.2).unwrap()
+        };
+        assert!(wrong.margin > wrong.shift && !wrong.explained());
+        // An id b lacks counts 0.
+        assert!((cumulative_shift(&a, &[(7, 0.5), (3, 0.5)]) - 0.2).abs() < 1e-12);
+        assert_eq!(pick(&[], 0.3), None);
+    }
+
+    proptest! {
+        /// The claim the README makes: with candidates in the same order, a draw farther from every
+        /// boundary than the cumulative shift picks the same token from both distributions.
+        #[test]
+        fn draws_clear_of_the_shift_agree(
+            weights in proptest::collection::vec(0.01f64..1.0, 2..12),
+            noise in proptest::collection::vec(-0.2f64..0.2, 12),
+            u in 0.0f64..1.0,
+        ) {
+            let mut w = weights.clone();
+            w.sort_by(|x, y| y.total_cmp(x));
+            let total: f64 = w.iter().sum();
+            let a: Vec<(i32, f64)> = w.iter().enumerate().map(|(i, x)| (i as i32, x / total)).collect();
+            let mut v: Vec<f64> = w.iter().zip(&noise).map(|(x, n)| (x * (1.0 + n)).max(1e-6)).collect();
+            v.sort_by(|x, y| y.total_cmp(x));
+            let total: f64 = v.iter().sum();
+            let b: Vec<(i32, f64)> = v.iter().enumerate().map(|(i, x)| (i as i32, x / total)).collect();
+            let d = DrawAgreement::of(&a, &b, u).unwrap();
+            prop_assert!(d.same_order);
+            if d.margin > d.shift {
+                prop_assert_eq!(d.token_a, d.token_b, "{:?}", d);
+            }
+            prop_assert!(d.explained());
         }
     }
 }

@@ -3,12 +3,13 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use kv_core::diverge::{lockstep, DivergeReport, LockstepOptions, NEAR_TIE_GAP};
+use kv_core::diverge::{lockstep, sampled_lockstep, DivergeReport, LockstepOptions, SampledStep, NEAR_TIE_GAP};
 use kv_core::manifest::{CacheType, MatmulInput, Rounding};
 use kv_core::tolerance::Tolerance;
 use serde::Serialize;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
+use crate::commands::generate::SamplingArgs;
 use crate::text::PromptArgs;
 
 #[derive(Args)]
@@ -38,8 +39,27 @@ pub struct DivergeArgs {
     /// compare at the cross-backend tolerance instead of differing by the rounding).
     #[arg(long, value_enum, default_value = "fp32")]
     reference_input: ReferenceInput,
+    /// With `--temperature` > 0: seeded sampling in lockstep instead of greedy. Each step draws
+    /// once from the seed's stream and picks a token from each backend's candidates with that
+    /// draw; a differing pick must be explained by the two distributions (the draw lies within
+    /// their cumulative shift of a boundary, or they rank the candidates differently), else the
+    /// command fails.
+    #[command(flatten)]
+    sampling: SamplingArgs,
     #[arg(long)]
     json: bool,
+}
+
+/// `--json` of a sampled run.
+#[derive(Serialize)]
+struct SampledOutput<'a> {
+    model: &'a str,
+    backend_a: String,
+    backend_b: String,
+    seed: u64,
+    steps: &'a [SampledStep],
+    divergent_steps: usize,
+    unexplained_steps: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,6 +93,10 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(None);
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    let sampling = args.sampling.config()?;
+    if let Some(config) = &sampling {
+        source.top_k = config.candidates;
+    }
     let (a, _) = backends::open_kv(first, &source, args.window_rule)?;
     let (b, _) = backends::open_kv(second, &source, args.window_rule)?;
     // The IREE side's rounding, whichever of the two it is.
@@ -98,6 +122,18 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         (ReferenceInput::Artifacts, None) => bail!("--reference-input artifacts: neither backend runs IREE artifacts"),
         (ReferenceInput::Fp32, _) => (a, b),
     };
+    if let Some(config) = &sampling {
+        let name_a = crate::with_backend!(&a, x => kv_core::KvBackend::name(x));
+        let name_b = crate::with_backend!(&b, x => kv_core::KvBackend::name(x));
+        let steps = crate::with_backend!(a, a => {
+            let mut a = a;
+            crate::with_backend!(b, b => {
+                let mut b = b;
+                sampled_lockstep(&mut a, &mut b, &prompt.ids, config, args.max_new, &stops)?
+            })
+        });
+        return report_sampled(&args, name_a, name_b, config.seed, &steps);
+    }
     let options = LockstepOptions {
         stops,
         max_new: args.max_new,
@@ -183,6 +219,64 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         println!(
             "  note: the IREE graphs keep f16 caches (manifest cacheType), the FP32 reference f32 ones: K/V differ by \
              that rounding too"
+        );
+    }
+    Ok(())
+}
+
+fn report_sampled(args: &DivergeArgs, a: String, b: String, seed: u64, steps: &[SampledStep]) -> Result<()> {
+    let divergent = steps.iter().filter(|s| s.draw.token_a != s.draw.token_b).count();
+    let unexplained: Vec<&SampledStep> = steps.iter().filter(|s| !s.draw.explained()).collect();
+    if args.json {
+        let output = SampledOutput {
+            model: &args.model,
+            backend_a: a.clone(),
+            backend_b: b.clone(),
+            seed,
+            steps,
+            divergent_steps: divergent,
+            unexplained_steps: unexplained.len(),
+        };
+        println!("{}", serde_json::to_string(&output)?);
+    } else {
+        println!(
+            "skainet-kv diverge: {} sampled with seed {seed} on {a} vs {b}",
+            args.model
+        );
+        println!(
+            "  {:>4} {:>8} {:>8} {:>8} {:>10} {:>10} {:>12}",
+            "step", "draw", "a", "b", "margin", "shift", "max logit Δ"
+        );
+        for s in steps {
+            let d = &s.draw;
+            println!(
+                "  {:>4} {:>8.5} {:>8} {:>8} {:>10.2e} {:>10.2e} {:>12.2e}{}",
+                s.step,
+                d.u,
+                d.token_a,
+                d.token_b,
+                d.margin,
+                d.shift,
+                s.max_logit_diff,
+                match (d.token_a == d.token_b, d.explained()) {
+                    (true, _) => "",
+                    (false, true) if !d.same_order => "  DIVERGES (candidates ranked differently)",
+                    (false, true) => "  DIVERGES (draw within the shift of a boundary)",
+                    (false, false) => "  DIVERGES, UNEXPLAINED",
+                }
+            );
+        }
+        println!("  {divergent} of {} draws picked different tokens", steps.len());
+    }
+    if let Some(s) = unexplained.first() {
+        bail!(
+            "seeded sampling: step {} picked {} on {a} and {} on {b} with a draw {:.2e} clear of every boundary, \
+             more than the distributions' shift {:.2e}: not explained by the logits",
+            s.step,
+            s.draw.token_a,
+            s.draw.token_b,
+            s.draw.margin,
+            s.draw.shift
         );
     }
     Ok(())
