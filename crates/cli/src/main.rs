@@ -7,6 +7,7 @@ mod model;
 mod report;
 mod text;
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +48,7 @@ enum Command {
     /// Save a prefilled prefix to a file (`save`), describe one (`info`); load it with
     /// `--prefix-snapshot` on `generate` and `bench`.
     Snapshot(commands::snapshot::SnapshotArgs),
+    Verify(commands::verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,11 +60,22 @@ fn main() -> ExitCode {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
+        // `println!` panics when stdout is gone; commands print through `outln!`, which returns
+        // the error, but one left behind must still not read as a bug: a closed pipe ends
+        // quietly, a full disk in one line.
+        if let Some(io) = message.strip_prefix("failed printing to stdout: ") {
+            #[cfg(unix)]
+            if io == std::io::Error::from_raw_os_error(32).to_string() {
+                std::process::exit(report::CLOSED_STDOUT_EXIT.into());
+            }
+            let _ = writeln!(std::io::stderr(), "error: writing to stdout: {io}");
+            std::process::exit(1);
+        }
         let location = info
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        eprintln!("error: internal bug: {message}{location}");
+        let _ = writeln!(std::io::stderr(), "error: internal bug: {message}{location}");
     }));
     let cli = Cli::parse();
     let result = match cli.command {
@@ -76,11 +89,15 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Snapshot(args) => commands::snapshot::run(args),
+        Command::Verify(args) => commands::verify::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): what it wanted it has; nothing to say.
+        Err(error) if report::is_closed_stdout(&error) => ExitCode::from(report::CLOSED_STDOUT_EXIT),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // Not `eprintln!`: it panics on a closed stderr.
+            let _ = writeln!(std::io::stderr(), "error: {}", report::one_line(&error));
             ExitCode::FAILURE
         }
     }

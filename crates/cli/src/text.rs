@@ -1,7 +1,5 @@
 //! Prompts as text or ids, and the stop tokens of a model.
 
-use std::io::Write as _;
-
 use anyhow::{bail, Result};
 use clap::Args;
 use tokenizer::{Message, Tokenizer};
@@ -69,11 +67,14 @@ impl Prompt {
 }
 
 /// Prints decoded text as ids arrive: each time, the part of the whole decode beyond what was
-/// printed (a token may complete a multi-byte character only with the next one).
+/// printed (a token may complete a multi-byte character only with the next one). The decoder's
+/// callback cannot fail, so a failed write is kept, printing stops, and [`Self::finish`]
+/// returns it.
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
     ids: Vec<i32>,
     printed: usize,
+    failed: Option<anyhow::Error>,
 }
 
 impl<'a> TextStream<'a> {
@@ -82,29 +83,36 @@ impl<'a> TextStream<'a> {
             tokenizer,
             ids: Vec::new(),
             printed: 0,
+            failed: None,
         }
     }
 
     pub fn push(&mut self, id: i32) {
         self.ids.push(id);
+        if self.failed.is_some() {
+            return;
+        }
         let text = self.tokenizer.decode(&self.ids);
         if text.len() > self.printed && text.is_char_boundary(self.printed) && !text.ends_with('\u{fffd}') {
-            print_now(&text[self.printed..]);
+            if let Err(e) = print_now(&text[self.printed..]) {
+                self.failed = Some(e);
+            }
             self.printed = text.len();
         }
     }
 
-    /// Prints what the stream held back (an incomplete character at the end) and ends the line.
-    pub fn finish(self) {
+    /// Prints what the stream held back (an incomplete character at the end) and ends the line;
+    /// the first write that failed, if one did.
+    pub fn finish(self) -> Result<()> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
         let text = self.tokenizer.decode(&self.ids);
-        println!("{}", text.get(self.printed..).unwrap_or_default());
+        crate::outln!("{}", text.get(self.printed..).unwrap_or_default())
     }
 }
 
 /// Writes to stdout at once (no newline to wait for).
-pub fn print_now(text: &str) {
-    let mut out = std::io::stdout().lock();
-    // A closed stdout is not worth failing the generation for.
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
+pub fn print_now(text: &str) -> Result<()> {
+    crate::report::write_stdout(format_args!("{text}"))
 }

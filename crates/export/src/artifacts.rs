@@ -345,7 +345,12 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .then(|| format!("module.{prefix}_embed_token"));
     m.modules.clear();
     m.encoded_parameters.clear();
+    // The options' sizes, now in the manifest, are checked against `kv_core::limits` here
+    // (`chunk` beyond `maxPositions` was accepted, and a session then asked for 40 GB).
     m.validate()?;
+    if let Some(seq) = options.redecode_seq {
+        kv_core::limits::check_redecode_seq("export option redecode_seq", &m.spec, seq)?;
+    }
 
     let table = parameter_table(&m.spec, &arch);
     let mut quantization = src.quantization.clone();
@@ -629,8 +634,11 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     if !key_maps.is_empty() {
         p.parameter_keys = Some(key_maps);
     }
+    crate::binding::record_source(p, &src_dir, weights_name)?;
     m.validate()?;
     m.save(out_dir)?;
+    // Last: the digests cover the manifest as saved and every module and archive written.
+    kv_core::digests::Digests::write(out_dir)?;
     Ok(m)
 }
 

@@ -24,6 +24,7 @@
 //! | `vocabSize` | [`MAX_VOCAB`] |
 //! | `maxPositions`, and every count of positions or tokens (`seq`, `chunk`, `slidingWindow`, a prefix, `--max-new`, ...) | [`MAX_POSITIONS`] |
 //! | `topK`, `--top-k` | [`MAX_TOP_K`] |
+//! | a benchmark's `--utterances`, `--repeat` | [`MAX_REPEATS`] |
 //! | one buffer a geometry implies (a layer's cache, a chunk call's scores, a prefill's scores, redecode logits, the embedding table) | [`MAX_BUFFER_BYTES`] |
 //! | every layer's caches together | [`MAX_CACHE_BYTES`] |
 
@@ -47,6 +48,8 @@ pub const MAX_VOCAB: usize = 1 << 22;
 pub const MAX_POSITIONS: usize = 1 << 20;
 /// Logits a graph returns per call for sampling (`topK`).
 pub const MAX_TOP_K: usize = 1 << 16;
+/// Repetitions a caller asks for (a benchmark's utterances and repeats): each keeps a timing.
+pub const MAX_REPEATS: usize = 1 << 20;
 /// Bytes of the largest single buffer a geometry implies, counted in f32.
 pub const MAX_BUFFER_BYTES: u64 = 16 << 30;
 /// Bytes of one session's caches, every layer's K and V, counted in f32.
@@ -64,6 +67,11 @@ pub fn check(what: impl AsRef<str>, value: usize, limit: usize, bound: &str) -> 
 /// [`check`] against [`MAX_POSITIONS`]: for any count of tokens or positions.
 pub fn check_positions(what: impl AsRef<str>, value: usize) -> Result<()> {
     check(what, value, MAX_POSITIONS, "kv_core::limits::MAX_POSITIONS")
+}
+
+/// [`check`] against [`MAX_REPEATS`]: for counts of repetitions.
+pub fn check_repeats(what: impl AsRef<str>, value: usize) -> Result<()> {
+    check(what, value, MAX_REPEATS, "kv_core::limits::MAX_REPEATS")
 }
 
 /// A buffer of `elements` f32 values (computed without overflow by the caller as a product of

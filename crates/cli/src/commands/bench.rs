@@ -315,8 +315,8 @@ fn short_prompt(spec: &KvSpec, len: usize) -> Vec<i32> {
 fn print_ids(args: &BenchArgs, source: &ModelSource) -> Result<()> {
     let spec = kv_core::Manifest::load(&source.model_dir()?)?.spec;
     let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
-    println!("{}", ids_to_string(&demo_prefix(&spec, long)));
-    println!("{}", ids_to_string(&short_prompt(&spec, args.prompt_tokens)));
+    crate::outln!("{}", ids_to_string(&demo_prefix(&spec, long)))?;
+    crate::outln!("{}", ids_to_string(&short_prompt(&spec, args.prompt_tokens)))?;
     Ok(())
 }
 
@@ -327,6 +327,29 @@ fn prefix_tokens(args: &BenchArgs) -> usize {
         } else {
             200
         })
+}
+
+/// The sizes of `args`, before anything is opened: counts of tokens within the context limit,
+/// repetitions within theirs, and at least one utterance (the medians are over utterances:
+/// none printed NaN).
+fn check_sizes(args: &BenchArgs) -> Result<()> {
+    use kv_core::limits::{check_positions, check_repeats};
+    if args.utterances == 0 {
+        anyhow::bail!("--utterances 0: the bench times utterances; give at least 1");
+    }
+    check_repeats("--utterances", args.utterances)?;
+    check_repeats("--repeat", args.repeat)?;
+    check_positions("--max-new", args.max_new)?;
+    check_positions("--prompt-tokens", args.prompt_tokens)?;
+    for (flag, value) in [
+        ("--prefix-tokens", args.prefix_tokens),
+        ("--redecode-seq", args.redecode_seq),
+    ] {
+        if let Some(value) = value {
+            check_positions(flag, value)?;
+        }
+    }
+    Ok(())
 }
 
 /// The same utterances, each a whole prompt of the redecode session (the prefix does not fit a
@@ -352,6 +375,7 @@ fn bench_redecode<B: RedecodeBackend>(
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    check_sizes(&args)?;
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     if args.print_ids {
         return print_ids(&args, &source);
@@ -381,66 +405,80 @@ pub fn run(args: BenchArgs) -> Result<()> {
         });
     }
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::outln!("{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
     let r = &report;
-    println!(
+    crate::outln!(
         "skainet-kv bench: {} on {} (medians; {} utterances timed)",
-        r.model, r.backend, r.utterances_timed
-    );
-    println!("  open                        {:>10.3} ms", r.open_ms);
-    println!(
+        r.model,
+        r.backend,
+        r.utterances_timed
+    )?;
+    crate::outln!("  open                        {:>10.3} ms", r.open_ms)?;
+    crate::outln!(
         "  prefix prefill ({:>5} tok)  {:>10.3} ms",
-        r.prefix_tokens, r.prefix_prefill_ms
-    );
+        r.prefix_tokens,
+        r.prefix_prefill_ms
+    )?;
     let f = &r.snapshot_file;
     if let Some(save) = f.save_ms {
-        println!("  snapshot file save          {save:>10.3} ms  ({:.1} MB)", f.mb);
+        crate::outln!("  snapshot file save          {save:>10.3} ms  ({:.1} MB)", f.mb)?;
     }
-    println!(
+    crate::outln!(
         "  snapshot file load ({:>5} tok) {:>7.3} ms  (instead of the prefill)",
-        f.prefix_tokens, f.load_ms
-    );
-    println!(
+        f.prefix_tokens,
+        f.load_ms
+    )?;
+    crate::outln!(
         "  restore ({:>5} tok prefix)  {:>10.4} ms",
-        r.restore.short_prefix_tokens, r.restore.short_ms
-    );
-    println!(
+        r.restore.short_prefix_tokens,
+        r.restore.short_ms
+    )?;
+    crate::outln!(
         "  restore ({:>5} tok prefix)  {:>10.4} ms",
-        r.restore.long_prefix_tokens, r.restore.long_ms
-    );
-    println!("  chunk call (7-12 tokens)    {:>10.3} ms", r.chunk_call_ms);
-    println!("  decode                      {:>10.3} ms/token", r.decode_ms_per_token);
+        r.restore.long_prefix_tokens,
+        r.restore.long_ms
+    )?;
+    crate::outln!("  chunk call (7-12 tokens)    {:>10.3} ms", r.chunk_call_ms)?;
+    crate::outln!("  decode                      {:>10.3} ms/token", r.decode_ms_per_token)?;
     if let Some(p) = &r.decode_phases {
-        println!(
+        crate::outln!(
             "    per step (mean of {}): inputs {:.3}, invoke {:.3}, token read {:.3}, row writes {:.3} ms",
-            p.steps, p.inputs_ms, p.invoke_ms, p.read_ms, p.writes_ms
-        );
+            p.steps,
+            p.inputs_ms,
+            p.invoke_ms,
+            p.read_ms,
+            p.writes_ms
+        )?;
     }
-    println!(
+    crate::outln!(
         "  first token ({:>3} tok prompt) {:>9.3} ms  (from position 0)",
-        r.prompt_tokens, r.prompt_first_token_ms
-    );
-    println!(
+        r.prompt_tokens,
+        r.prompt_first_token_ms
+    )?;
+    crate::outln!(
         "  utterance p50 / max         {:>10.3} / {:.3} ms",
-        r.utterance_p50_ms, r.utterance_max_ms
-    );
+        r.utterance_p50_ms,
+        r.utterance_max_ms
+    )?;
     if let Some(rss) = r.peak_rss_mb {
-        println!("  peak RSS                    {rss:>10.1} MB");
+        crate::outln!("  peak RSS                    {rss:>10.1} MB")?;
     }
-    println!(
+    crate::outln!(
         "  KV utterance / generated id {:>10.3} ms/token",
         r.kv_ms_per_generated_token
-    );
+    )?;
     if let Some(rd) = &r.redecode {
-        println!(
+        crate::outln!(
             "  redecode (SEQ {:>4})         {:>10.3} ms/token  (utterance p50 {:.3} ms)",
-            rd.seq, rd.ms_per_token, rd.utterance_p50_ms
-        );
-        println!("  KV speed-up over redecode   {:>10.2}x", rd.kv_speedup);
+            rd.seq,
+            rd.ms_per_token,
+            rd.utterance_p50_ms
+        )?;
+        crate::outln!("  KV speed-up over redecode   {:>10.2}x", rd.kv_speedup)?;
         if let Some(rss) = rd.peak_rss_mb {
-            println!("  peak RSS with redecode      {rss:>10.1} MB");
+            crate::outln!("  peak RSS with redecode      {rss:>10.1} MB")?;
         }
     }
     Ok(())

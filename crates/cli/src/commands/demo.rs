@@ -251,11 +251,11 @@ fn run_scenario<B: KvBackend>(
         );
     }
     if stream {
-        println!(
+        crate::outln!(
             "skainet-kv demo: {model} on {name}: a tool catalog ({} tools) as the system prompt, {} tokens, prefilled once and snapshotted; each request restored, fed in chunk calls, answered greedily",
             scenario.tools.as_ref().map_or(0, Vec::len),
             scenario.prefix.len()
-        );
+        )?;
     }
     let mut decoder = KvDecoder::new(backend);
     // Fed and snapshotted apart (not `prefill_prefix`) so the table shows both stages.
@@ -270,7 +270,7 @@ fn run_scenario<B: KvBackend>(
     for (input, request) in scenario.utterances {
         let mut shown = match (tokenizer, &request, stream) {
             (Some(tok), Some(request), true) => {
-                print_now(&format!("\nuser> {request}\nassistant> "));
+                print_now(&format!("\nuser> {request}\nassistant> "))?;
                 Some(TextStream::new(tok))
             }
             _ => None,
@@ -283,7 +283,7 @@ fn run_scenario<B: KvBackend>(
             })
             .context("answering an utterance")?;
         if let Some(s) = shown {
-            s.finish();
+            s.finish()?;
         }
         let text = tokenizer.map(|tok| tok.decode(&g.ids));
         utterances.push(utterance_report(input, request, g, text));
@@ -303,6 +303,11 @@ fn run_scenario<B: KvBackend>(
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
+    for (flag, value) in [("--prefix-tokens", args.prefix_tokens), ("--max-new", args.max_new)] {
+        if let Some(value) = value {
+            kv_core::limits::check_positions(flag, value)?;
+        }
+    }
     let real = crate::model::is_real_model(&args.model);
     if real && args.prefix_tokens.is_some() {
         bail!(
@@ -326,11 +331,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let stream = real && !args.json;
     let report = crate::with_backend!(backend, b => run_scenario(b, &args.model, open, scenario, stream)?);
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::outln!("{}", serde_json::to_string(&report)?)?;
     } else if real {
-        print_stages(&report);
+        print_stages(&report)?;
     } else {
-        print_table(&report);
+        print_table(&report)?;
     }
     Ok(())
 }
@@ -347,23 +352,31 @@ fn default_backend(real: bool) -> BackendChoice {
 }
 
 /// The real scenario's per-stage timing table (the answers were streamed above it).
-fn print_stages(r: &DemoReport) {
-    println!();
-    println!("  open                 {:>10.3} ms", r.open_ms);
-    println!(
+fn print_stages(r: &DemoReport) -> Result<()> {
+    crate::outln!()?;
+    crate::outln!("  open                 {:>10.3} ms", r.open_ms)?;
+    crate::outln!(
         "  prefix prefill       {:>10.3} ms  ({} tokens, once)",
-        r.prefix_prefill_ms, r.prefix_tokens
-    );
+        r.prefix_prefill_ms,
+        r.prefix_tokens
+    )?;
     if let Some(snapshot) = r.snapshot_ms {
-        println!("  snapshot             {snapshot:>10.3} ms  (once)");
+        crate::outln!("  snapshot             {snapshot:>10.3} ms  (once)")?;
     }
-    println!();
-    println!(
+    crate::outln!()?;
+    crate::outln!(
         "  {:<3} {:>10} {:>10} {:>6} {:>9} {:>7} {:>14} {:>10}",
-        "#", "restore ms", "chunk ms", "calls", "ms/token", "tokens", "first token ms", "total ms"
-    );
+        "#",
+        "restore ms",
+        "chunk ms",
+        "calls",
+        "ms/token",
+        "tokens",
+        "first token ms",
+        "total ms"
+    )?;
     for (i, u) in r.utterances.iter().enumerate() {
-        println!(
+        crate::outln!(
             "  {:<3} {:>10.3} {:>10.3} {:>6} {:>9.3} {:>7} {:>14.3} {:>10.3}",
             i + 1,
             u.restore_ms,
@@ -373,25 +386,32 @@ fn print_stages(r: &DemoReport) {
             u.ids.len(),
             u.first_token_ms.unwrap_or(f64::NAN),
             u.total_ms.unwrap_or(f64::NAN),
-        );
+        )?;
     }
-    println!("  (ms/token: decode steps; tokens: ids answered; total: restore + chunks + steps)");
+    crate::outln!("  (ms/token: decode steps; tokens: ids answered; total: restore + chunks + steps)")
 }
 
-fn print_table(r: &DemoReport) {
-    println!("skainet-kv demo: model {} on {}", r.model, r.backend);
-    println!("  open                 {:>10.3} ms", r.open_ms);
-    println!(
+fn print_table(r: &DemoReport) -> Result<()> {
+    crate::outln!("skainet-kv demo: model {} on {}", r.model, r.backend)?;
+    crate::outln!("  open                 {:>10.3} ms", r.open_ms)?;
+    crate::outln!(
         "  prefix prefill       {:>10.3} ms  ({} tokens, once)",
-        r.prefix_prefill_ms, r.prefix_tokens
-    );
-    println!();
-    println!(
+        r.prefix_prefill_ms,
+        r.prefix_tokens
+    )?;
+    crate::outln!()?;
+    crate::outln!(
         "  {:<3} {:>10} {:>10} {:>6} {:>10} {:>7} {:>9}  ids",
-        "#", "restore ms", "chunk ms", "calls", "decode ms", "tokens", "ms/token"
-    );
+        "#",
+        "restore ms",
+        "chunk ms",
+        "calls",
+        "decode ms",
+        "tokens",
+        "ms/token"
+    )?;
     for (i, u) in r.utterances.iter().enumerate() {
-        println!(
+        crate::outln!(
             "  {:<3} {:>10.3} {:>10.3} {:>6} {:>10.3} {:>7} {:>9.3}  {}",
             i + 1,
             u.restore_ms,
@@ -401,8 +421,9 @@ fn print_table(r: &DemoReport) {
             u.decode_tokens,
             u.ms_per_token,
             ids_to_string(&u.ids)
-        );
+        )?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -130,6 +130,7 @@ enum MatmulInputChoice {
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
+    check_sizes(&args)?;
     if crate::model::resolve(&args.model).is_err() && !std::path::Path::new(&args.model).is_dir() {
         crate::model::resolve(&args.model)?;
     }
@@ -221,17 +222,40 @@ pub fn run(args: ExportArgs) -> Result<()> {
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&source, &args.out, &options)?;
-    println!("exported {} to {}", args.model, args.out.display());
+    crate::outln!("exported {} to {}", args.model, args.out.display())?;
     for (target, modules) in &manifest.modules {
-        println!(
+        crate::outln!(
             "  {target}: {}",
             modules
                 .iter()
                 .map(|(g, f)| format!("{g}={f}"))
                 .collect::<Vec<_>>()
                 .join(" ")
-        );
+        )?;
     }
+    Ok(())
+}
+
+/// The flags' sizes within `kv_core::limits`, named by flag, before the model is read;
+/// `export::export_artifacts` then checks them against the model (`chunk` within
+/// `maxPositions`, ...) before anything is compiled.
+fn check_sizes(args: &ExportArgs) -> Result<()> {
+    use kv_core::limits::check_positions;
+    for (flag, value) in [
+        ("--chunk", args.chunk),
+        ("--prefill-seq", args.prefill_seq),
+        ("--redecode-seq", args.redecode_seq),
+        ("--ring-slack", args.ring_slack),
+    ] {
+        if let Some(value) = value {
+            check_positions(flag, value)?;
+        }
+    }
+    check_positions("--prefill-spans", args.prefill_spans.as_ref().map_or(0, |s| s.0.len()))?;
+    for &span in args.prefill_spans.iter().flat_map(|s| &s.0) {
+        check_positions("--prefill-spans", span)?;
+    }
+    kv_core::limits::check_top_k("--top-k", args.top_k)?;
     Ok(())
 }
 

@@ -82,6 +82,7 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The sampler's settings; `None` when greedy.
     pub fn config(&self) -> Result<Option<SamplingConfig>> {
+        kv_core::limits::check_top_k("--top-k", self.top_k)?;
         let config = SamplingConfig {
             temperature: self.temperature,
             top_k: self.top_k,
@@ -124,6 +125,7 @@ struct GenerateReport {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    kv_core::limits::check_positions("--max-new", args.max_new)?;
     let prefix: Vec<i32> = args.prefix_ids.concat();
     let prompt = args.prompt.resolve(&args.model)?;
     let sampling = args.sampling.config()?;
@@ -188,11 +190,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ids: g.ids,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::outln!("{}", serde_json::to_string(&report)?)?;
     } else if let Some(stream) = stream {
-        stream.finish();
+        stream.finish()?;
     } else {
-        println!("{}", ids_to_string(&report.ids));
+        crate::outln!("{}", ids_to_string(&report.ids))?;
     }
     Ok(())
 }

@@ -17,12 +17,12 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let dir = crate::model::resolve(&args.model)?;
     let manifest = Manifest::load(&dir)?;
     if args.json {
-        println!("{}", manifest.to_json());
+        crate::outln!("{}", manifest.to_json())?;
         return Ok(());
     }
     let s = &manifest.spec;
-    println!("{}", dir.display());
-    println!(
+    crate::outln!("{}", dir.display())?;
+    crate::outln!(
         "  layers {} (period {}, window {}), heads {}/{} x {}, hidden {}, vocab {}",
         s.n_layers,
         s.global_layer_period,
@@ -32,16 +32,22 @@ pub fn run(args: InspectArgs) -> Result<()> {
         s.head_dim,
         s.hidden_size,
         s.vocab_size
-    );
-    println!(
+    )?;
+    crate::outln!(
         "  chunk {}, seq {}, maxPositions {}, maskHeads {}",
-        s.chunk, s.seq, s.max_positions, s.mask_heads
-    );
+        s.chunk,
+        s.seq,
+        s.max_positions,
+        s.mask_heads
+    )?;
     if let Some(arch) = &manifest.architecture {
-        println!(
+        crate::outln!(
             "  architecture {:?}, ffn {}, qkNorm {}, attnBias {}",
-            arch.family, arch.ffn_size, arch.qk_norm, arch.attn_bias
-        );
+            arch.family,
+            arch.ffn_size,
+            arch.qk_norm,
+            arch.attn_bias
+        )?;
     }
     for graph in [
         Graph::Prefill,
@@ -51,22 +57,22 @@ pub fn run(args: InspectArgs) -> Result<()> {
         Graph::RedecodeAt,
     ] {
         if let Some(name) = manifest.functions.get(graph) {
-            println!(
+            crate::outln!(
                 "  {:<16} {name}  params {}",
                 graph.key(),
                 manifest.parameter_file(graph).unwrap_or("-")
-            );
+            )?;
         }
     }
     for (target, modules) in &manifest.modules {
-        println!(
+        crate::outln!(
             "  modules[{target}]: {}",
             modules
                 .iter()
                 .map(|(g, f)| format!("{g}={f}"))
                 .collect::<Vec<_>>()
                 .join(" ")
-        );
+        )?;
     }
     Ok(())
 }

@@ -33,6 +33,11 @@ pub struct RedecodeArgs {
 }
 
 pub fn run(args: RedecodeArgs) -> Result<()> {
+    // Before the model is opened; the reference then checks the seq against its context.
+    if let Some(seq) = args.seq {
+        kv_core::limits::check_positions("--seq", seq)?;
+    }
+    kv_core::limits::check_positions("--max-new", args.max_new)?;
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(args.eos);
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
@@ -43,11 +48,11 @@ pub fn run(args: RedecodeArgs) -> Result<()> {
     }
     let text = prompt.text(&out);
     if args.json {
-        println!("{}", serde_json::json!({ "ids": out, "text": text }));
+        crate::outln!("{}", serde_json::json!({ "ids": out, "text": text }))?;
     } else if let Some(text) = text {
-        println!("{text}");
+        crate::outln!("{text}")?;
     } else {
-        println!("{}", ids_to_string(&out));
+        crate::outln!("{}", ids_to_string(&out))?;
     }
     Ok(())
 }

@@ -23,7 +23,8 @@ pub struct SnapshotArgs {
 enum Action {
     /// Prefill a prefix and save its snapshot to a file (written atomically).
     Save(SaveArgs),
-    /// Print a snapshot file's header: model fingerprint, position, rows per layer.
+    /// Check a snapshot file whole (length, CRC-32, every value finite) and print its header:
+    /// model fingerprint, position, rows per layer. A damaged file is an error.
     Info {
         file: PathBuf,
         #[arg(long)]
@@ -100,6 +101,8 @@ fn prefix_of(args: &SaveArgs) -> Result<Vec<i32>> {
 }
 
 fn save(args: SaveArgs) -> Result<()> {
+    // Before the prefill: a FIFO or a device as --out is refused now, not after the work.
+    snapshot_file::check_target(&args.out).context("--out")?;
     let prefix = prefix_of(&args)?;
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
@@ -124,9 +127,9 @@ fn save(args: SaveArgs) -> Result<()> {
         }
     });
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::outln!("{}", serde_json::to_string(&report)?)?;
     } else {
-        println!(
+        crate::outln!(
             "saved {} tokens of prefix to {} ({:.1} MB) on {}: prefill {:.1} ms, save {:.1} ms",
             report.prefix_tokens,
             report.file,
@@ -134,30 +137,36 @@ fn save(args: SaveArgs) -> Result<()> {
             report.backend,
             report.prefill_ms,
             report.save_ms
-        );
+        )?;
     }
     Ok(())
 }
 
 fn info(file: &Path, json: bool) -> Result<()> {
-    let header = snapshot_file::read_header(file).with_context(|| format!("reading {}", file.display()))?;
+    // The whole file (length, CRC, values), not just its header: a damaged file is an error
+    // here as it is on load, not a header printed as if all were well.
+    let header = snapshot_file::verify(file).with_context(|| format!("checking {}", file.display()))?;
     if json {
-        println!("{}", serde_json::to_string(&header)?);
+        crate::outln!("{}", serde_json::to_string(&header)?)?;
         return Ok(());
     }
     let spec = &header.spec;
-    println!("{}", file.display());
-    println!("  position        {}", header.position);
-    println!("  model           {}", header.model);
-    println!(
+    crate::outln!("{}", file.display())?;
+    crate::outln!("  position        {}", header.position)?;
+    crate::outln!("  model           {}", header.model)?;
+    crate::outln!(
         "  geometry        {} layers, {} KV heads × {}, window {}, vocab {}",
-        spec.n_layers, spec.n_kv_heads, spec.head_dim, spec.sliding_window, spec.vocab_size
-    );
-    println!("  window rule     {}", header.window_rule);
-    println!("  contract        v{}", header.contract_version);
-    println!("  saved by        {}", header.saved_by);
-    println!("  data            {} bytes, {}", header.data_bytes, header.dtype);
+        spec.n_layers,
+        spec.n_kv_heads,
+        spec.head_dim,
+        spec.sliding_window,
+        spec.vocab_size
+    )?;
+    crate::outln!("  window rule     {}", header.window_rule)?;
+    crate::outln!("  contract        v{}", header.contract_version)?;
+    crate::outln!("  saved by        {}", header.saved_by)?;
+    crate::outln!("  data            {} bytes, {}", header.data_bytes, header.dtype)?;
     let rows: Vec<String> = header.layers.iter().map(|l| l.rows.to_string()).collect();
-    println!("  rows per layer  {}", rows.join(" "));
+    crate::outln!("  rows per layer  {}", rows.join(" "))?;
     Ok(())
 }

@@ -35,12 +35,12 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     };
     if args.json {
         let pieces: Vec<String> = ids.iter().map(|&id| tok.decode_with(&[id], true)).collect();
-        println!(
+        crate::outln!(
             "{}",
             serde_json::json!({ "ids": ids, "pieces": pieces, "bos": tok.bos(), "stop": tok.stop_tokens() })
-        );
+        )?;
     } else {
-        println!("{}", ids_to_string(&ids));
+        crate::outln!("{}", ids_to_string(&ids))?;
     }
     Ok(())
 }
