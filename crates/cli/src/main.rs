@@ -48,7 +48,6 @@ enum Command {
     /// Save a prefilled prefix to a file (`save`), describe one (`info`); load it with
     /// `--prefix-snapshot` on `generate` and `bench`.
     Snapshot(commands::snapshot::SnapshotArgs),
-    Verify(commands::verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,7 +88,6 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Snapshot(args) => commands::snapshot::run(args),
-        Command::Verify(args) => commands::verify::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
