@@ -729,8 +729,10 @@ fn check_data(
     }
 }
 
-/// The index of the first element of `bytes` (LE elements of `ty`) that is NaN or infinite.
-fn first_non_finite(ty: CacheType, bytes: &[u8]) -> Option<usize> {
+/// The index of the first element of `bytes` (LE elements of `ty`) that is NaN or infinite:
+/// the check every load makes of every value (public so that its cost can be timed on its own,
+/// `examples/snapshot_check_cost.rs`).
+pub fn first_non_finite(ty: CacheType, bytes: &[u8]) -> Option<usize> {
     // All exponent bits set is NaN or infinity in both types. Whole groups are tested without
     // branching (the common case: none), the element found only in a group that has one.
     const GROUP: usize = 64;
