@@ -14,6 +14,7 @@
 mod bpe;
 mod chat;
 mod spm;
+pub mod tools;
 pub mod unicode;
 mod vocab;
 
@@ -22,7 +23,11 @@ use std::collections::HashMap;
 use gguf::GgufFile;
 use vocab::Vocab;
 
-pub use chat::{ChatPiece, ChatTemplate, Message, TemplateSource, CHATML_TEMPLATE, GEMMA3_TEMPLATE, SMOLLM2_TEMPLATE};
+pub use chat::{
+    ChatPiece, ChatTemplate, Message, TemplateSource, CHATML_TEMPLATE, CHATML_TOOLS_TEMPLATE, GEMMA3_TEMPLATE,
+    GEMMA3_TOOLS_TEMPLATE, SMOLLM2_TEMPLATE,
+};
+pub use tools::{Tool, ToolCall, ToolChoice, ToolError, ToolFormat};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -35,6 +40,10 @@ pub enum Error {
     /// The chat template failed to compile or render (`raise_exception` included).
     #[error("chat template: {0}")]
     Template(String),
+    /// A conversation's ids do not start with its prefix's ids (the template or the tokenizer
+    /// joins the prefix's last text with what follows), so the prefix cannot be fed apart.
+    #[error("chat template: the prefix does not split cleanly: {0}")]
+    PromptSplit(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -385,21 +394,112 @@ impl Tokenizer {
     /// are control tokens. Message contents are plain text (llama.cpp's `parse_special = false`),
     /// so a message holding `<end_of_turn>` cannot close its turn and forge the model's.
     pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<i32>> {
+        self.encode_chat_with_tools(messages, &[])
+    }
+
+    /// [`Tokenizer::encode_chat`] with a tool catalog (the template's `tools`; the family's tool
+    /// template where the file's has no tool syntax).
+    pub fn encode_chat_with_tools(&self, messages: &[Message], tools: &[Tool]) -> Result<Vec<i32>> {
+        Ok(self.encode_pieces(&self.chat_pieces_with_tools(messages, tools, true)?))
+    }
+
+    fn encode_pieces(&self, pieces: &[ChatPiece]) -> Vec<i32> {
         let mut out = Vec::new();
         if self.add_bos {
             out.extend(self.bos);
         }
         let mut is_prev_special = true;
-        for piece in self.chat_pieces(messages, true)? {
+        for piece in pieces {
             match piece {
                 ChatPiece::Marker(id) => {
-                    out.push(id);
+                    out.push(*id);
                     is_prev_special = true;
                 }
-                ChatPiece::Text(t) => self.encode_into(&t, false, &mut out, &mut is_prev_special),
+                ChatPiece::Text(t) => self.encode_into(t, false, &mut out, &mut is_prev_special),
             }
         }
-        Ok(out)
+        out
+    }
+
+    /// A conversation cut where its shared prefix ends: the system turn with the tool
+    /// declarations, up to the turn that holds the first non-system message. The prefix is
+    /// prefilled once (and snapshotted); each request feeds only `request`, the ids the whole
+    /// conversation adds after it, so no system turn is written twice and no BOS lands
+    /// mid-sequence. Where the template writes the system text inside the first user turn
+    /// (Gemma 3's), the cut is where the user's words start.
+    ///
+    /// Checked at token level: the conversation's ids must start with the prefix's, else
+    /// [`Error::PromptSplit`]. The prefix depends only on the system messages, the tools and the
+    /// template, never on the request.
+    pub fn split_chat(&self, messages: &[Message], tools: &[Tool]) -> Result<PromptSplit> {
+        let first = messages
+            .iter()
+            .position(|m| m.role != "system" && m.role != "developer")
+            .ok_or_else(|| Error::PromptSplit("the conversation has no message after its system text".into()))?;
+        let full = self.encode_chat_with_tools(messages, tools)?;
+        let mut marked = messages.to_vec();
+        marked[first].content.insert(0, chat::SPLIT_MARK);
+        let pieces = self.chat_pieces_with_tools(&marked, tools, true)?;
+        let at = pieces
+            .iter()
+            .position(|p| matches!(p, ChatPiece::Text(t) if t.contains(chat::SPLIT_MARK)))
+            .ok_or_else(|| Error::PromptSplit("the template does not write the first message's text".into()))?;
+        let mut prefix = pieces[..at].to_vec();
+        let before = match &pieces[at] {
+            ChatPiece::Text(t) => &t[..t.find(chat::SPLIT_MARK).unwrap_or_default()],
+            ChatPiece::Marker(_) => "",
+        };
+        // Back to the turn opener (`<|im_start|>` + `user\n`) unless the text since it holds more
+        // than a role line: then the system text is in this turn (Gemma 3) and the cut stays.
+        let opener = prefix.iter().rposition(|p| matches!(p, ChatPiece::Marker(_)));
+        let since: String = prefix[opener.map_or(0, |o| o + 1)..]
+            .iter()
+            .filter_map(|p| match p {
+                ChatPiece::Text(t) => Some(t.as_str()),
+                ChatPiece::Marker(_) => None,
+            })
+            .chain([before])
+            .collect();
+        match opener {
+            Some(o) if since.trim().lines().count() <= 1 => prefix.truncate(o),
+            _ if !before.is_empty() => prefix.push(ChatPiece::Text(before.to_string())),
+            _ => {}
+        }
+        let prefix = self.encode_pieces(&prefix);
+        if !full.starts_with(&prefix) {
+            let common = full.iter().zip(&prefix).take_while(|(a, b)| a == b).count();
+            return Err(Error::PromptSplit(format!(
+                "the conversation's ids differ from its prefix's at id {common} of {} (the text at the cut tokenizes differently when followed by the request)",
+                prefix.len()
+            )));
+        }
+        if full.len() == prefix.len() {
+            return Err(Error::PromptSplit("the request adds no ids after the prefix".into()));
+        }
+        let request = full[prefix.len()..].to_vec();
+        Ok(PromptSplit { prefix, request })
+    }
+
+    /// A digest of what decides a conversation prefix: the system text, the tools and the
+    /// template that renders them (sha256, hex). A snapshot of a prefix records it, so that a
+    /// request with other tools or another system text is refused rather than answered from the
+    /// wrong catalog.
+    pub fn prefix_digest(&self, system: Option<&str>, tools: &[Tool]) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        let messages: Vec<Message> = system.map(Message::system).into_iter().collect();
+        let template = self.chat_template_for(&messages, tools)?;
+        let canonical = serde_json::json!({
+            "system": system,
+            "tools": tools::tools_json(tools),
+            "template": template.text(),
+        });
+        let hash = Sha256::digest(canonical.to_string().as_bytes());
+        Ok(hash.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// How this model writes tool calls (see [`ChatTemplate::tool_format`]).
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.chat.as_ref().and_then(ChatTemplate::tool_format)
     }
 
     /// llama.cpp's `tokenizer_st_partition`: special tokens, longest first, cut out of the text.
@@ -444,6 +544,15 @@ impl Tokenizer {
         }
         frags
     }
+}
+
+/// A conversation's ids cut at its shared prefix ([`Tokenizer::split_chat`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptSplit {
+    /// The system turn with the tool declarations (BOS first where the model takes one).
+    pub prefix: Vec<i32>,
+    /// What the whole conversation adds after the prefix.
+    pub request: Vec<i32>,
 }
 
 enum Fragment<'t> {
