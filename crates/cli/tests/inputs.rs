@@ -341,6 +341,16 @@ fn a_closed_stdout_ends_quietly() {
         ],
         &["bench", "--model", "tiny-llama:3", "--utterances", "1", "--repeat", "1"],
         &["inspect", "--model", "tiny-llama:3"],
+        // Text streamed as the tokens arrive (a real model: installed from PyPI on first use).
+        &[
+            "generate",
+            "--model",
+            "smollm2-135m",
+            "--prompt",
+            "The capital of France is",
+            "--max-new",
+            "4",
+        ],
     ] {
         let mut child = bin()
             .args(args)
@@ -371,6 +381,15 @@ fn a_full_stdout_is_one_line() {
             "4",
         ][..],
         &["inspect", "--model", "tiny-llama:3"],
+        &[
+            "generate",
+            "--model",
+            "smollm2-135m",
+            "--prompt",
+            "The capital of France is",
+            "--max-new",
+            "4",
+        ],
     ] {
         let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
         let out = bin().args(args).stdout(full).stderr(Stdio::piped()).output().unwrap();
