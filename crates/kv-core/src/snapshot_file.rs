@@ -241,6 +241,12 @@ pub struct SnapshotHeader {
     /// The backend that saved it (informational).
     #[serde(default)]
     pub saved_by: String,
+    /// What the prefix is, where it is a rendered conversation prefix: a digest of its system
+    /// text, tools and chat template (`tokenizer::Tokenizer::prefix_digest`). A request whose
+    /// digest differs is answered from the wrong catalog, so callers refuse it. Absent for raw
+    /// prefixes and in files written before it existed (readers of those ignore the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_digest: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -346,6 +352,16 @@ pub fn check_layers(spec: &KvSpec, position: usize, layers: &[LayerHeader]) -> s
 /// Saves `snapshot` of `backend` to `path`, atomically (a temporary file beside it, renamed).
 /// Returns the number of bytes written.
 pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, path: &Path) -> Result<u64> {
+    save_with_digest(backend, snapshot, path, None)
+}
+
+/// [`save`], recording the prefix's [`SnapshotHeader::prompt_digest`].
+pub fn save_with_digest<B: PersistSnapshot + ?Sized>(
+    backend: &B,
+    snapshot: &B::Snapshot,
+    path: &Path,
+    prompt_digest: Option<&str>,
+) -> Result<u64> {
     check_target(path)?;
     let spec = backend.spec().clone();
     let position = backend.snapshot_position(snapshot);
@@ -389,6 +405,7 @@ pub fn save<B: PersistSnapshot + ?Sized>(backend: &B, snapshot: &B::Snapshot, pa
         data_bytes: data_bytes as u64,
         data_crc32: crc.finalize(),
         saved_by: backend.name(),
+        prompt_digest: prompt_digest.map(String::from),
     };
     let json = serde_json::to_vec(&header).unwrap_or_else(|e| crate::error::invariant(&e.to_string()));
     let data_start = aligned(16 + json.len());
