@@ -3,6 +3,7 @@
 
 mod backends;
 mod commands;
+mod conversation;
 mod model;
 mod report;
 mod text;

@@ -72,6 +72,7 @@ fn write_file(path: &std::path::Path, spec: &KvSpec, position: usize, ty: CacheT
         data_bytes: data.len() as u64,
         data_crc32: crc32fast::hash(&data),
         saved_by: "snapshot_check_cost".into(),
+        prompt_digest: None,
     };
     let json = serde_json::to_vec(&header).unwrap();
     let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());

@@ -144,7 +144,23 @@ impl<B: KvBackend> KvDecoder<B> {
         prefix: &B::Snapshot,
         utterance: &[i32],
         options: &DecodeOptions,
-        on_token: impl FnMut(i32),
+        mut on_token: impl FnMut(i32),
+    ) -> Result<Generation> {
+        self.generate_until(prefix, utterance, options, |id| {
+            on_token(id);
+            true
+        })
+    }
+
+    /// [`Self::generate_with`], where `on_token` returning `false` ends the generation after
+    /// that id (a caller that has read what it wanted: a complete tool call). `stopped_at_eos`
+    /// is then false.
+    pub fn generate_until(
+        &mut self,
+        prefix: &B::Snapshot,
+        utterance: &[i32],
+        options: &DecodeOptions,
+        on_token: impl FnMut(i32) -> bool,
     ) -> Result<Generation> {
         let start = self.backend.snapshot_position(prefix);
         self.check_request("generate", start, utterance, options)?;
@@ -182,7 +198,11 @@ impl<B: KvBackend> KvDecoder<B> {
         let t = Instant::now();
         let next = feed_prompt(&mut self.backend, prompt)?;
         timing.prefill = t.elapsed();
-        self.decode(next, prompt, options, sampler, timing, started, on_token)
+        let mut on_token = on_token;
+        self.decode(next, prompt, options, sampler, timing, started, |id| {
+            on_token(id);
+            true
+        })
     }
 
     /// The checks every request passes before its first call: some valid ids, and room from
@@ -265,7 +285,7 @@ impl<B: KvBackend> KvDecoder<B> {
         mut sampler: Option<Sampler>,
         mut timing: StageTiming,
         started: Instant,
-        mut on_token: impl FnMut(i32),
+        mut on_token: impl FnMut(i32) -> bool,
     ) -> Result<Generation> {
         // Not `with_capacity(max_new)`: a caller's bound, not a size; generation may stop early.
         let mut ids = Vec::new();
@@ -281,20 +301,20 @@ impl<B: KvBackend> KvDecoder<B> {
             } else {
                 ids.push(token);
                 timing.first_token.get_or_insert_with(|| started.elapsed());
-                on_token(token);
-                let t = Instant::now();
-                let mut more = |predicted: i32| {
-                    if options.stop.contains(&predicted) {
-                        stopped_at_eos = true;
-                        return false;
-                    }
-                    ids.push(predicted);
-                    on_token(predicted);
-                    ids.len() < options.max_new
-                };
-                let steps = self.backend.step_greedy(token, options.max_new - 1, &mut more)?;
-                timing.decode += t.elapsed();
-                timing.decode_tokens += steps;
+                if on_token(token) {
+                    let t = Instant::now();
+                    let mut more = |predicted: i32| {
+                        if options.stop.contains(&predicted) {
+                            stopped_at_eos = true;
+                            return false;
+                        }
+                        ids.push(predicted);
+                        on_token(predicted) && ids.len() < options.max_new
+                    };
+                    let steps = self.backend.step_greedy(token, options.max_new - 1, &mut more)?;
+                    timing.decode += t.elapsed();
+                    timing.decode_tokens += steps;
+                }
             }
             return Ok(Generation {
                 ids,
@@ -310,8 +330,7 @@ impl<B: KvBackend> KvDecoder<B> {
             ids.push(token);
             history.push(token);
             timing.first_token.get_or_insert_with(|| started.elapsed());
-            on_token(token);
-            if ids.len() == options.max_new {
+            if !on_token(token) || ids.len() == options.max_new {
                 break;
             }
             let t = Instant::now();

@@ -12,8 +12,9 @@ use kv_core::{DecodeOptions, KvDecoder};
 use serde::Serialize;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
+use crate::conversation::{self, Answer, Conversation, SystemArgs};
 use crate::report::{ids_to_string, ms, parse_ids};
-use crate::text::{PromptArgs, TextStream};
+use crate::text::{Prompt, PromptArgs, TextStream};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -38,6 +39,22 @@ pub struct GenerateArgs {
     prefix_snapshot: Option<std::path::PathBuf>,
     #[command(flatten)]
     prompt: PromptArgs,
+    /// `--system`/`--system-file` and `--tools`: the conversation's shared prefix. With them a
+    /// `--chat` or `--messages` request is cut after the system turn: the prefix is prefilled
+    /// and snapshotted (or is `--prefix-snapshot`'s, which must have been saved with the same
+    /// system text, tools and template), and only the rest is fed.
+    #[command(flatten)]
+    system: SystemArgs,
+    /// An OpenAI-style message list (JSON) to continue: user, assistant (with `tool_calls`) and
+    /// `tool` results, as `apply_chat_template` takes them.
+    #[arg(long, conflicts_with_all = ["prompt", "chat", "ids"])]
+    messages: Option<std::path::PathBuf>,
+    /// `auto` | `required` | `none` | a tool's name, as OpenAI spells it. Without a grammar it
+    /// is checked, not enforced: `none` renders no tools and fails on a call in the output;
+    /// `required` fails when the output holds no valid call, a name when it does not call that
+    /// tool (the output is printed first; the exit status is 1).
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
     #[arg(long, default_value_t = 16)]
     max_new: usize,
     /// Stop at this id (default: the model's stop tokens, EOS and end-of-turn; none for fixtures).
@@ -47,7 +64,7 @@ pub struct GenerateArgs {
     window_rule: RuleChoice,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// One JSON object: `{"ids": [...], "text": "...", ...}`.
+    /// One JSON object: `{"ids": [...], "text": "...", ...}`; with `--tools`, `"tool_calls"`.
     #[arg(long)]
     json: bool,
 }
@@ -122,12 +139,142 @@ struct GenerateReport {
     /// The sampler's seed (absent when greedy).
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<u64>,
+    /// `--tools`: the answer's calls (`text` is then the text outside them).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    answer: Option<Answer>,
+}
+
+/// Where the request's shared prefix comes from, for `--chat` / `--messages`.
+enum ChatPrefix {
+    /// No prefix: the whole conversation is the prompt.
+    None,
+    /// `--prefix-ids` or `--prefix-snapshot` (checked against `digest`), or the conversation's
+    /// own prefix (`prefill`) to prefill and snapshot.
+    Cut {
+        prefill: Option<Vec<i32>>,
+        digest: Option<String>,
+    },
+}
+
+/// A conversation request: the ids to feed, and how to read the answer.
+struct ChatRequest {
+    prefix: ChatPrefix,
+    tools: Vec<tokenizer::Tool>,
+    format: Option<tokenizer::ToolFormat>,
+    choice: tokenizer::ToolChoice,
+}
+
+/// `--chat` / `--messages` with `--system`/`--tools` or after a prefix: the conversation cut
+/// after its system turn (tested at token level), so a request never repeats the system turn
+/// or puts a BOS mid-sequence. `None` where the old paths serve (`--prompt`, `--ids`, a lone
+/// `--chat`).
+fn chat_request(args: &GenerateArgs) -> Result<Option<(Prompt, ChatRequest)>> {
+    let choice: tokenizer::ToolChoice = args.tool_choice.parse()?;
+    let after_prefix = !args.prefix_ids.is_empty() || args.prefix_snapshot.is_some();
+    let conversational = args.messages.is_some() || args.prompt.chat.is_some();
+    if !conversational {
+        if args.system.given() || choice != tokenizer::ToolChoice::Auto {
+            anyhow::bail!(
+                "--system, --tools and --tool-choice take a conversation: give --chat TEXT or --messages FILE"
+            );
+        }
+        return Ok(None);
+    }
+    if !after_prefix && !args.system.given() && args.messages.is_none() && choice == tokenizer::ToolChoice::Auto {
+        return Ok(None);
+    }
+    if !crate::model::is_real_model(&args.model) {
+        anyhow::bail!("--chat / --messages need a real model's tokenizer (gemma3-270m, smollm2-135m)");
+    }
+    if !args.prefix_ids.is_empty() && args.system.given() {
+        anyhow::bail!("--prefix-ids is a raw prefix: --system / --tools make the prefix themselves; give one");
+    }
+    let tok = crate::model::tokenizer(&args.model)?;
+    let messages = match (&args.messages, &args.prompt.chat) {
+        (Some(file), _) => conversation::read_messages(file)?,
+        (None, Some(text)) => vec![tokenizer::Message::user(text.as_str())],
+        (None, None) => unreachable!("checked above"),
+    };
+    let tools = args.system.catalog()?;
+    let rendered_tools = if choice == tokenizer::ToolChoice::None {
+        Vec::new()
+    } else {
+        tools.clone()
+    };
+    if let tokenizer::ToolChoice::Function(name) = &choice {
+        if !tools.iter().any(|t| &t.name == name) {
+            anyhow::bail!("--tool-choice {name}: no such tool in --tools");
+        }
+    }
+    let conversation = Conversation::new(args.system.system()?, rendered_tools, messages)?;
+    let format = (!tools.is_empty())
+        .then(|| conversation::format_of(&tok, &args.model))
+        .transpose()?;
+    let (ids, prefix) = if after_prefix || args.system.given() {
+        let split = conversation.split(&tok)?;
+        let digest = if args.system.given() {
+            Some(conversation.digest(&tok)?)
+        } else {
+            None
+        };
+        let prefill = (!after_prefix).then_some(split.prefix);
+        (split.request, ChatPrefix::Cut { prefill, digest })
+    } else {
+        (conversation.ids(&tok)?, ChatPrefix::None)
+    };
+    Ok(Some((
+        Prompt {
+            ids,
+            tokenizer: Some(tok),
+        },
+        ChatRequest {
+            prefix,
+            tools,
+            format,
+            choice,
+        },
+    )))
+}
+
+/// Refuses a snapshot file whose prefix is not the request's: another system text, tools or
+/// template (digests differ), or a rendered prefix given to a raw request and back.
+fn check_digest(file: &std::path::Path, expected: Option<&str>) -> Result<()> {
+    let header = kv_core::snapshot_file::read_header(file)
+        .with_context(|| format!("reading --prefix-snapshot {}", file.display()))?;
+    match (header.prompt_digest.as_deref(), expected) {
+        (a, b) if a == b => Ok(()),
+        (Some(_), None) => anyhow::bail!(
+            "--prefix-snapshot {} holds a system text / tools prefix: give the same --system / --system-file and --tools",
+            file.display()
+        ),
+        (None, Some(_)) => anyhow::bail!(
+            "--prefix-snapshot {} holds a raw prefix (saved without --system / --tools); save it with them to use them",
+            file.display()
+        ),
+        _ => anyhow::bail!(
+            "--prefix-snapshot {} was saved with another system text, tools or chat template than this request's",
+            file.display()
+        ),
+    }
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     kv_core::limits::check_positions("--max-new", args.max_new)?;
-    let prefix: Vec<i32> = args.prefix_ids.concat();
-    let prompt = args.prompt.resolve(&args.model)?;
+    let mut prefix: Vec<i32> = args.prefix_ids.concat();
+    let chat = chat_request(&args)?;
+    let (prompt, chat) = match chat {
+        Some((prompt, chat)) => (prompt, Some(chat)),
+        None => (args.prompt.resolve(&args.model)?, None),
+    };
+    if let Some(ChatPrefix::Cut { prefill, digest }) = chat.as_ref().map(|c| &c.prefix) {
+        if let Some(file) = &args.prefix_snapshot {
+            check_digest(file, digest.as_deref())?;
+        }
+        if let Some(ids) = prefill {
+            prefix = ids.clone();
+        }
+    }
+    let parse_tools = chat.as_ref().is_some_and(|c| c.format.is_some());
     let sampling = args.sampling.config()?;
     let options = DecodeOptions {
         max_new: args.max_new,
@@ -137,7 +284,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
-    let mut stream = match (&prompt.tokenizer, args.json) {
+    // Calls are printed parsed, once the answer is complete.
+    let mut stream = match (&prompt.tokenizer, args.json || parse_tools) {
         (Some(tokenizer), false) => Some(TextStream::new(tokenizer)),
         _ => None,
     };
@@ -165,7 +313,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             (g, prefill_ms, None)
         } else {
             let t = Instant::now();
-            let snapshot = decoder.prefill_prefix(&prefix).context("prefilling --prefix-ids")?;
+            let snapshot = decoder.prefill_prefix(&prefix).context("prefilling the prefix")?;
             let prefill_ms = ms(t.elapsed());
             let g = decoder
                 .generate_with(&snapshot, &prompt.ids, &options, on_token)
@@ -174,8 +322,22 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     });
     let t = &g.timing;
+    let answer = match (&chat, &prompt.tokenizer) {
+        (
+            Some(ChatRequest {
+                format: Some(format),
+                tools,
+                choice,
+                ..
+            }),
+            Some(tok),
+        ) => Some(conversation::parse_answer(tok, *format, &g.ids, tools, choice)),
+        _ => None,
+    };
     let report = GenerateReport {
-        text: prompt.text(&g.ids),
+        // With tools the answer carries `text` (outside the calls).
+        text: answer.is_none().then(|| prompt.text(&g.ids)).flatten(),
+        answer,
         prompt_tokens: prompt.ids.len(),
         stopped_at_eos: g.stopped_at_eos,
         prefill_ms,
@@ -191,10 +353,23 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     if args.json {
         crate::outln!("{}", serde_json::to_string(&report)?)?;
+    } else if let Some(answer) = &report.answer {
+        for call in &answer.tool_calls {
+            crate::outln!("{call}")?;
+        }
+        if !answer.text.is_empty() {
+            crate::outln!("{}", answer.text)?;
+        }
+        for invalid in &answer.invalid_tool_calls {
+            eprintln!("skainet-kv: {invalid}");
+        }
     } else if let Some(stream) = stream {
         stream.finish()?;
     } else {
         crate::outln!("{}", ids_to_string(&report.ids))?;
+    }
+    if let Some(e) = report.answer.as_ref().and_then(|a| a.tool_choice_error.as_ref()) {
+        anyhow::bail!("{e}");
     }
     Ok(())
 }

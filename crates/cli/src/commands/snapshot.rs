@@ -44,12 +44,17 @@ pub struct SaveArgs {
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The prefix as ids (`1,2,3`).
-    #[arg(long, value_parser = parse_ids, required_unless_present = "prefix_file")]
+    #[arg(long, value_parser = parse_ids, required_unless_present_any = ["prefix_file", "system", "system_file", "tools"])]
     prefix_ids: Vec<Vec<i32>>,
     /// The prefix as a text file, tokenized with the model's tokenizer (BOS as its metadata
     /// says; special tokens written in it are parsed, so a chat turn can be written out).
     #[arg(long, conflicts_with = "prefix_ids")]
     prefix_file: Option<PathBuf>,
+    /// The prefix as a conversation's system turn with tool declarations, rendered through the
+    /// model's chat template; the file records their digest, and `generate --prefix-snapshot`
+    /// refuses a request with other ones.
+    #[command(flatten)]
+    system: crate::conversation::SystemArgs,
     #[arg(long)]
     out: PathBuf,
     #[arg(long, value_enum, default_value = "exact")]
@@ -84,7 +89,16 @@ pub fn run(args: SnapshotArgs) -> Result<()> {
     }
 }
 
-fn prefix_of(args: &SaveArgs) -> Result<Vec<i32>> {
+/// The prefix's ids, and its prompt digest where it is a rendered system turn.
+fn prefix_of(args: &SaveArgs) -> Result<(Vec<i32>, Option<String>)> {
+    if args.system.given() {
+        if args.prefix_file.is_some() || !args.prefix_ids.is_empty() {
+            bail!("--system / --tools make the prefix: give them or --prefix-ids / --prefix-file, not both");
+        }
+        let tok = crate::model::tokenizer(&args.model)?;
+        let (ids, digest) = crate::conversation::prefix(&tok, args.system.system()?, args.system.catalog()?)?;
+        return Ok((ids, Some(digest)));
+    }
     let ids = match &args.prefix_file {
         Some(file) => {
             let text =
@@ -97,13 +111,13 @@ fn prefix_of(args: &SaveArgs) -> Result<Vec<i32>> {
     if ids.is_empty() {
         bail!("the prefix is empty: give --prefix-ids 1,2,3 or a non-empty --prefix-file");
     }
-    Ok(ids)
+    Ok((ids, None))
 }
 
 fn save(args: SaveArgs) -> Result<()> {
     // Before the prefill: a FIFO or a device as --out is refused now, not after the work.
     snapshot_file::check_target(&args.out).context("--out")?;
-    let prefix = prefix_of(&args)?;
+    let (prefix, digest) = prefix_of(&args)?;
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
     let report = crate::with_backend!(backend, b => {
@@ -114,7 +128,7 @@ fn save(args: SaveArgs) -> Result<()> {
         let snapshot = decoder.prefill_prefix(&prefix).context("prefilling the prefix")?;
         let prefill = t.elapsed();
         let t = Instant::now();
-        let bytes = snapshot_file::save(decoder.backend(), &snapshot, &args.out)
+        let bytes = snapshot_file::save_with_digest(decoder.backend(), &snapshot, &args.out, digest.as_deref())
             .with_context(|| format!("saving {}", args.out.display()))?;
         SaveReport {
             file: args.out.display().to_string(),
@@ -165,6 +179,9 @@ fn info(file: &Path, json: bool) -> Result<()> {
     crate::outln!("  window rule     {}", header.window_rule)?;
     crate::outln!("  contract        v{}", header.contract_version)?;
     crate::outln!("  saved by        {}", header.saved_by)?;
+    if let Some(digest) = &header.prompt_digest {
+        crate::outln!("  prompt digest   {digest} (system text, tools, template)")?;
+    }
     crate::outln!("  data            {} bytes, {}", header.data_bytes, header.dtype)?;
     let rows: Vec<String> = header.layers.iter().map(|l| l.rows.to_string()).collect();
     crate::outln!("  rows per layer  {}", rows.join(" "))?;
