@@ -12,6 +12,10 @@
 //! - **No silent fallback.** Where neither a variable nor a platform directory exists (no home
 //!   directory), the error names the variable to set.
 
+mod fill;
+
+pub use fill::{fill_entry, FillError, FillEvent};
+
 use std::ffi::OsString;
 use std::fmt;
 use std::io;
