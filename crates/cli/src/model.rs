@@ -152,17 +152,19 @@ fn quantized_copy(src: &std::path::Path, format: kv_core::quant::QuantFormat) ->
         .collect();
     let root = kv_paths::Root::Cache.join("quantized")?;
     let dir = root.join(format!("{}-{}", label.trim_matches('-'), format.key()));
-    let stamp_file = dir.join("quantized-from.txt");
-    if std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) && kv_core::Manifest::load(&dir).is_ok() {
-        return Ok(dir);
-    }
-    let tmp = root.join(format!(".tmp-{}-{}", format.key(), std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    kv_core::quant::quantize_dir(src, &tmp, format)?;
-    std::fs::write(tmp.join("quantized-from.txt"), &stamp)?;
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).with_context(|| format!("installing {}", dir.display()))?;
-    Ok(dir)
+    let fresh = |dir: &std::path::Path| {
+        std::fs::read_to_string(dir.join("quantized-from.txt")).is_ok_and(|s| s == stamp)
+            && kv_core::Manifest::load(dir).is_ok()
+    };
+    let build = |tmp: &std::path::Path| -> Result<()> {
+        kv_core::quant::quantize_dir(src, tmp, format)?;
+        std::fs::write(tmp.join("quantized-from.txt"), &stamp)?;
+        Ok(())
+    };
+    // Under the cache's lock: processes quantizing the same model at once wait for the first.
+    kv_paths::fill_entry(&dir, fresh, build, &mut |_| {}).map_err(|e| {
+        e.into_error(|what, path, source| anyhow::Error::new(source).context(format!("{what} {}", path.display())))
+    })
 }
 
 fn resolve_plain(model: &str) -> Result<PathBuf> {

