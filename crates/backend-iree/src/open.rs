@@ -210,6 +210,43 @@ fn check_arg_count(function: &Function, graph: Graph, want: usize) -> Result<()>
     Ok(())
 }
 
+/// The digests of the directories an open loads files from, each read once. A directory without
+/// `digests.json` (artifacts exported before digests were written, the seed's, files put
+/// together by hand) is not checked: the CLI warns about such `--artifacts`, and its cache
+/// re-exports entries without digests.
+#[derive(Default)]
+struct Integrity {
+    dirs: HashMap<PathBuf, Option<kv_core::digests::Digests>>,
+}
+
+impl Integrity {
+    fn of(&mut self, dir: &Path) -> Result<Option<&kv_core::digests::Digests>> {
+        if !self.dirs.contains_key(dir) {
+            let digests = kv_core::digests::Digests::load(dir)?;
+            self.dirs.insert(dir.to_path_buf(), digests);
+        }
+        Ok(self.dirs.get(dir).and_then(Option::as_ref))
+    }
+
+    /// Each file against the digests of its own directory: modules in full, archives by stamp.
+    fn check<'a>(&mut self, files: impl IntoIterator<Item = &'a Path>) -> Result<()> {
+        for file in files {
+            let dir = match file.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if let Some(digests) = self.of(dir)? {
+                digests.check_files(dir, [name.as_str()])?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Opens the sessions of `graphs` and looks their functions up (no contract check).
 pub(crate) fn open_sessions(
     dir: &Path,
@@ -224,6 +261,14 @@ pub(crate) fn open_sessions(
     };
     let device = shared::device(&device_key)?;
 
+    // What IREE runs must be what the exporter wrote (`kv_core::digests`): the manifest of an
+    // artifact directory here, each module and archive below before it is loaded.
+    let mut integrity = Integrity::default();
+    if !dir.as_os_str().is_empty() {
+        if let Some(digests) = integrity.of(dir)? {
+            digests.check_open(dir, [])?;
+        }
+    }
     let mut sessions: Vec<Option<Arc<SharedModule>>> = Vec::new();
     let mut archives = Vec::new();
     let mut by_files: HashMap<(PathBuf, PathBuf), usize> = HashMap::new();
@@ -251,6 +296,7 @@ pub(crate) fn open_sessions(
                     &irpa,
                     &manifest.parameter_scope,
                     encoded.as_deref(),
+                    || integrity.check([vmfb.as_path(), irpa.as_path()].into_iter().chain(encoded.as_deref())),
                 )?;
                 sessions.push(Some(module));
                 let mut stamps = vec![FileStamp::open(&irpa)?];

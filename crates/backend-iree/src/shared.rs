@@ -114,7 +114,8 @@ fn open_device(key: &DeviceKey) -> Result<Device> {
 
 /// The live context of `vmfb` with `archive` (under `scope`) and its `encoded` archive (under
 /// [`ENCODED_SCOPE`], if it has one) on `device`, or a new one. The registry stays locked while a
-/// new context opens, so two sessions opening the same model at once get one.
+/// new context opens, so two sessions opening the same model at once get one. `verify` runs
+/// before a module is loaded (the files' digests), not when a live context is reused.
 pub(crate) fn module(
     device: &Device,
     device_key: &DeviceKey,
@@ -122,6 +123,7 @@ pub(crate) fn module(
     archive: &Path,
     scope: &str,
     encoded: Option<&Path>,
+    verify: impl FnOnce() -> Result<()>,
 ) -> Result<Arc<SharedModule>> {
     let key = ModuleKey {
         device: device_key.clone(),
@@ -139,6 +141,8 @@ pub(crate) fn module(
     {
         return Ok(module);
     }
+    // Only where the module is loaded: a live context was checked when it was.
+    verify()?;
     let mut parameters = vec![(scope, archive)];
     parameters.extend(encoded.map(|e| (ENCODED_SCOPE, e)));
     let session = Session::open(device, vmfb, &parameters).map_err(iree_err(format!(

@@ -16,6 +16,11 @@ fn copy_dir(from: &Path) -> tempfile::TempDir {
     let to = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
+        // Without the export's digests: edited, it stands for artifacts put together by hand
+        // (with them an edited manifest is refused before the checks these tests are about).
+        if entry.file_name() == kv_core::digests::DIGESTS_FILE {
+            continue;
+        }
         std::fs::copy(entry.path(), to.path().join(entry.file_name())).unwrap();
     }
     to

@@ -485,6 +485,10 @@ fn prefill_spans_read_what_their_calls_see() {
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(&plain).unwrap() {
         let path = entry.unwrap().path();
+        // Without the digests, which the edited manifest would no longer match.
+        if path.ends_with(kv_core::digests::DIGESTS_FILE) {
+            continue;
+        }
         std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }
     let mut manifest = kv_core::Manifest::load(dir.path()).unwrap();

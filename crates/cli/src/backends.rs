@@ -282,6 +282,7 @@ impl ModelSource {
     pub fn artifacts_for(&self, device: &str, rule: RuleChoice) -> Result<PathBuf> {
         let contract = self.contract_for(device, rule);
         if let Some(dir) = &self.artifacts {
+            self.check_artifacts(dir)?;
             return Ok(dir.clone());
         }
         if device == "vulkan"
@@ -345,16 +346,55 @@ impl ModelSource {
                 ..options
             },
         };
-        if !export::is_cached(&model, &options)? {
-            eprintln!(
+        let root = export::cache_root()?;
+        // Said once per process and only by the one that exports: the others wait for it.
+        let mut notify = |event| match event {
+            kv_paths::FillEvent::Waiting => say(format_args!(
+                "skainet-kv: waiting for another process exporting {} for {}",
+                self.model,
+                target.key()
+            )),
+            kv_paths::FillEvent::Building => say(format_args!(
                 "skainet-kv: exporting {} for {} (once; cached under {})",
                 self.model,
                 target.key(),
-                export::cache_root()?.display()
-            );
-        }
-        Ok(export::cached_export_with(&model, &options)?)
+                root.display()
+            )),
+        };
+        Ok(export::cached_export_noting_in(&root, &model, &options, &mut notify)?)
     }
+
+    /// `--artifacts DIR` must be an export of `--model` (its manifest records the source's
+    /// digests: `export::check_binding`), else the run would print another model's tokens. An
+    /// export without digests (made before they were written) runs with a warning: nothing
+    /// can check its modules.
+    #[cfg(feature = "iree")]
+    fn check_artifacts(&self, dir: &Path) -> Result<()> {
+        let model_dir = crate::model::resolve_with(&self.model, self.target.weights).with_context(|| {
+            format!(
+                "--model {}: needed to check --artifacts {} against it",
+                self.model,
+                dir.display()
+            )
+        })?;
+        export::check_binding(dir, &model_dir, &self.model)?;
+        if !dir.join(kv_core::digests::DIGESTS_FILE).is_file() {
+            say(format_args!(
+                "skainet-kv: warning: --artifacts {} has no {} (exported before digests were written): its modules run \
+                 unverified; re-export to have them checked",
+                dir.display(),
+                kv_core::digests::DIGESTS_FILE
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A notice on stderr; a closed stderr is no reason to fail the run (`eprintln!` would panic).
+#[cfg(feature = "iree")]
+fn say(line: std::fmt::Arguments) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The redecode graph's SEQ of a real model's on-demand export: a prompt + 16 new tokens fit.

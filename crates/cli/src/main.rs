@@ -49,6 +49,10 @@ enum Command {
     /// Save a prefilled prefix to a file (`save`), describe one (`info`); load it with
     /// `--prefix-snapshot` on `generate` and `bench`.
     Snapshot(commands::snapshot::SnapshotArgs),
+    /// A request set with expected tool calls on a real model: parse-and-validate, correct
+    /// function and exact-argument rates, time from request to parsed call (unconstrained).
+    ToolEval(commands::tool_eval::ToolEvalArgs),
+    Verify(commands::verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +93,8 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Snapshot(args) => commands::snapshot::run(args),
+        Command::ToolEval(args) => commands::tool_eval::run(args),
+        Command::Verify(args) => commands::verify::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

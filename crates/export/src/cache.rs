@@ -264,39 +264,51 @@ pub fn cached_export_with(model: &str, options: &ExportOptions) -> Result<PathBu
     cached_export_in(&cache_root()?, model, options)
 }
 
+/// [`cached_export_noting_in`] the default [`cache_root`].
+pub fn cached_export_noting(
+    model: &str,
+    options: &ExportOptions,
+    notify: &mut dyn FnMut(kv_paths::FillEvent),
+) -> Result<PathBuf> {
+    cached_export_noting_in(&cache_root()?, model, options, notify)
+}
+
 /// The artifact directory of `model` exported with `options` in the cache at `root`, exporting it
 /// first unless a finished export with the same options and source is cached. Entries are named
 /// `<model>-<targets>-<layout>` for the default options and get a hash of the options otherwise
 /// ([`entry_name`]), so that, e.g., a redecode graph of another SEQ or bf16 weights live beside
-/// the default. Written beside the entry and renamed, so a crash never leaves half an artifact
-/// set that looks finished.
+/// the default.
 pub fn cached_export_in(root: &Path, model: &str, options: &ExportOptions) -> Result<PathBuf> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    cached_export_noting_in(root, model, options, &mut |_| {})
+}
+
+/// [`cached_export_in`], telling `notify` when this caller waits for another process exporting
+/// the same entry ([`kv_paths::FillEvent::Waiting`]) and when it exports (`Building`).
+///
+/// The entry is filled through [`kv_paths::fill_entry`]: one process exports while the others
+/// wait on the entry's lock, then reuse it (without the lock the second would rename its copy
+/// over an entry the first has already opened, which the first's sessions see as archives
+/// replaced under them). An entry is reused only while its source fingerprint matches and its
+/// files match their digests ([`kv_core::digests`]: modules in full, archives by stamp), so a
+/// damaged entry is exported again, under the lock, rather than run or failing on every run.
+pub fn cached_export_noting_in(
+    root: &Path,
+    model: &str,
+    options: &ExportOptions,
+    notify: &mut dyn FnMut(kv_paths::FillEvent),
+) -> Result<PathBuf> {
+    // One export at a time per process, as before the file lock: each `iree-compile` already uses
+    // every core, and test binaries ask for many entries from parallel threads.
+    static EXPORTS: Mutex<()> = Mutex::new(());
+    let _one = EXPORTS.lock().unwrap_or_else(|e| e.into_inner());
     let entry = Entry::of(root, model, options)?;
-    if entry.is_fresh() {
-        return Ok(entry.dir);
-    }
-    std::fs::create_dir_all(root).map_err(ExportError::io("creating artifact cache", root))?;
-    // Other processes (test binaries, CLI runs side by side) may export the same entry: one does
-    // while the others wait, then reuse it. Without the lock the second would rename its copy
-    // over an entry the first has already opened, which the first's sessions see as archives
-    // replaced under them. The lock is released when the file is closed, crash included.
-    let lock_path = root.join(format!(".{}.lock", entry.name));
-    let lock = std::fs::File::create(&lock_path).map_err(ExportError::io("creating the entry lock", &lock_path))?;
-    fs4::fs_std::FileExt::lock_exclusive(&lock).map_err(ExportError::io("locking the cache entry", &lock_path))?;
-    if entry.is_fresh() {
-        return Ok(entry.dir);
-    }
-    let (name, dir, fingerprint) = (entry.name, entry.dir, entry.fingerprint);
-    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    export_artifacts(&Source::parse(model), &tmp, options)?;
-    let tmp_stamp = tmp.join(FINGERPRINT_FILE);
-    std::fs::write(&tmp_stamp, &fingerprint).map_err(ExportError::io("writing fingerprint", &tmp_stamp))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(ExportError::io("installing artifacts", &dir))?;
-    Ok(dir)
+    let build = |tmp: &Path| -> Result<()> {
+        export_artifacts(&Source::parse(model), tmp, options)?;
+        let stamp = tmp.join(FINGERPRINT_FILE);
+        std::fs::write(&stamp, &entry.fingerprint).map_err(ExportError::io("writing fingerprint", &stamp))
+    };
+    kv_paths::fill_entry(&entry.dir, |dir| entry.is_fresh_at(dir), build, notify)
+        .map_err(|e| e.into_error(|what, path, source| ExportError::io(what, &path)(source)))
 }
 
 /// Whether [`cached_export_with`] would reuse a finished export (no compile).
@@ -306,7 +318,6 @@ pub fn is_cached(model: &str, options: &ExportOptions) -> Result<bool> {
 
 /// Where an export lives in the cache and what must match for it to be reused.
 struct Entry {
-    name: String,
     dir: PathBuf,
     fingerprint: String,
 }
@@ -455,10 +466,8 @@ pub fn entry_name(model: &str, options: &ExportOptions) -> String {
 
 impl Entry {
     fn of(root: &Path, model: &str, options: &ExportOptions) -> Result<Entry> {
-        let name = entry_name(model, options);
         Ok(Entry {
-            dir: root.join(&name),
-            name,
+            dir: root.join(entry_name(model, options)),
             fingerprint: match options.contract {
                 1 => format!("{}\n{}\n", source_fingerprint(model)?, canonical(&settings(options))),
                 _ => format!(
@@ -471,8 +480,20 @@ impl Entry {
     }
 
     fn is_fresh(&self) -> bool {
-        self.dir.join(MANIFEST_FILE).is_file()
-            && std::fs::read_to_string(self.dir.join(FINGERPRINT_FILE)).is_ok_and(|s| s == self.fingerprint)
+        self.is_fresh_at(&self.dir)
+    }
+
+    /// Made from this source with these options, and intact: an entry without digests (made
+    /// before they were written) or with a file that no longer matches them is stale.
+    fn is_fresh_at(&self, dir: &Path) -> bool {
+        dir.join(MANIFEST_FILE).is_file()
+            && std::fs::read_to_string(dir.join(FINGERPRINT_FILE)).is_ok_and(|s| s == self.fingerprint)
+            && kv_core::digests::Digests::load(dir).is_ok_and(|d| {
+                d.is_some_and(|d| {
+                    let files = d.files.keys().filter(|f| *f != MANIFEST_FILE).map(String::as_str);
+                    d.check_open(dir, files).is_ok()
+                })
+            })
     }
 }
 

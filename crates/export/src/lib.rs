@@ -27,6 +27,7 @@
 //!   compiler is an error with the places searched, never a silent skip.
 
 mod artifacts;
+mod binding;
 mod cache;
 mod compile;
 mod emit;
@@ -37,9 +38,11 @@ pub mod mlir;
 pub use artifacts::{
     export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS,
 };
+pub use binding::{check_binding, SOURCE_MANIFEST_KEY, SOURCE_WEIGHTS_KEY};
 pub use cache::{
-    cache_root, cached_export, cached_export_in, cached_export_with, entry_name, host_converts_f16, host_has_bf16_dot,
-    is_cached, runtime_options, runtime_options_for, CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
+    cache_root, cached_export, cached_export_in, cached_export_noting, cached_export_noting_in, cached_export_with,
+    entry_name, host_converts_f16, host_has_bf16_dot, is_cached, runtime_options, runtime_options_for,
+    CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2,
 };
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, RowProducts, StreamProducts, WeightFormat};
@@ -74,6 +77,9 @@ pub enum ExportError {
     EncoderMissing { searched: String },
     #[error("encoding the parameters of {module}: {diagnostic}")]
     Encode { module: PathBuf, diagnostic: String },
+    /// Artifacts given for a model they were not exported from.
+    #[error("{0}")]
+    Binding(String),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,

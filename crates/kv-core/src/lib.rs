@@ -27,6 +27,7 @@
 pub mod backend;
 pub mod bf16;
 pub mod decoder;
+pub mod digests;
 pub mod diverge;
 pub mod error;
 pub mod irpa;

@@ -8,3 +8,5 @@ pub mod inspect;
 pub mod redecode;
 pub mod snapshot;
 pub mod tokenize;
+pub mod tool_eval;
+pub mod verify;

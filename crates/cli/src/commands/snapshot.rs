@@ -22,7 +22,7 @@ pub struct SnapshotArgs {
 #[derive(Subcommand)]
 enum Action {
     /// Prefill a prefix and save its snapshot to a file (written atomically).
-    Save(SaveArgs),
+    Save(Box<SaveArgs>),
     /// Check a snapshot file whole (length, CRC-32, every value finite) and print its header:
     /// model fingerprint, position, rows per layer. A damaged file is an error.
     Info {
@@ -84,7 +84,7 @@ pub fn load<B: PersistSnapshot>(backend: &B, path: &Path) -> Result<(B::Snapshot
 
 pub fn run(args: SnapshotArgs) -> Result<()> {
     match args.action {
-        Action::Save(args) => save(args),
+        Action::Save(args) => save(*args),
         Action::Info { file, json } => info(&file, json),
     }
 }

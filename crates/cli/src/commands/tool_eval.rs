@@ -1,0 +1,361 @@
+//! `skainet-kv tool-eval`: a request set with expected calls (`data/tools/requests.json`) run
+//! on a model the app's way: the system turn with the catalog prefilled once and snapshotted,
+//! each request restored, fed and decoded until its call closes. Reports parse-and-validate,
+//! correct-function and exact-argument rates and the time from request to parsed call.
+//! Unconstrained: what the model writes is what is parsed (docs/tool-calling.md).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kv_core::{DecodeOptions, Generation, KvBackend, KvDecoder};
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+use tokenizer::{Message, Tokenizer, Tool, ToolChoice, ToolFormat};
+
+use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
+use crate::conversation::{self, Answer, Conversation, SystemArgs};
+use crate::report::ms;
+
+/// The system text the demo and the evaluation use unless `--system` says otherwise.
+pub const DEFAULT_SYSTEM: &str = "You are the assistant of a phone. When a tool fits the user's request, call it with \
+     the arguments the user gave; when none fits, answer briefly in plain text.";
+
+#[derive(Args)]
+pub struct ToolEvalArgs {
+    /// A real model (`gemma3-270m`, `smollm2-135m`).
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    artifacts: Option<PathBuf>,
+    #[command(flatten)]
+    target: TargetArgs,
+    #[arg(long, value_enum, default_value = "iree-cpu")]
+    backend: BackendChoice,
+    /// The request set: `{"requests": [{"request", "expected": {"name", "arguments"} | null}]}`.
+    #[arg(long, default_value = "data/tools/requests.json")]
+    requests: PathBuf,
+    /// `--tools` defaults to `data/tools/phone-assistant.json`, `--system` to the demo's.
+    #[command(flatten)]
+    system: SystemArgs,
+    /// Ids generated per request at most (decoding also stops when a call closes).
+    #[arg(long, default_value_t = 64)]
+    max_new: usize,
+    /// Only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    #[arg(long, value_enum, default_value = "exact")]
+    window_rule: RuleChoice,
+    /// One JSON object with every request's outcome.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Deserialize)]
+struct RequestSet {
+    requests: Vec<Case>,
+}
+
+#[derive(Clone, Deserialize)]
+struct Case {
+    request: String,
+    expected: Option<Expected>,
+}
+
+#[derive(Clone, Deserialize, Serialize)]
+struct Expected {
+    name: String,
+    arguments: serde_json::Map<String, Json>,
+}
+
+/// One request answered: the ids, the parsed answer, and when the first valid call was complete.
+pub struct Answered {
+    pub generation: Generation,
+    pub answer: Answer,
+    /// From the restore to the id that closed the first call (`None`: no call closed).
+    pub call_time: Option<Duration>,
+    pub total: Duration,
+}
+
+/// Restores `prefix`, feeds `ids`, decodes until a stop token, `max_new` ids or the first call's
+/// closing delimiter, and parses the answer.
+#[allow(clippy::too_many_arguments)]
+pub fn answer_request<B: KvBackend>(
+    decoder: &mut KvDecoder<B>,
+    prefix: &B::Snapshot,
+    ids: &[i32],
+    tok: &Tokenizer,
+    format: ToolFormat,
+    tools: &[Tool],
+    options: &DecodeOptions,
+    mut on_token: impl FnMut(i32),
+) -> Result<Answered> {
+    let close = format.delimiters().1;
+    let mut out = Vec::new();
+    let mut call_time = None;
+    let started = Instant::now();
+    let generation = decoder.generate_until(prefix, ids, options, |id| {
+        on_token(id);
+        out.push(id);
+        // Only the newest ids can complete the delimiter: decode a short tail, not the whole.
+        let tail = &out[out.len().saturating_sub(8)..];
+        if tok.decode_with(tail, true).contains(close) && tok.decode_with(&out, true).contains(close) {
+            call_time = Some(started.elapsed());
+            return false;
+        }
+        true
+    })?;
+    let total = started.elapsed();
+    let answer = conversation::parse_answer(tok, format, &generation.ids, tools, &ToolChoice::Auto);
+    // A call the stop token cut before its delimiter still counts, at the end of the answer.
+    if call_time.is_none() && !answer.calls.is_empty() {
+        call_time = Some(total);
+    }
+    Ok(Answered {
+        generation,
+        answer,
+        call_time,
+        total,
+    })
+}
+
+#[derive(Serialize)]
+struct Outcome {
+    request: String,
+    expected: Option<Expected>,
+    text: String,
+    tool_calls: Vec<Json>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    invalid_tool_calls: Vec<String>,
+    parsed_and_valid: bool,
+    correct_function: bool,
+    exact_arguments: bool,
+    call_ms: Option<f64>,
+    total_ms: f64,
+    tokens: usize,
+}
+
+#[derive(Serialize)]
+struct EvalReport {
+    model: String,
+    backend: String,
+    format: &'static str,
+    requests: usize,
+    prefix_tokens: usize,
+    prefix_prefill_ms: f64,
+    /// Requests that expect a call whose answer holds one that parses and validates.
+    parse_and_validate_rate: f64,
+    /// Requests answered with the expected function (no call where none fits).
+    correct_function_rate: f64,
+    /// Requests that expect a call answered with its exact arguments.
+    exact_arguments_rate: f64,
+    /// Median and 90th percentile from the request to its parsed call, over answers with one.
+    call_ms_median: Option<f64>,
+    call_ms_p90: Option<f64>,
+    /// Median from the request to the end of its answer, every request.
+    total_ms_median: f64,
+    outcomes: Vec<Outcome>,
+}
+
+/// Strings compared trimmed and case-insensitively; everything else exactly.
+fn same(a: &Json, b: &Json) -> bool {
+    match (a, b) {
+        (Json::String(x), Json::String(y)) => x.trim().eq_ignore_ascii_case(y.trim()),
+        (Json::Number(x), Json::Number(y)) => x.as_f64() == y.as_f64(),
+        (Json::Object(x), Json::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        (Json::Array(x), Json::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(v, w)| same(v, w)),
+        _ => a == b,
+    }
+}
+
+fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    Some(v[((v.len() - 1) as f64 * p).round() as usize])
+}
+
+pub fn run(args: ToolEvalArgs) -> Result<()> {
+    if !crate::model::is_real_model(&args.model) {
+        bail!("tool-eval runs a real model (gemma3-270m, smollm2-135m)");
+    }
+    kv_core::limits::check_positions("--max-new", args.max_new)?;
+    let text = std::fs::read_to_string(&args.requests)
+        .with_context(|| format!("reading --requests {}", args.requests.display()))?;
+    let set: RequestSet =
+        serde_json::from_str(&text).with_context(|| format!("--requests {}", args.requests.display()))?;
+    let cases: Vec<Case> = set
+        .requests
+        .into_iter()
+        .take(args.limit.unwrap_or(usize::MAX))
+        .collect();
+    let tools = match &args.system.tools {
+        Some(_) => args.system.catalog()?,
+        None => conversation::read_catalog(std::path::Path::new("data/tools/phone-assistant.json"))?,
+    };
+    let system = args.system.system()?.unwrap_or_else(|| DEFAULT_SYSTEM.to_string());
+    let tok = crate::model::tokenizer(&args.model)?;
+    let format = conversation::format_of(&tok, &args.model)?;
+    let (prefix, _) = conversation::prefix(&tok, Some(system.clone()), tools.clone())?;
+    let inputs = cases
+        .iter()
+        .map(|c| {
+            let conv = Conversation::new(
+                Some(system.clone()),
+                tools.clone(),
+                vec![Message::user(c.request.as_str())],
+            )?;
+            let split = conv.split(&tok)?;
+            if split.prefix != prefix {
+                bail!("{:?}: the conversation's prefix is not the catalog's", c.request);
+            }
+            Ok(split.request)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = DecodeOptions::greedy(args.max_new, tok.stop_tokens());
+    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
+    let report = crate::with_backend!(backend, b => {
+        let name = b.name();
+        let mut decoder = KvDecoder::new(b);
+        let t = Instant::now();
+        let snapshot = decoder.prefill_prefix(&prefix).context("prefilling the catalog")?;
+        let prefill = t.elapsed();
+        let mut outcomes = Vec::new();
+        for (case, ids) in cases.iter().zip(&inputs) {
+            let a = answer_request(&mut decoder, &snapshot, ids, &tok, format, &tools, &options, |_| {})?;
+            let first = a.answer.calls.first();
+            let parsed_and_valid = first.is_some();
+            let (correct_function, exact_arguments) = match (&case.expected, first) {
+                (None, None) => (a.answer.invalid_tool_calls.is_empty(), false),
+                (Some(e), Some(c)) => (
+                    c.name == e.name,
+                    c.name == e.name && same(&Json::Object(c.arguments.clone()), &Json::Object(e.arguments.clone())),
+                ),
+                _ => (false, false),
+            };
+            if !args.json {
+                crate::outln!(
+                    "{:>3} {} {} {:<48} -> {}",
+                    outcomes.len() + 1,
+                    if correct_function { "✓" } else { "✗" },
+                    if exact_arguments { "=" } else { " " },
+                    case.request,
+                    match first {
+                        Some(c) => c.to_json().to_string(),
+                        None => format!("{:?}", a.answer.text.chars().take(60).collect::<String>()),
+                    }
+                )?;
+            }
+            outcomes.push(Outcome {
+                request: case.request.clone(),
+                expected: case.expected.clone(),
+                text: a.answer.text.clone(),
+                tool_calls: a.answer.tool_calls.clone(),
+                invalid_tool_calls: a.answer.invalid_tool_calls.clone(),
+                parsed_and_valid,
+                correct_function,
+                exact_arguments,
+                call_ms: a.call_time.filter(|_| parsed_and_valid).map(ms),
+                total_ms: ms(a.total),
+                tokens: a.generation.ids.len(),
+            });
+        }
+        let expecting: Vec<&Outcome> = outcomes.iter().filter(|o| o.expected.is_some()).collect();
+        let rate = |n: usize, of: usize| if of == 0 { 0.0 } else { n as f64 / of as f64 };
+        let calls: Vec<f64> = outcomes.iter().filter_map(|o| o.call_ms).collect();
+        let totals: Vec<f64> = outcomes.iter().map(|o| o.total_ms).collect();
+        EvalReport {
+            model: args.model.clone(),
+            backend: name,
+            format: format.name(),
+            requests: outcomes.len(),
+            prefix_tokens: prefix.len(),
+            prefix_prefill_ms: ms(prefill),
+            parse_and_validate_rate: rate(expecting.iter().filter(|o| o.parsed_and_valid).count(), expecting.len()),
+            correct_function_rate: rate(outcomes.iter().filter(|o| o.correct_function).count(), outcomes.len()),
+            exact_arguments_rate: rate(expecting.iter().filter(|o| o.exact_arguments).count(), expecting.len()),
+            call_ms_median: percentile(&calls, 0.5),
+            call_ms_p90: percentile(&calls, 0.9),
+            total_ms_median: percentile(&totals, 0.5).unwrap_or(0.0),
+            outcomes,
+        }
+    });
+    if args.json {
+        crate::outln!("{}", serde_json::to_string(&report)?)?;
+        return Ok(());
+    }
+    let pct = |r: f64| format!("{:.1}%", 100.0 * r);
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
+    crate::outln!()?;
+    crate::outln!(
+        "{} on {} ({} format, unconstrained): {} requests, catalog prefix {} tokens prefilled in {:.0} ms",
+        report.model,
+        report.backend,
+        report.format,
+        report.requests,
+        report.prefix_tokens,
+        report.prefix_prefill_ms
+    )?;
+    crate::outln!("  parse-and-validate  {}", pct(report.parse_and_validate_rate))?;
+    crate::outln!("  correct function    {}", pct(report.correct_function_rate))?;
+    crate::outln!("  exact arguments     {}", pct(report.exact_arguments_rate))?;
+    crate::outln!(
+        "  request -> parsed call  median {}, p90 {} ({} calls); request -> end of answer median {:.1} ms",
+        opt(report.call_ms_median),
+        opt(report.call_ms_p90),
+        report.outcomes.iter().filter(|o| o.call_ms.is_some()).count(),
+        report.total_ms_median
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_set_names_the_catalogs_tools_with_valid_arguments() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/tools/");
+        let tools = conversation::read_catalog(std::path::Path::new(&format!("{root}phone-assistant.json"))).unwrap();
+        assert!((5..=8).contains(&tools.len()));
+        let set: RequestSet =
+            serde_json::from_str(&std::fs::read_to_string(format!("{root}requests.json")).unwrap()).unwrap();
+        assert!(set.requests.len() >= 40);
+        assert!(set.requests.iter().filter(|c| c.expected.is_none()).count() >= 3);
+        for tool in &tools {
+            let phrasings = set
+                .requests
+                .iter()
+                .filter(|c| c.expected.as_ref().is_some_and(|e| e.name == tool.name))
+                .count();
+            assert!(phrasings >= 3, "{}: {phrasings} phrasings", tool.name);
+        }
+        for case in &set.requests {
+            if let Some(e) = &case.expected {
+                let call = tokenizer::ToolCall {
+                    name: e.name.clone(),
+                    arguments: e.arguments.clone(),
+                };
+                tokenizer::tools::validate(&call, &tools).unwrap_or_else(|err| panic!("{}: {err}", case.request));
+            }
+        }
+    }
+
+    #[test]
+    fn arguments_compare_exactly_but_for_case_and_spaces() {
+        assert!(same(
+            &serde_json::json!({"a": " Paris", "n": 3}),
+            &serde_json::json!({"n": 3.0, "a": "paris"})
+        ));
+        assert!(!same(
+            &serde_json::json!({"a": "x"}),
+            &serde_json::json!({"a": "x", "b": 1})
+        ));
+    }
+}
