@@ -745,7 +745,11 @@ mod tests {
         let c = call("set_lights", json!({}));
         assert!(ToolChoice::Required.check(&[]).is_err());
         assert!(ToolChoice::None.check(std::slice::from_ref(&c)).is_err());
-        assert!("set_lights".parse::<ToolChoice>().unwrap().check(std::slice::from_ref(&c)).is_ok());
+        assert!("set_lights"
+            .parse::<ToolChoice>()
+            .unwrap()
+            .check(std::slice::from_ref(&c))
+            .is_ok());
         assert!("other".parse::<ToolChoice>().unwrap().check(&[c]).is_err());
         assert!("a b".parse::<ToolChoice>().is_err());
     }

@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// request without a cached prefix).
     #[arg(long, default_value_t = 8)]
     prompt_tokens: usize,
+    /// Real models: the prefix is this system text and catalog's rendered system turn (as
+    /// `snapshot save --system/--tools` makes it) instead of `--prefix-tokens` synthetic ids.
+    #[command(flatten)]
+    system: crate::conversation::SystemArgs,
     /// Print the prefix's ids (`1,2,3`) and the short prompt's, one line each, and exit: another
     /// runtime fed these ids runs on exactly the same tokens (`scripts/bench-vs-llamacpp.sh`).
     #[arg(long)]
@@ -182,9 +186,9 @@ fn restore_median<B: KvBackend>(decoder: &mut KvDecoder<B>, snapshot: &B::Snapsh
 fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Result<BenchReport> {
     let spec = backend.spec().clone();
     let name = backend.name();
-    let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
+    let prefix = bench_prefix(args, &spec)?;
+    let long = prefix.len();
     let short = (long / 8).max(1);
-    let prefix = demo_prefix(&spec, long);
     // The fresh session's state (position 0, no caches): restored before each prefix prefill,
     // before the file loads and before the short prompt, as an app prefills its prefix at launch
     // (or loads it) in a session that holds nothing, so that each stage holds the caches the
@@ -314,10 +318,30 @@ fn short_prompt(spec: &KvSpec, len: usize) -> Vec<i32> {
 /// `--print-ids`: the ids the bench feeds, from the model's manifest (no session, no export).
 fn print_ids(args: &BenchArgs, source: &ModelSource) -> Result<()> {
     let spec = kv_core::Manifest::load(&source.model_dir()?)?.spec;
-    let long = prefix_tokens(args).clamp(2, spec.max_positions / 2);
-    crate::outln!("{}", ids_to_string(&demo_prefix(&spec, long)))?;
+    crate::outln!("{}", ids_to_string(&bench_prefix(args, &spec)?))?;
     crate::outln!("{}", ids_to_string(&short_prompt(&spec, args.prompt_tokens)))?;
     Ok(())
+}
+
+/// The shared prefix: `--system`/`--tools`' rendered system turn, else `--prefix-tokens`
+/// synthetic ids.
+fn bench_prefix(args: &BenchArgs, spec: &KvSpec) -> Result<Vec<i32>> {
+    if !args.system.given() {
+        return Ok(demo_prefix(spec, prefix_tokens(args).clamp(2, spec.max_positions / 2)));
+    }
+    if args.prefix_tokens.is_some() || !crate::model::is_real_model(&args.model) {
+        anyhow::bail!("--system / --tools make the prefix of a real model's chat template: without --prefix-tokens");
+    }
+    let tok = crate::model::tokenizer(&args.model)?;
+    let (ids, _) = crate::conversation::prefix(&tok, args.system.system()?, args.system.catalog()?)?;
+    if ids.len() < 2 || ids.len() > spec.max_positions / 2 {
+        anyhow::bail!(
+            "the rendered prefix has {} ids; the bench needs 2 to {}",
+            ids.len(),
+            spec.max_positions / 2
+        );
+    }
+    Ok(ids)
 }
 
 fn prefix_tokens(args: &BenchArgs) -> usize {

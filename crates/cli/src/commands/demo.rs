@@ -13,7 +13,9 @@ use clap::Args;
 use kv_core::decoder::feed_prompt;
 use kv_core::{DecodeOptions, Generation, KvBackend, KvDecoder, KvSpec};
 use serde::Serialize;
-use tokenizer::{Message, Tokenizer};
+use tokenizer::{Message, Tokenizer, Tool, ToolFormat};
+
+use crate::conversation::Conversation;
 
 use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
 use crate::report::{ids_to_string, ms};
@@ -45,6 +47,10 @@ pub struct DemoArgs {
     max_new: Option<usize>,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
+    /// Real models: the system text and the catalog of the prefix (default: a phone assistant's
+    /// seven tools, `data/tools/phone-assistant.json`, and a one-line instruction).
+    #[command(flatten)]
+    system: crate::conversation::SystemArgs,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -95,6 +101,14 @@ pub struct UtteranceReport {
     /// Restore, chunk calls and steps.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_ms: Option<f64>,
+    /// The answer's calls that parse and validate against the catalog (`{"name", "arguments"}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub invalid_tool_calls: Vec<String>,
+    /// From the restore to the id that closed the first valid call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_ms: Option<f64>,
 }
 
 /// A deterministic stand-in for a tool catalog: ids spread over the vocabulary.
@@ -112,9 +126,9 @@ pub fn demo_utterances(spec: &KvSpec) -> Vec<Vec<i32>> {
         .collect()
 }
 
-/// The tools an app on a phone offers, in the JSON-schema style function-calling models are
-/// trained on.
-const TOOL_CATALOG: &str = include_str!("../../data/tool_catalog.json");
+/// The tools an app on a phone offers, in the de-facto format (`{"type": "function",
+/// "function": {…}}`).
+const TOOL_CATALOG: &str = include_str!("../../../../data/tools/phone-assistant.json");
 
 /// What the user asks; each first word differs, so the shared prefix ends before the user's words.
 pub const REQUESTS: [&str; 3] = [
@@ -123,25 +137,9 @@ pub const REQUESTS: [&str; 3] = [
     "Please switch off the lights in the living room.",
 ];
 
-/// The system prompt: the catalog, then how to call a tool, with an example (small models follow
-/// an example better than a rule).
-pub fn system_prompt() -> String {
-    format!(
-        "You are the assistant of a phone app. You can call these tools:\n{}\n\n\
-         To call a tool, answer with only a JSON object naming the tool and its arguments, for \
-         example: {{\"name\": \"set_lights\", \"arguments\": {{\"room\": \"kitchen\", \"on\": true}}}}. \
-         If no tool fits, answer briefly in plain text.",
-        TOOL_CATALOG.trim()
-    )
-}
-
-/// The names of the catalog's tools.
-fn tool_names() -> Result<Vec<String>> {
-    let tools: Vec<serde_json::Value> = serde_json::from_str(TOOL_CATALOG).context("reading the tool catalog")?;
-    Ok(tools
-        .iter()
-        .filter_map(|t| t["name"].as_str().map(String::from))
-        .collect())
+/// The shipped catalog.
+pub fn catalog() -> Result<Vec<Tool>> {
+    tokenizer::tools::parse_catalog(TOOL_CATALOG).context("reading the shipped tool catalog")
 }
 
 /// What the demo feeds: a shared prefix once, then each utterance after a restore.
@@ -154,41 +152,45 @@ struct Scenario {
     tokenizer: Option<Tokenizer>,
     system_prompt: Option<String>,
     tools: Option<Vec<String>>,
+    /// Real models: how answers are parsed, against which catalog.
+    calls: Option<(ToolFormat, Vec<Tool>)>,
 }
 
-/// The app's scenario on a real model. Each request is the whole conversation (system prompt,
-/// user turn, the model's turn opener) as the chat template renders and the tokenizer encodes
-/// it; the shared prefix is what the three conversations' ids have in common (the system turn and
-/// the user turn's opener), so the ids fed after a restore are exactly the conversation's.
-fn chat_scenario(model: &str, max_new: usize) -> Result<Scenario> {
+/// The app's scenario on a real model: the system turn with the catalog's declarations (the
+/// chat template's `tools`, the family's default syntax where it has none) is the prefix; each
+/// request is what the whole conversation adds after it (`Tokenizer::split_chat`, checked at
+/// token level), so the ids fed after a restore are exactly the conversation's.
+fn chat_scenario(model: &str, max_new: usize, args: &crate::conversation::SystemArgs) -> Result<Scenario> {
     let tokenizer = crate::model::tokenizer(model)?;
-    let system = system_prompt();
-    let conversations = REQUESTS
-        .iter()
-        .map(|request| tokenizer.encode_chat(&[Message::system(system.as_str()), Message::user(*request)]))
-        .collect::<Result<Vec<_>, _>>()
+    let system = args
+        .system()?
+        .unwrap_or_else(|| crate::commands::tool_eval::DEFAULT_SYSTEM.to_string());
+    let tools = match &args.tools {
+        Some(_) => args.catalog()?,
+        None => catalog()?,
+    };
+    let format = crate::conversation::format_of(&tokenizer, model)?;
+    let (prefix, _) = crate::conversation::prefix(&tokenizer, Some(system.clone()), tools.clone())
         .with_context(|| format!("rendering the tool catalog through {model}'s chat template"))?;
-    let shared = conversations.iter().skip(1).fold(conversations[0].len(), |n, ids| {
-        n.min(ids.iter().zip(&conversations[0]).take_while(|(a, b)| a == b).count())
-    });
-    if shared == 0 || conversations.iter().any(|ids| ids.len() == shared) {
-        bail!(
-            "{model}'s chat template gives the requests no common prefix to snapshot, or a request no ids of its own"
-        );
-    }
-    let prefix = conversations[0][..shared].to_vec();
-    let utterances = conversations
+    let utterances = REQUESTS
         .iter()
-        .zip(REQUESTS)
-        .map(|(ids, request)| (ids[shared..].to_vec(), Some(request.to_string())))
-        .collect();
+        .map(|request| {
+            let conversation = Conversation::new(Some(system.clone()), tools.clone(), vec![Message::user(*request)])?;
+            let split = conversation.split(&tokenizer)?;
+            if split.prefix != prefix {
+                bail!("{model}: the request {request:?} does not start with the catalog's prefix");
+            }
+            Ok((split.request, Some(request.to_string())))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(Scenario {
         prefix,
         utterances,
         options: DecodeOptions::greedy(max_new, tokenizer.stop_tokens()),
         tokenizer: Some(tokenizer),
         system_prompt: Some(system),
-        tools: Some(tool_names()?),
+        tools: Some(tools.iter().map(|t| t.name.clone()).collect()),
+        calls: Some((format, tools)),
     })
 }
 
@@ -202,6 +204,7 @@ fn fixture_scenario(spec: &KvSpec, prefix_tokens: Option<usize>, max_new: usize)
         tokenizer: None,
         system_prompt: None,
         tools: None,
+        calls: None,
     }
 }
 
@@ -225,6 +228,9 @@ fn utterance_report(input: Vec<i32>, request: Option<String>, g: Generation, tex
         stopped_at_eos: real.then_some(g.stopped_at_eos),
         first_token_ms: t.first_token.filter(|_| real).map(ms),
         total_ms: real.then(|| ms(t.total())),
+        tool_calls: None,
+        invalid_tool_calls: Vec::new(),
+        call_ms: None,
         ids: g.ids,
     }
 }
@@ -275,18 +281,55 @@ fn run_scenario<B: KvBackend>(
             }
             _ => None,
         };
-        let g = decoder
-            .generate_with(&snapshot, &input, &scenario.options, |id| {
-                if let Some(s) = shown.as_mut() {
-                    s.push(id);
-                }
-            })
-            .context("answering an utterance")?;
+        let on_token = |id| {
+            if let Some(s) = shown.as_mut() {
+                s.push(id);
+            }
+        };
+        let (g, answer) = match (tokenizer, &scenario.calls) {
+            (Some(tok), Some((format, tools))) => {
+                let a = crate::commands::tool_eval::answer_request(
+                    &mut decoder,
+                    &snapshot,
+                    &input,
+                    tok,
+                    *format,
+                    tools,
+                    &scenario.options,
+                    on_token,
+                )
+                .context("answering a request")?;
+                (a.generation, Some((a.answer, a.call_time)))
+            }
+            _ => (
+                decoder
+                    .generate_with(&snapshot, &input, &scenario.options, on_token)
+                    .context("answering an utterance")?,
+                None,
+            ),
+        };
         if let Some(s) = shown {
             s.finish()?;
         }
         let text = tokenizer.map(|tok| tok.decode(&g.ids));
-        utterances.push(utterance_report(input, request, g, text));
+        let mut report = utterance_report(input, request, g, text);
+        if let Some((answer, call_time)) = answer {
+            if stream {
+                for call in &answer.tool_calls {
+                    crate::outln!(
+                        "call> {call}  ({:.1} ms from the request)",
+                        call_time.map_or(f64::NAN, ms)
+                    )?;
+                }
+                for invalid in &answer.invalid_tool_calls {
+                    crate::outln!("invalid call> {invalid}")?;
+                }
+            }
+            report.call_ms = call_time.filter(|_| !answer.calls.is_empty()).map(ms);
+            report.tool_calls = Some(answer.tool_calls);
+            report.invalid_tool_calls = answer.invalid_tool_calls;
+        }
+        utterances.push(report);
     }
     let real = tokenizer.is_some();
     Ok(DemoReport {
@@ -317,7 +360,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     let max_new = args.max_new.unwrap_or(if real { 96 } else { 16 });
     // Tokenize first: a missing chat template fails before an export or a session is paid for.
-    let chat = real.then(|| chat_scenario(&args.model, max_new)).transpose()?;
+    if !real && args.system.given() {
+        bail!(
+            "--system / --tools: the demo's prefix on {} is synthetic ids; they apply to real models",
+            args.model
+        );
+    }
+    let chat = real
+        .then(|| chat_scenario(&args.model, max_new, &args.system))
+        .transpose()?;
     let choice = args.backend.unwrap_or(default_backend(real));
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, open) = backends::open_kv(choice, &source, args.window_rule)?;
@@ -431,17 +482,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_catalog_has_five_tools_with_json_schema_parameters() {
-        let tools: Vec<serde_json::Value> = serde_json::from_str(TOOL_CATALOG).unwrap();
-        assert_eq!(tool_names().unwrap().len(), 5);
+    fn the_catalog_has_seven_tools_with_json_schema_parameters() {
+        let tools = catalog().unwrap();
+        assert_eq!(tools.len(), 7);
         for tool in &tools {
-            assert!(tool["description"].is_string(), "{tool}");
-            assert_eq!(tool["parameters"]["type"], "object", "{tool}");
-            let properties = tool["parameters"]["properties"].as_object().unwrap();
-            for required in tool["parameters"]["required"].as_array().unwrap() {
-                assert!(properties.contains_key(required.as_str().unwrap()), "{tool}");
+            assert!(!tool.description.is_empty(), "{tool:?}");
+            let properties = tool.parameters["properties"].as_object().unwrap();
+            for required in tool.parameters["required"].as_array().unwrap() {
+                assert!(properties.contains_key(required.as_str().unwrap()), "{tool:?}");
             }
         }
-        assert!(system_prompt().contains("\"name\": \"set_timer\""));
     }
 }
