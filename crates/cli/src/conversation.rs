@@ -224,6 +224,17 @@ fn strip_markers(tok: &Tokenizer, text: &str) -> String {
     out
 }
 
+/// The model's stop tokens, plus `<start_function_response>` where the vocabulary has it as one
+/// token (FunctionGemma's): the model would go on to invent the result (Google lists it as a stop
+/// sequence). Not `<end_function_call>`: parallel calls follow one another.
+pub fn stops(tok: &Tokenizer, format: Option<ToolFormat>) -> Vec<i32> {
+    let mut stops = tok.stop_tokens();
+    if format == Some(ToolFormat::FunctionGemma) {
+        stops.extend(tok.token_id("<start_function_response>"));
+    }
+    stops
+}
+
 /// The tool format of `tok`, or an error naming the model.
 pub fn format_of(tok: &Tokenizer, model: &str) -> Result<ToolFormat> {
     tok.tool_format()

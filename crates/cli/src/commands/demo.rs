@@ -186,7 +186,7 @@ fn chat_scenario(model: &str, max_new: usize, args: &crate::conversation::System
     Ok(Scenario {
         prefix,
         utterances,
-        options: DecodeOptions::greedy(max_new, tokenizer.stop_tokens()),
+        options: DecodeOptions::greedy(max_new, crate::conversation::stops(&tokenizer, Some(format))),
         tokenizer: Some(tokenizer),
         system_prompt: Some(system),
         tools: Some(tools.iter().map(|t| t.name.clone()).collect()),

@@ -278,7 +278,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let sampling = args.sampling.config()?;
     let options = DecodeOptions {
         max_new: args.max_new,
-        stop: prompt.stops(args.eos).into_iter().collect(),
+        stop: match (&chat, &prompt.tokenizer, args.eos) {
+            (Some(c), Some(tok), None) => conversation::stops(tok, c.format).into_iter().collect(),
+            _ => prompt.stops(args.eos).into_iter().collect(),
+        },
         sampling: sampling.clone(),
     };
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);

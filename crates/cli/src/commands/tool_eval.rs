@@ -217,7 +217,7 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
             Ok(split.request)
         })
         .collect::<Result<Vec<_>>>()?;
-    let options = DecodeOptions::greedy(args.max_new, tok.stop_tokens());
+    let options = DecodeOptions::greedy(args.max_new, conversation::stops(&tok, Some(format)));
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
     let report = crate::with_backend!(backend, b => {
