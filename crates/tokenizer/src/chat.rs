@@ -35,6 +35,8 @@ pub const CHATML_TEMPLATE: &str = include_str!("../templates/chatml.jinja");
 pub const GEMMA3_TOOLS_TEMPLATE: &str = include_str!("../templates/gemma3-tools.jinja");
 /// The ChatML family's tool syntax where a file's template has none: Qwen 2.5's (Hermes).
 pub const CHATML_TOOLS_TEMPLATE: &str = include_str!("../templates/chatml-tools.jinja");
+/// SmolLM2-Instruct's own tool format (its model card's): a JSON list of calls in `<tool_call>`.
+pub const SMOLLM2_TOOLS_TEMPLATE: &str = include_str!("../templates/smollm2-tools.jinja");
 
 /// Stands where the first non-system message's text starts, to find where a prefix ends; a
 /// noncharacter no template writes and no message holds after escaping.
@@ -219,6 +221,9 @@ impl ChatTemplate {
         // The family's tool syntax: FunctionGemma's for Gemma's turn tokens, Hermes' for ChatML's.
         let family = if tok.has_tokens(&["<start_of_turn>", "<end_of_turn>"]) {
             Some((ToolFormat::FunctionGemma, GEMMA3_TOOLS_TEMPLATE, "gemma3-tools"))
+        } else if tok.has_tokens(&["<|im_start|>", "<|im_end|>"]) && text.contains("named SmolLM") {
+            // SmolLM2-Instruct was tuned on its own prompt and list-of-calls format, not Qwen's.
+            Some((ToolFormat::Hermes, SMOLLM2_TOOLS_TEMPLATE, "smollm2-tools"))
         } else if tok.has_tokens(&["<|im_start|>", "<|im_end|>"]) {
             Some((ToolFormat::Hermes, CHATML_TOOLS_TEMPLATE, "chatml-tools"))
         } else {

@@ -25,7 +25,7 @@ use vocab::Vocab;
 
 pub use chat::{
     ChatPiece, ChatTemplate, Message, TemplateSource, CHATML_TEMPLATE, CHATML_TOOLS_TEMPLATE, GEMMA3_TEMPLATE,
-    GEMMA3_TOOLS_TEMPLATE, SMOLLM2_TEMPLATE,
+    GEMMA3_TOOLS_TEMPLATE, SMOLLM2_TEMPLATE, SMOLLM2_TOOLS_TEMPLATE,
 };
 pub use tools::{Tool, ToolCall, ToolChoice, ToolError, ToolFormat};
 

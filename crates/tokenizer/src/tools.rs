@@ -171,8 +171,8 @@ impl ToolFormat {
     /// Splits a decoded answer (control tokens rendered: `Tokenizer::decode_with(ids, true)`)
     /// into text and calls. A call whose closing delimiter is missing at the end of the output
     /// still counts when its body is complete (a stop token may have cut it). A Hermes answer
-    /// that is nothing but one `{"name", "arguments"}` object is taken as a call too (SmolLM2
-    /// often drops the tags).
+    /// that is nothing but `{"name", "arguments"}` objects (one, or a list) is taken as calls too
+    /// (SmolLM2 often drops the tags).
     pub fn parse(self, output: &str) -> ParsedOutput {
         let (open, close) = self.delimiters();
         let mut text = String::new();
@@ -185,19 +185,20 @@ impl ToolFormat {
                 Some(end) => (&body_start[..end], &body_start[end + close.len()..]),
                 None => (body_start, ""),
             };
-            calls.push(match self {
-                ToolFormat::FunctionGemma => parse_functiongemma_call(body),
-                ToolFormat::Hermes => parse_hermes_call(body),
-            });
+            match self {
+                ToolFormat::FunctionGemma => calls.push(parse_functiongemma_call(body)),
+                ToolFormat::Hermes => calls.extend(parse_hermes_body(body)),
+            }
             rest = after;
         }
         text.push_str(rest);
         let text = text.trim().to_string();
-        if calls.is_empty() && self == ToolFormat::Hermes && text.starts_with('{') {
-            if let Ok(call) = parse_hermes_call(&text) {
+        if calls.is_empty() && self == ToolFormat::Hermes && (text.starts_with('{') || text.starts_with('[')) {
+            let bare = parse_hermes_body(&text);
+            if !bare.is_empty() && bare.iter().all(Result::is_ok) {
                 return ParsedOutput {
                     text: String::new(),
-                    calls: vec![Ok(call)],
+                    calls: bare,
                 };
             }
         }
@@ -205,15 +206,20 @@ impl ToolFormat {
     }
 }
 
-fn parse_hermes_call(body: &str) -> Result<ToolCall, ToolError> {
-    let body = body.trim();
+/// A `<tool_call>`'s body: one call object (Hermes, Qwen) or a list of them (SmolLM2's format;
+/// `[]` is no call).
+fn parse_hermes_body(body: &str) -> Vec<Result<ToolCall, ToolError>> {
     // The first complete JSON value: trailing text after it (another tag, prose) is not the call.
-    let mut stream = serde_json::Deserializer::from_str(body).into_iter::<Json>();
-    let value = match stream.next() {
-        Some(Ok(v)) => v,
-        Some(Err(e)) => return Err(ToolError::Parse(e.to_string())),
-        None => return Err(ToolError::Parse("empty <tool_call>".into())),
-    };
+    let mut stream = serde_json::Deserializer::from_str(body.trim()).into_iter::<Json>();
+    match stream.next() {
+        Some(Ok(Json::Array(items))) => items.iter().map(hermes_call).collect(),
+        Some(Ok(v)) => vec![hermes_call(&v)],
+        Some(Err(e)) => vec![Err(ToolError::Parse(e.to_string()))],
+        None => vec![Err(ToolError::Parse("empty <tool_call>".into()))],
+    }
+}
+
+fn hermes_call(value: &Json) -> Result<ToolCall, ToolError> {
     let name = value
         .get("name")
         .and_then(Json::as_str)
@@ -689,13 +695,15 @@ mod tests {
     fn hermes_calls_parse_tagged_unclosed_or_bare() {
         let tagged = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let unclosed = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}";
+        let listed = "<tool_call>[\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n]</tool_call>";
         let bare = " {\"name\": \"f\", \"arguments\": {\"a\": 1}} ";
-        for out in [tagged, unclosed, bare] {
+        for out in [tagged, unclosed, bare, listed] {
             let parsed = ToolFormat::Hermes.parse(out);
             assert_eq!(parsed.calls, vec![Ok(call("f", json!({"a": 1})))], "{out}");
             assert_eq!(parsed.text, "");
         }
         assert!(ToolFormat::Hermes.parse("Hello there").calls.is_empty());
+        assert!(ToolFormat::Hermes.parse("<tool_call>[]</tool_call>").calls.is_empty());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use gguf::{GgufFile, GgufWriter, Value, ValueType};
 use tokenizer::tools::{parse_catalog, ToolCall};
-use tokenizer::{Error, Message, Tokenizer, ToolFormat, GEMMA3_TEMPLATE, SMOLLM2_TEMPLATE};
+use tokenizer::{Error, Message, Tokenizer, ToolFormat, CHATML_TEMPLATE, GEMMA3_TEMPLATE, SMOLLM2_TEMPLATE};
 
 const CONTROL: i32 = 3;
 const BYTE: i32 = 6;
@@ -57,6 +57,10 @@ fn gemma_like() -> Tokenizer {
 
 /// SmolLM2's situation: ChatML, its template with a default system turn, BOS = `<|im_start|>`.
 fn smollm2_like() -> Tokenizer {
+    chatml_with(SMOLLM2_TEMPLATE)
+}
+
+fn chatml_with(template: &str) -> Tokenizer {
     let mut tokens: Vec<(String, i32)> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         .iter()
         .map(|t| (t.to_string(), CONTROL))
@@ -75,7 +79,7 @@ fn smollm2_like() -> Tokenizer {
             ("tokenizer.ggml.bos_token_id", Value::U32(1)),
             ("tokenizer.ggml.eos_token_id", Value::U32(2)),
             ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
-            ("tokenizer.chat_template", Value::String(SMOLLM2_TEMPLATE.into())),
+            ("tokenizer.chat_template", Value::String(template.into())),
         ],
     )
 }
@@ -133,7 +137,7 @@ fn gemma_family_gets_functiongemma_declarations_calls_and_responses() {
 
 #[test]
 fn chatml_family_gets_hermes_tool_calls_and_responses() {
-    let tok = smollm2_like();
+    let tok = chatml_with(CHATML_TEMPLATE);
     assert_eq!(tok.tool_format(), Some(ToolFormat::Hermes));
     let tools = parse_catalog(CATALOG).unwrap();
     let messages = [
@@ -157,6 +161,41 @@ fn chatml_family_gets_hermes_tool_calls_and_responses() {
              <|im_start|>user\n<tool_response>\ndone\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         ),
         "{text}"
+    );
+}
+
+/// SmolLM2-Instruct gets its model card's prompt and writes calls as a list.
+#[test]
+fn smollm2_gets_its_own_list_of_calls_format() {
+    let tok = smollm2_like();
+    let tools = parse_catalog(CATALOG).unwrap();
+    let messages = [
+        Message::user("Ten minutes"),
+        Message::assistant_calls("", vec![timer_call()]),
+    ];
+    let text = tok.decode_with(&tok.encode_chat_with_tools(&messages, &tools).unwrap(), true);
+    assert!(
+        text.starts_with("<|im_start|>system\nYou are an expert in composing functions."),
+        "{text}"
+    );
+    assert!(
+        text.contains("<tools>[{\"function\": {\"description\": \"Start a timer.\""),
+        "{text}"
+    );
+    let call =
+        "<tool_call>[{\"name\": \"set_timer\", \"arguments\": {\"label\": \"pasta\", \"seconds\": 600}}]</tool_call>";
+    assert!(
+        text.ends_with(&format!(
+            "<|im_start|>assistant\n{call}<|im_end|>\n<|im_start|>assistant\n"
+        )),
+        "{text}"
+    );
+    assert_eq!(ToolFormat::Hermes.parse(call).calls, vec![Ok(timer_call())]);
+    // Without tools, its own template: the default system turn.
+    let plain = tok.decode_with(&tok.encode_chat(&[Message::user("hi")]).unwrap(), true);
+    assert!(
+        plain.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"),
+        "{plain}"
     );
 }
 
