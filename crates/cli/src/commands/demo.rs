@@ -3,8 +3,10 @@
 //!
 //! On the embedded tiny fixture (the default: it needs no network and no model download)
 //! synthetic ids stand in for the text. On a real model (`--model smollm2-135m`) it is the app's
-//! real scenario: a tool catalog rendered as the system prompt through the model's chat template,
-//! three user requests answered in text as the tokens arrive, and the per-stage timing table.
+//! real scenario: a tool catalog (`data/tools/phone-assistant.json`) rendered through the chat
+//! template's `tools` as the system turn, three user requests answered as the tokens arrive, each
+//! answer parsed into calls (with the time from the request to the parsed call), and the
+//! per-stage timing table.
 
 use std::time::{Duration, Instant};
 
