@@ -124,6 +124,8 @@ pub fn answer_request<B: KvBackend>(
 struct Outcome {
     request: String,
     expected: Option<Expected>,
+    /// The whole answer, control tokens rendered.
+    output: String,
     text: String,
     tool_calls: Vec<Json>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -255,6 +257,7 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
             outcomes.push(Outcome {
                 request: case.request.clone(),
                 expected: case.expected.clone(),
+                output: tok.decode_with(&a.generation.ids, true),
                 text: a.answer.text.clone(),
                 tool_calls: a.answer.tool_calls.clone(),
                 invalid_tool_calls: a.answer.invalid_tool_calls.clone(),
