@@ -70,8 +70,8 @@ for v in ${IDS:-}; do
 done
 for v in ${DIVERGE:-}; do
   stamp "diverge vs reference, 400-token prompt, $v"
-  timeout 240 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts "$D/$v" \
-    --ids "$ids" --max-new 12 2>&1 | tail -3
+  check_diverge "$v" 240 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts "$D/$v" \
+    --ids "$ids" --max-new 12
 done
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -85,3 +85,4 @@ for v in ${PROFILE:-}; do
   python3 scripts/h200/dispatch-summary.py "$OUT/$v-long.jsonl"
 done
 stamp end
+diverge_verdict

@@ -26,3 +26,28 @@ twin_archive() {
     xargs -a $v/export-args.txt -d '\n' $D/bin/skainet-kv export --model $TWIN --out $tmp >/dev/null &&
     mv $tmp/model.irpa $v/model.irpa && rm -rf $tmp
 }
+
+# Runs `diverge` (the command line after LABEL and TIMEOUT) and prints its last lines. Its exit
+# status is the verdict (a token that is not a near-tie of the reference at any step, K/V out of
+# tolerance, or a timeout): a failure is printed at once and remembered, and diverge_verdict, the
+# script's last command, then fails the script, after every other measurement has run.
+DIVERGE_FAILED=""
+check_diverge() {
+  local label=$1 limit=$2 out status
+  shift 2
+  out=$(timeout "$limit" "$@" 2>&1)
+  status=$?
+  if [ $status -eq 0 ]; then
+    printf '%s\n' "$out" | tail -3
+  else
+    printf '%s\n' "$out" | tail -20
+    echo "DIVERGE FAILED: $label (exit $status)"
+    DIVERGE_FAILED="$DIVERGE_FAILED $label"
+  fi
+}
+diverge_verdict() {
+  if [ -n "$DIVERGE_FAILED" ]; then
+    echo "diverge failed for:$DIVERGE_FAILED" >&2
+    return 1
+  fi
+}

@@ -25,6 +25,7 @@ for v in $VARIANTS; do
   timeout 240 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 \
     --utterances 8 --repeat 2 2>&1 | tail -14
   echo "== diverge vs reference, 400-token prompt, $v"
-  timeout 300 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
-    --ids "$ids" --max-new 12 2>&1 | tail -3
+  check_diverge "$v" 300 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+    --ids "$ids" --max-new 12
 done
+diverge_verdict

@@ -41,8 +41,8 @@ case " $PARTS " in *" diverge "*)
   for v in ${DIVERGE:-i16-ampere-head i16-ampere-v2-head}; do
     [ -d $D/$v ] || continue
     stamp "diverge vs reference, 400-token prompt, $v"
-    timeout 240 $B diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
-      --ids "$ids" --max-new 12 2>&1 | tail -3
+    check_diverge "$v" 240 $B diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+      --ids "$ids" --max-new 12
   done ;;
 esac
 case " $PARTS " in *" profile "*)
@@ -62,3 +62,4 @@ case " $PARTS " in *" profile "*)
   done ;;
 esac
 stamp end
+diverge_verdict

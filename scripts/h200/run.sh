@@ -15,8 +15,8 @@ for v in $(echo "$VARIANTS" | grep -v cpu); do
   timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
     --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_repetitions=5 --benchmark_min_time=20x 2>&1 | grep -E "median|ERROR"
   echo "== diverge vs reference, $v"
-  timeout 200 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
-    --ids 2,818,5279,529,7001,563,11,107,3689,1234,99,4242 --max-new 12 2>&1 | tail -3
+  check_diverge "$v" 200 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+    --ids 2,818,5279,529,7001,563,11,107,3689,1234,99,4242 --max-new 12
 done
 echo "== three-archive layout (three sessions on one Vulkan device), tiny model, vulkan then reference"
 $D/bin/skainet-kv demo --backend iree-vulkan --artifacts $D/tiny-three --json 2>&1 | tail -1
@@ -38,3 +38,4 @@ for v in $(echo "$VARIANTS" | grep cpu); do
   timeout 120 $D/tools/iree-benchmark-module --device=local-task --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
     --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_repetitions=5 --benchmark_min_time=10x 2>&1 | grep -E "median|ERROR"
 done
+diverge_verdict

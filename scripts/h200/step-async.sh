@@ -21,6 +21,7 @@ ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(40
 for v in i16-ampere-as i16-ampere-v2-as; do
   [ -d $D/$v ] || continue
   echo "== diverge vs reference, 400-token prompt, $v"
-  timeout 240 $B diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
-    --ids "$ids" --max-new 12 2>&1 | tail -3
+  check_diverge "$v" 240 $B diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+    --ids "$ids" --max-new 12
 done
+diverge_verdict

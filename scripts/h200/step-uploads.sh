@@ -25,6 +25,7 @@ done
 ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')
 for v in $VARIANTS; do
   echo "== diverge vs reference, 400-token prompt, $v, $LAST"
-  timeout 240 $D/bin/$LAST diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
-    --ids "$ids" --max-new 12 2>&1 | tail -3
+  check_diverge "$v" 240 $D/bin/$LAST diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v \
+    --ids "$ids" --max-new 12
 done
+diverge_verdict

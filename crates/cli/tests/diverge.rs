@@ -8,6 +8,13 @@ fn diverge(backends: &str) -> serde_json::Value {
 }
 
 fn diverge_with(model: &str, backends: &str, extra: &[&str]) -> serde_json::Value {
+    let (ok, v, stderr) = diverge_status(model, backends, extra);
+    assert!(ok, "{backends}: {stderr}");
+    v
+}
+
+/// Whether the command succeeded, its `--json` report (printed whatever the verdict), stderr.
+fn diverge_status(model: &str, backends: &str, extra: &[&str]) -> (bool, serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
         .args([
             "diverge",
@@ -24,9 +31,9 @@ fn diverge_with(model: &str, backends: &str, extra: &[&str]) -> serde_json::Valu
         .args(extra)
         .output()
         .expect("run skainet-kv");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{backends}: {stderr}");
-    serde_json::from_slice(&out.stdout).unwrap()
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.success(), v, stderr)
 }
 
 fn check_report(v: &serde_json::Value, exact: bool) {
@@ -49,6 +56,8 @@ fn check_report(v: &serde_json::Value, exact: bool) {
     assert!(v["first_divergent_step"].is_null(), "{v}");
     assert!(v["first_layer_out_of_tolerance"].is_null(), "{v}");
     assert!(v["divergence_at_near_tie"].is_null(), "{v}");
+    assert_eq!(v["divergent_steps"], 0, "{v}");
+    assert!(v["first_not_near_tie"].is_null(), "{v}");
     // Positions advance one per step after the prompt.
     assert_eq!(steps[0]["position"], 14);
     assert_eq!(steps[11]["position"], 25);
@@ -56,7 +65,44 @@ fn check_report(v: &serde_json::Value, exact: bool) {
 
 #[test]
 fn two_identical_backends_never_diverge() {
-    check_report(&diverge("reference,reference"), true);
+    let v = diverge("reference,reference");
+    check_report(&v, true);
+    for s in v["steps"].as_array().unwrap() {
+        assert_eq!((&s["below_top"], &s["rank"]), (&0.0.into(), &0.into()), "{s}");
+    }
+    // Bit-exact: within a bound of 0 too.
+    check_report(
+        &diverge_with("tiny-gemma3:7", "reference,reference", &["--tolerance", "0"]),
+        true,
+    );
+}
+
+/// The exit status is the verdict (`DivergeReport::failures`): K/V outside the bound fail the
+/// command, after the report is printed, in both output forms; a negative bound is refused.
+#[cfg(feature = "iree")]
+#[test]
+fn diverge_fails_where_kv_leave_the_tolerance() {
+    let exact = ["--matmul-input", "f32", "--cache-type", "f32", "--tolerance", "1e-9"];
+    let (ok, v, stderr) = diverge_status("tiny-gemma3:7", "reference,iree-cpu", &exact);
+    assert!(!ok, "IREE's CPU matched the reference bit for bit: {v}");
+    assert!(v["first_layer_out_of_tolerance"].is_array(), "{v}");
+    assert!(stderr.contains("K/V outside the tolerance"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args([
+            "diverge",
+            "--model",
+            "tiny-gemma3:7",
+            "--backends",
+            "reference,iree-cpu",
+        ])
+        .args(["--ids", "1,5,9,13", "--max-new", "2"])
+        .args(exact)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("first layer out of tolerance"));
+    let (ok, _, stderr) = diverge_status("tiny-gemma3:7", "reference,reference", &["--tolerance=-1"]);
+    assert!(!ok && stderr.contains("--tolerance -1"), "{stderr}");
 }
 
 #[cfg(feature = "iree")]

@@ -44,7 +44,10 @@ fn gemma3_270m_reference_and_iree_cpu_agree() {
     {
         let (cpu_ids, cpu_text) = generate("iree-cpu");
         if cpu_ids != ref_ids {
-            // Allowed only where the reference itself nearly ties.
+            // Allowed only where, at EVERY step of a teacher-forced run, IREE's token sits less
+            // than the near-tie threshold below the reference's top logit; `diverge` exits
+            // non-zero otherwise (and on K/V out of tolerance, except where this CPU's export
+            // rounds matmul inputs or caches, which the FP32 reference does not).
             let report = skainet(&[
                 "diverge",
                 "--model",
@@ -62,6 +65,7 @@ fn gemma3_270m_reference_and_iree_cpu_agree() {
                 serde_json::Value::Bool(true),
                 "iree-cpu {cpu_ids:?} vs reference {ref_ids:?}: {report}"
             );
+            assert!(report["first_not_near_tie"].is_null(), "{report}");
         } else {
             assert_eq!(cpu_text, ref_text);
         }

@@ -1,5 +1,11 @@
 //! `skainet-kv diverge`: arguments and printing around [`kv_core::diverge::lockstep`], which
 //! runs the two backends teacher-forced and judges tokens and K/V.
+//!
+//! The exit status is the verdict ([`DivergeReport::failures`]), so scripts can assert it: non-zero
+//! where a step's token is not a near-tie of the reference (at any step), where two backends
+//! without logits differ at all, and where a layer leaves the tolerance, unless the reference and
+//! the artifacts round differently (an FP32 reference against bf16 matmul inputs or f16 caches:
+//! K/V then differ by the rounding, which the run reports in a note instead).
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -28,9 +34,15 @@ pub struct DivergeArgs {
     prompt: PromptArgs,
     #[arg(long, default_value_t = 16)]
     max_new: usize,
-    /// A gap below this is reported as a near-tie.
+    /// A differing token less than this below the reference's top logit is a near-tie (at any
+    /// step); any other differing token fails the command.
     #[arg(long, default_value_t = NEAR_TIE_GAP)]
     near_tie: f32,
+    /// The bound (absolute and relative) each layer's K/V must stay within, instead of the
+    /// default: `Tolerance::CROSS_BACKEND`, or `BF16_MATMUL_INPUTS` for two forwards that both
+    /// round matmul inputs to bf16.
+    #[arg(long)]
+    tolerance: Option<f32>,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// What the reference rounds: `fp32` (nothing: the FP32 forward), or `artifacts` (what the
@@ -90,6 +102,11 @@ pub fn run(args: DivergeArgs) -> Result<()> {
     let [first, second] = args.backends[..] else {
         bail!("--backends: give exactly two, e.g. reference,iree-cpu");
     };
+    if let Some(bound) = args.tolerance {
+        if bound.is_nan() || bound < 0.0 {
+            bail!("--tolerance {bound}: give a bound of 0 or more");
+        }
+    }
     let prompt = args.prompt.resolve(&args.model)?;
     let stops = prompt.stops(None);
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
@@ -110,6 +127,8 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         ReferenceInput::Fp32 => Rounding::FP32,
     });
     let bf16_inputs = rounding.is_some_and(|r| r.matmul_input == MatmulInput::Bf16);
+    // K/V are held to the tolerance only where both sides round alike (or neither runs IREE).
+    let check_layers = rounding == reference_rounding;
     let (a, b) = match (args.reference_input, rounding) {
         (ReferenceInput::Artifacts, Some(input)) => {
             source.reference_input = Some(input);
@@ -140,7 +159,9 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         near_tie: args.near_tie,
         // Two forwards that both round the matmul inputs part at the rounding's scale, not the
         // summation order's (`Tolerance::BF16_MATMUL_INPUTS`).
-        tolerance: if bf16_inputs && args.reference_input == ReferenceInput::Artifacts {
+        tolerance: if let Some(bound) = args.tolerance {
+            Tolerance { abs: bound, rel: bound }
+        } else if bf16_inputs && args.reference_input == ReferenceInput::Artifacts {
             Tolerance::BF16_MATMUL_INPUTS
         } else {
             Tolerance::CROSS_BACKEND
@@ -163,7 +184,7 @@ pub fn run(args: DivergeArgs) -> Result<()> {
             report: &report,
         };
         println!("{}", serde_json::to_string(&output)?);
-        return Ok(());
+        return verdict(&report, check_layers);
     }
     let r = &report;
     println!(
@@ -171,8 +192,8 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         args.model, r.backend_a, r.backend_b, r.prompt_tokens, r.tolerance_abs, r.tolerance_rel, r.near_tie_threshold
     );
     println!(
-        "  {:>4} {:>5} {:>8} {:>8} {:>9} {:>10} {:>10}  worst layer",
-        "step", "pos", "a", "b", "gap", "max K abs", "max V abs"
+        "  {:>4} {:>5} {:>8} {:>8} {:>9} {:>9} {:>5} {:>10} {:>10}  worst layer",
+        "step", "pos", "a", "b", "gap", "below top", "rank", "max K abs", "max V abs"
     );
     for s in &r.steps {
         let text = prompt
@@ -181,33 +202,48 @@ pub fn run(args: DivergeArgs) -> Result<()> {
             .map(|t| format!(" {:?}", t.decode(&[s.token_a])))
             .unwrap_or_default();
         println!(
-            "  {:>4} {:>5} {:>8} {:>8} {:>9} {:>10.2e} {:>10.2e}  {}{}{}",
+            "  {:>4} {:>5} {:>8} {:>8} {:>9} {:>9} {:>5} {:>10.2e} {:>10.2e}  {}{}{}",
             s.step,
             s.position,
             s.token_a,
             s.token_b,
             s.gap.map(|g| format!("{g:.4}")).unwrap_or_else(|| "-".into()),
+            s.below_top.map(|g| format!("{g:.4}")).unwrap_or_else(|| "-".into()),
+            s.rank.map(|g| g.to_string()).unwrap_or_else(|| "-".into()),
             s.max_k_abs(),
             s.max_v_abs(),
             s.worst_layer().map(|l| l.layer.to_string()).unwrap_or_default(),
-            if s.diverges() { "  DIVERGES" } else { "" },
+            match s.near_tie(r.near_tie_threshold) {
+                None if s.diverges() => "  DIVERGES (no logits to judge it)",
+                None => "",
+                Some(true) => "  DIVERGES (a near-tie)",
+                Some(false) => "  DIVERGES (NOT a near-tie)",
+            },
             text
         );
     }
     match r.first_divergent_step {
         None => println!("  no divergence: the same token at every step"),
         Some(i) => println!(
-            "  first divergence at step {i}{}",
-            match r.divergence_at_near_tie {
-                Some(true) => " (a near-tie)",
-                Some(false) => " (NOT a near-tie)",
-                None => " (no logits to judge the gap)",
+            "  first divergence at step {i}, {} divergent step(s){}",
+            r.divergent_steps,
+            match (r.divergence_at_near_tie, r.first_not_near_tie) {
+                (Some(true), _) => ", every one a near-tie".to_string(),
+                (_, Some(step)) => format!(", step {step} the first NOT a near-tie"),
+                _ => " (no logits to judge them)".to_string(),
             }
         ),
     }
     match r.first_layer_out_of_tolerance {
         None => println!("  every layer's K/V within tolerance at every step"),
-        Some([step, layer]) => println!("  first layer out of tolerance: layer {layer} at step {step}"),
+        Some([step, layer]) => println!(
+            "  first layer out of tolerance: layer {layer} at step {step}{}",
+            if check_layers {
+                ""
+            } else {
+                " (not asserted: the two round differently, see the notes)"
+            }
+        ),
     }
     if bf16_inputs && args.reference_input == ReferenceInput::Fp32 {
         println!(
@@ -219,6 +255,20 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         println!(
             "  note: the IREE graphs keep f16 caches (manifest cacheType), the FP32 reference f32 ones: K/V differ by \
              that rounding too"
+        );
+    }
+    verdict(&report, check_layers)
+}
+
+/// The exit status: an error naming every failing step (the report is printed first).
+fn verdict(report: &DivergeReport, check_layers: bool) -> Result<()> {
+    let failures = report.failures(check_layers);
+    if !failures.is_empty() {
+        bail!(
+            "diverge: {} and {} part ways:\n  {}",
+            report.backend_a,
+            report.backend_b,
+            failures.join("\n  ")
         );
     }
     Ok(())
