@@ -58,7 +58,12 @@ fn utterance<B: KvBackend>(s: &mut B, snapshot: &B::Snapshot, words: &[i32], ste
     out
 }
 
-/// Every layer on the rows both hold (a v1 sliding layer holds only its window).
+/// Every layer on the rows both hold (a v1 sliding layer holds only its window). Not a replay of
+/// one path: v1 and v2 are other graphs (v2 attends over the whole cache set under a mask and
+/// writes its rows in place, v1 over a window it returns), so their f32 sums run in other
+/// orders; but the same FP32 forward on the same device, so the same-backend bound, not the
+/// 20x looser cross-backend one (measured: at most 4.8e-6 apart, in the three tests that
+/// call this).
 fn same_caches<A: KvBackend, B: KvBackend>(a: &A, b: &B) {
     for l in 0..a.spec().n_layers {
         let (got, want) = (b.read_layer(l).unwrap(), a.read_layer(l).unwrap());
@@ -66,7 +71,7 @@ fn same_caches<A: KvBackend, B: KvBackend>(a: &A, b: &B) {
             &format!("layer {l}, v2 against v1"),
             &got,
             &want,
-            Tolerance::CROSS_BACKEND,
+            Tolerance::SAME_BACKEND,
         );
     }
 }
