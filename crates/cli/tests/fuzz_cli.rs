@@ -486,8 +486,9 @@ fn random_argument_vectors_fail_cleanly() {
     );
 }
 
-/// How one damage was done, for the failure message.
+/// How one damage was done, for the failure message (read through `Debug`).
 #[derive(Debug)]
+#[allow(dead_code)]
 enum Damage {
     FlipByte { file: String, offset: u64 },
     Truncate { file: String, len: u64 },

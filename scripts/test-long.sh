@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The long versions of what CI runs short (scripts/test.sh keeps CI inside its time budget):
+#   - the conformance problems a suite leaves to another suite in CI (`#[ignore]`d there,
+#     `conformance_suite!(.., long: [..])`), here on every suite;
+#   - the IREE conformance suites with many more random cases (SKAINET_IREE_CASES, default 50);
+#   - the ARM tests with every problem on both executors under qemu (scripts/test-arm.sh);
+#   - the concurrent cache fills at the issue's bar (20 rounds of 6 processes);
+#   - the binary under random arguments and damaged artifacts (scripts/fuzz-cli.sh);
+#   - the file readers under libFuzzer (scripts/fuzz.sh, 10 minutes a target).
+# Hours on 2 cores. Each part prints its own seed or figures.
+#
+#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | fuzz
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+source scripts/env.sh
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli fuzz)
+for part in "${parts[@]}"; do
+    echo "test-long: $part"
+    case "$part" in
+        conformance) cargo test -p conformance -- --include-ignored ;;
+        cases) SKAINET_IREE_CASES="${SKAINET_IREE_CASES:-50}" cargo test -p conformance ;;
+        arm) SKAINET_ARM_LONG=1 ./scripts/test-arm.sh ;;
+        caches) SKAINET_KV_RACE_ROUNDS="${SKAINET_KV_RACE_ROUNDS:-20}" cargo test -p skainet-kv --test caches ;;
+        fuzz-cli) ./scripts/fuzz-cli.sh ;;
+        fuzz) ./scripts/fuzz.sh "${SKAINET_FUZZ_SECONDS:-600}" ;;
+        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | fuzz)" >&2; exit 2 ;;
+    esac
+done
+echo "test-long: passed"
