@@ -133,10 +133,37 @@ fn v2_errors_leave_the_session_as_it_was() {
     let first = s.prefill(&prompt(9)).unwrap();
     let snap = s.snapshot().unwrap();
     let spec = s.spec().clone();
-    assert!(s.chunk(&[]).is_err());
-    assert!(s.chunk(&vec![1; spec.chunk + 1]).is_err());
-    assert!(s.step(spec.vocab_size as i32).is_err());
-    assert!(s.prefill(&[]).is_err());
+    let err = s.chunk(&[]).unwrap_err();
+    assert!(matches!(err, Error::BadTokenCount { op: "chunk", n: 0, .. }), "{err:?}");
+    let err = s.chunk(&vec![1; spec.chunk + 1]).unwrap_err();
+    assert!(
+        matches!(err, Error::BadTokenCount { op: "chunk", n, max, .. } if n == spec.chunk + 1 && max == spec.chunk),
+        "{err:?}"
+    );
+    let err = s.step(spec.vocab_size as i32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::TokenOutOfRange {
+                op: "step",
+                index: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = s.prefill(&[]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::BadTokenCount {
+                op: "prefill",
+                n: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert_eq!(s.position(), 9);
     assert!(s.holds_views_of(&snap));
     let mut fresh = open(&dir);

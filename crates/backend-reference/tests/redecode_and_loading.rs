@@ -62,7 +62,8 @@ fn redecode_checks_its_input() {
     );
     let ids = redecode.run(&vec![7; redecode.seq()]).unwrap();
     assert_eq!(ids.len(), redecode.seq());
-    assert!(ReferenceRedecode::with_seq(model, 0).is_err());
+    let err = ReferenceRedecode::with_seq(model, 0).unwrap_err();
+    assert!(matches!(&err, Error::Manifest { key, .. } if key == "seq"), "{err:?}");
 }
 
 /// A redecode graph's SEQ decides each run's allocations (`seq × vocabSize` logits): one beyond

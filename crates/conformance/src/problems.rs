@@ -389,24 +389,97 @@ pub fn bad_input_is_refused_and_session_survives<F: BackendFactory>(factory: &F)
         s.prefill(&prefix).unwrap();
         control.prefill(&prefix).unwrap();
         let too_long = vec![1; spec.chunk + 1];
+        let (chunk, seq, id) = (spec.chunk, spec.seq, i64::from(vocab));
         type BadCall<B> = Box<dyn Fn(&mut B) -> kv_core::Result<i32>>;
-        let cases: Vec<(&str, BadCall<F::Kv>)> = vec![
-            ("empty chunk", Box::new(|b| b.chunk(&[]))),
-            ("oversized chunk", Box::new(move |b| b.chunk(&too_long))),
-            ("id = vocab in chunk", Box::new(move |b| b.chunk(&[1, vocab]))),
-            ("negative id in chunk", Box::new(|b| b.chunk(&[-1]))),
-            ("id = vocab in step", Box::new(move |b| b.step(vocab))),
-            ("negative id in step", Box::new(|b| b.step(-5))),
-            ("empty prefill", Box::new(|b| b.prefill(&[]))),
+        // Each with the error it must be, named by variant and fields: any other error (a
+        // backend's own failure, another check firing first) is a bug.
+        type Expected = Box<dyn Fn(&Error) -> bool>;
+        let cases: Vec<(&str, BadCall<F::Kv>, Expected)> = vec![
+            (
+                "empty chunk",
+                Box::new(|b| b.chunk(&[])),
+                Box::new(|e| {
+                    matches!(
+                        e,
+                        Error::BadTokenCount {
+                            op: "chunk",
+                            n: 0,
+                            min: 1,
+                            ..
+                        }
+                    )
+                }),
+            ),
+            (
+                "oversized chunk",
+                Box::new(move |b| b.chunk(&too_long)),
+                Box::new(
+                    move |e| matches!(e, &Error::BadTokenCount { op: "chunk", n, max, .. } if n == chunk + 1 && max == chunk),
+                ),
+            ),
+            (
+                "id = vocab in chunk",
+                Box::new(move |b| b.chunk(&[1, vocab])),
+                Box::new(move |e| matches!(e, &Error::TokenOutOfRange { op: "chunk", index: 1, id: i, .. } if i == id)),
+            ),
+            (
+                "negative id in chunk",
+                Box::new(|b| b.chunk(&[-1])),
+                Box::new(|e| {
+                    matches!(
+                        e,
+                        Error::TokenOutOfRange {
+                            op: "chunk",
+                            index: 0,
+                            id: -1,
+                            ..
+                        }
+                    )
+                }),
+            ),
+            (
+                "id = vocab in step",
+                Box::new(move |b| b.step(vocab)),
+                Box::new(move |e| matches!(e, &Error::TokenOutOfRange { op: "step", index: 0, id: i, .. } if i == id)),
+            ),
+            (
+                "negative id in step",
+                Box::new(|b| b.step(-5)),
+                Box::new(|e| matches!(e, Error::TokenOutOfRange { op: "step", id: -5, .. })),
+            ),
+            (
+                "empty prefill",
+                Box::new(|b| b.prefill(&[])),
+                Box::new(|e| {
+                    matches!(
+                        e,
+                        Error::BadTokenCount {
+                            op: "prefill",
+                            n: 0,
+                            min: 1,
+                            ..
+                        }
+                    )
+                }),
+            ),
             (
                 "prefill longer than SEQ",
-                Box::new(move |b| b.prefill(&vec![1; spec.seq + 1])),
+                Box::new(move |b| b.prefill(&vec![1; seq + 1])),
+                Box::new(
+                    move |e| matches!(e, &Error::BadTokenCount { op: "prefill", n, max, .. } if n == seq + 1 && max == seq),
+                ),
             ),
-            ("id = vocab in prefill", Box::new(move |b| b.prefill(&[2, vocab]))),
+            (
+                "id = vocab in prefill",
+                Box::new(move |b| b.prefill(&[2, vocab])),
+                Box::new(
+                    move |e| matches!(e, &Error::TokenOutOfRange { op: "prefill", index: 1, id: i, .. } if i == id),
+                ),
+            ),
         ];
-        for (what, call) in &cases {
+        for (what, call, expected) in &cases {
             let err = call(&mut s).expect_err(what);
-            assert!(!err.to_string().is_empty());
+            assert!(expected(&err), "{what}: the wrong error: {err:?}");
             assert_eq!(s.position(), prefix.len(), "{what} moved the position");
         }
         let err = s.read_layer(spec.n_layers).expect_err("layer out of range");
@@ -555,9 +628,13 @@ pub fn redecode_refuses_prompts_without_room<F: BackendFactory>(factory: &F) {
         // Generation stops when the graph is full.
         let near_full: Vec<i32> = (0..seq as i32 - 2).map(|i| i % 50).collect();
         assert_eq!(decoder.generate(&near_full, None, 10).unwrap().len(), 2);
+        let err = decoder
+            .backend_mut()
+            .run(&[1, 2])
+            .expect_err("run with fewer than SEQ ids");
         assert!(
-            decoder.backend_mut().run(&[1, 2]).is_err(),
-            "run with fewer than SEQ ids"
+            matches!(err, Error::BadTokenCount { n: 2, min, max, .. } if min == seq && max == seq),
+            "run with fewer than SEQ ids: {err:?}"
         );
     });
 }

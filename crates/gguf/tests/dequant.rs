@@ -2,7 +2,7 @@
 //! on the blocks of `data/dequant_goldens.bin` (written by `data/gen_dequant_goldens.py`).
 
 use gguf::quant::{dequantize, SUPPORTED};
-use gguf::GgmlType;
+use gguf::{GgmlType, GgufError};
 
 fn goldens() -> Vec<(GgmlType, Vec<u8>, Vec<f32>)> {
     let data = include_bytes!("data/dequant_goldens.bin");
@@ -46,10 +46,25 @@ fn every_supported_type_matches_python_gguf_bit_for_bit() {
 
 #[test]
 fn wrong_lengths_and_unsupported_types_are_errors() {
-    assert!(dequantize(GgmlType::Q8_0, &[0u8; 33], 32).is_err());
-    assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], 31).is_err());
-    assert!(dequantize(GgmlType::Q4K, &[0u8; 144], 128).is_err());
-    assert!(dequantize(GgmlType::Q2K, &[0u8; 84], 256).is_err());
-    assert!(dequantize(GgmlType::Other(99), &[], 0).is_err());
+    let corrupt = |r: Result<Vec<f32>, GgufError>, says: &str| match r {
+        Err(GgufError::Corrupt(m)) if m.contains(says) => {}
+        other => panic!("expected a corrupt-length error saying {says:?}: {other:?}"),
+    };
+    corrupt(dequantize(GgmlType::Q8_0, &[0u8; 33], 32), "take 34 bytes, got 33");
+    corrupt(
+        dequantize(GgmlType::Q8_0, &[0u8; 34], 31),
+        "not a whole number of Q8_0 blocks",
+    );
+    corrupt(
+        dequantize(GgmlType::Q4K, &[0u8; 144], 128),
+        "not a whole number of Q4_K blocks",
+    );
+    for ty in [GgmlType::Q2K, GgmlType::Other(99)] {
+        let err = dequantize(ty, &[0u8; 84], 256).unwrap_err();
+        assert!(
+            matches!(err, GgufError::UnsupportedType { ty: t, .. } if t == ty),
+            "{err:?}"
+        );
+    }
     assert_eq!(dequantize(GgmlType::Q6K, &[], 0).unwrap(), Vec::<f32>::new());
 }

@@ -178,11 +178,19 @@ fn bad_checkpoints_are_errors() {
     let mut other = w.clone();
     other.kv("general.architecture", Value::String("mamba".into()));
     // A duplicate key is itself corrupt; build a fresh one instead.
-    assert!(gguf::GgufFile::from_bytes(other.to_bytes()).is_err());
+    let err = gguf::GgufFile::from_bytes(other.to_bytes()).unwrap_err();
+    assert!(
+        matches!(&err, gguf::GgufError::Corrupt(m) if m.contains("appears twice")),
+        "{err:?}"
+    );
 
     let (mut w2, _) = checkpoint("llama", &spec, &arch);
     w2.tensor_f32("blk.0.attn_q.weight", &[16, 32], &[0.0; 512]);
-    assert!(gguf::GgufFile::from_bytes(w2.to_bytes()).is_err(), "duplicate tensor");
+    let err = gguf::GgufFile::from_bytes(w2.to_bytes()).unwrap_err();
+    assert!(
+        matches!(&err, gguf::GgufError::Corrupt(m) if m.contains("tensor `blk.0.attn_q.weight` appears twice")),
+        "duplicate tensor: {err:?}"
+    );
 
     // A tensor with the wrong shape.
     let mut bad = GgufWriter::new();

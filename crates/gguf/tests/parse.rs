@@ -92,11 +92,15 @@ fn custom_alignment_is_honoured() {
 fn every_truncation_is_an_error() {
     let bytes = sample().to_bytes();
     for len in 0..bytes.len() {
-        assert!(
-            GgufFile::from_bytes(bytes[..len].to_vec()).is_err(),
-            "a file cut at {len} of {} bytes parsed",
-            bytes.len()
-        );
+        // Truncated, with the cut length: not another error a wrong offset could also raise.
+        match GgufFile::from_bytes(bytes[..len].to_vec()) {
+            Err(GgufError::Truncated { len: l, .. }) if l == len as u64 => {}
+            other => panic!(
+                "a file cut at {len} of {} bytes: {:?}",
+                bytes.len(),
+                other.map(|_| "parsed")
+            ),
+        }
     }
     assert!(GgufFile::from_bytes(bytes).is_ok());
 }
@@ -130,9 +134,17 @@ fn specific_corruptions_are_named() {
     assert!(matches!(with(|b| b[0] = b'X'), Err(GgufError::BadMagic { .. })));
     assert!(matches!(with(|b| b[4] = 1), Err(GgufError::UnsupportedVersion(1))));
     // A tensor count far beyond the file.
-    assert!(with(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())).is_err());
+    let err = with(|b| b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())).unwrap_err();
+    assert!(
+        matches!(&err, GgufError::Truncated { what, .. } if what.starts_with("name of tensor")),
+        "{err:?}"
+    );
     // A metadata count far beyond the file.
-    assert!(with(|b| b[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes())).is_err());
+    let err = with(|b| b[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes())).unwrap_err();
+    assert!(
+        matches!(&err, GgufError::Truncated { what, .. } if what.starts_with("metadata key")),
+        "{err:?}"
+    );
     // The first key's length past the end.
     assert!(matches!(
         with(|b| b[24..32].copy_from_slice(&(u64::MAX - 3).to_le_bytes())),
@@ -149,7 +161,11 @@ fn specific_corruptions_are_named() {
     assert!(matches!(GgufFile::from_bytes(b), Err(GgufError::Corrupt(_))));
     let mut b = good.clone();
     b[offset_field..offset_field + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
-    assert!(GgufFile::from_bytes(b).is_err());
+    let err = GgufFile::from_bytes(b).unwrap_err();
+    assert!(
+        matches!(&err, GgufError::Truncated { what, .. } if what == "data of tensor `a`"),
+        "{err:?}"
+    );
     // A Q8_0 row that is not a whole block.
     let mut w = GgufWriter::new();
     w.tensor("q", &[31], GgmlType::Q8_0, vec![0; 34]);

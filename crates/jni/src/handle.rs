@@ -144,12 +144,17 @@ mod tests {
         assert!(message(sessions.remove(a).unwrap_err()).contains("closed"));
         let b = sessions.insert("b");
         assert_ne!(a, b);
+        let stale = sessions.get(a).unwrap_err();
         assert!(
-            sessions.get(a).is_err(),
-            "a stale handle does not name the newer object"
+            matches!(&stale, JniError::Handle(m) if m.contains("closed")),
+            "a stale handle does not name the newer object: {stale:?}"
         );
         assert_eq!(sessions.len(), 1);
         let forged = ((Kind::KvSession as u64) << KIND_SHIFT | SERIAL_MASK) as jlong;
-        assert!(sessions.get(forged).is_err());
+        let err = sessions.get(forged).unwrap_err();
+        assert!(
+            matches!(&err, JniError::Handle(m) if m.contains("never issued")),
+            "{err:?}"
+        );
     }
 }

@@ -152,7 +152,14 @@ mod tests {
             bf16_bytes_to_f32(&[1, 2, 3]),
             Err(ConvertError::RaggedLength { len: 3, .. })
         ));
-        assert!(f32_bytes_to_vec(&[0; 6]).is_err());
+        assert!(matches!(
+            f32_bytes_to_vec(&[0; 6]),
+            Err(ConvertError::RaggedLength {
+                len: 6,
+                elem_size: 4,
+                ..
+            })
+        ));
         let mut out = [0.0f32; 2];
         assert!(matches!(
             bf16_bytes_to_f32_into(&[0; 6], &mut out),

@@ -475,7 +475,8 @@ mod tests {
         // The manifest spells them as the contract does.
         assert_eq!(serde_json::to_string(&ScaleType::F16).unwrap(), "\"f16\"");
         assert_eq!(serde_json::from_str::<ScaleType>("\"f32\"").unwrap(), ScaleType::F32);
-        assert!(serde_json::from_str::<ScaleType>("\"f64\"").is_err());
+        let err = serde_json::from_str::<ScaleType>("\"f64\"").unwrap_err();
+        assert!(err.to_string().contains("unknown variant `f64`"), "{err}");
     }
 
     #[test]
@@ -504,11 +505,24 @@ mod tests {
     #[test]
     fn sizes_are_checked() {
         let f32s = ScaleType::F32;
-        assert!(dequantize(QuantFormat::Q8, f32s, "w", 64, &[0; 63], &[0; 8]).is_err());
-        assert!(dequantize(QuantFormat::Q4, f32s, "w", 64, &[0; 32], &[0; 4]).is_err());
+        let sizes = |r: Result<Vec<f32>>, found: &str| match r {
+            Err(Error::Parameter { name, reason }) if name == "w" && reason.ends_with(found) => {}
+            other => panic!("expected a size error ending {found:?}: {:?}", other.map(|v| v.len())),
+        };
+        sizes(
+            dequantize(QuantFormat::Q8, f32s, "w", 64, &[0; 63], &[0; 8]),
+            "found 63 and 8",
+        );
+        sizes(
+            dequantize(QuantFormat::Q4, f32s, "w", 64, &[0; 32], &[0; 4]),
+            "found 32 and 4",
+        );
         assert!(dequantize(QuantFormat::Q4, f32s, "w", 64, &[0; 32], &[0; 8]).is_ok());
         // f16 scales: two bytes a block, and f32-sized scales are refused.
         assert!(dequantize(QuantFormat::Q4, ScaleType::F16, "w", 64, &[0; 32], &[0; 4]).is_ok());
-        assert!(dequantize(QuantFormat::Q4, ScaleType::F16, "w", 64, &[0; 32], &[0; 8]).is_err());
+        sizes(
+            dequantize(QuantFormat::Q4, ScaleType::F16, "w", 64, &[0; 32], &[0; 8]),
+            "4 scale bytes (f16), found 32 and 8",
+        );
     }
 }

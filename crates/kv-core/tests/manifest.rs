@@ -1,4 +1,4 @@
-use kv_core::manifest::{canonical_args, Graph, Manifest, Name, Provenance};
+use kv_core::manifest::{canonical_args, Graph, Manifest, Name, Provenance, UnknownName};
 use kv_core::LayerKind;
 use kv_core::{Error, KvSpec};
 use proptest::prelude::*;
@@ -241,7 +241,8 @@ fn other_spellings_are_refused() {
         "Token",
         "topk",
     ] {
-        assert!(text.parse::<Name>().is_err(), "{text:?} parsed");
+        let err = text.parse::<Name>().unwrap_err();
+        assert_eq!(err, UnknownName(text.to_string()));
     }
 }
 
@@ -288,7 +289,11 @@ fn provenance_keeps_its_spellings() {
         .unwrap();
     assert_eq!(m.provenance.redecode_seq, Some(7));
     assert_eq!(m.provenance.parameter_keys.unwrap()["prefill"]["p0"], "x");
-    assert!(Manifest::from_json(r#"{"provenance": {"redecodeSeq": "seven"}}"#).is_err());
+    let err = Manifest::from_json(r#"{"provenance": {"redecodeSeq": "seven"}}"#).unwrap_err();
+    assert!(
+        matches!(&err, Error::Manifest { key, reason } if key == "provenance.redecodeSeq" && reason.contains("seven")),
+        "{err:?}"
+    );
     assert!(Manifest::new(small(), None, "gemma").provenance == Provenance::default());
     assert!(!Manifest::new(small(), None, "gemma").to_json().contains("provenance"));
 }
