@@ -55,6 +55,13 @@ pub trait BackendFactory {
     fn rounding(&self) -> Rounding {
         Rounding::FP32
     }
+
+    /// Whether this is the reference itself: a problem that compares a backend with
+    /// [`ReferenceFactory::like`] would then compare the reference with itself, and needs
+    /// another expectation there (the naive recompute).
+    fn is_reference(&self) -> bool {
+        false
+    }
 }
 
 /// The reference: the FP32 forward, or one that rounds as some artifacts do (`rounding`).
@@ -115,6 +122,10 @@ impl BackendFactory for ReferenceFactory {
 
     fn tolerance(&self) -> Tolerance {
         Tolerance::SAME_BACKEND
+    }
+
+    fn is_reference(&self) -> bool {
+        true
     }
 
     /// The reference computes each row by the same host code whatever call it arrives in (one
