@@ -32,7 +32,8 @@ fuzz_dir="$PWD/.cache/fuzz"
 limits=(-rss_limit_mb=2048 -malloc_limit_mb=64 -timeout=10)
 
 echo "fuzz: seeds"
-nice -n 10 cargo run -q --manifest-path fuzz/Cargo.toml -p seed-gen --target-dir "$target_dir" -- "$fuzz_dir/seeds"
+# seed-gen is a member of the main workspace (not of fuzz/'s): it reuses the test build's crates.
+nice -n 10 cargo run -q -p seed-gen -- "$fuzz_dir/seeds"
 echo "fuzz: building ${targets[*]} ($((SECONDS - start)) s)"
 nice -n 10 cargo fuzz build --target-dir "$target_dir/fuzz"
 
