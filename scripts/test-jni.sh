@@ -44,9 +44,18 @@ cargo run -q -p skainet-jni --features fixture --bin jni-fixture -- "$OUT/fixtur
 rm -rf "$OUT/classes"
 mkdir -p "$OUT/classes"
 echo "test-jni: kotlinc"
-"$KOTLINC" -nowarn -jvm-target 17 -d "$OUT/classes" kotlin/src/main/kotlin kotlin/src/test/kotlin 2>&1 \
-    | grep -v '^warning: unable to find kotlin-stdlib' || true
-[ -f "$OUT/classes/sk/ainet/transformers/iree/android/JniTestKt.class" ] || { echo "test-jni: kotlinc failed" >&2; exit 1; }
+# kotlinc's own status decides (a pipe into grep would hide it): a failed compile that left
+# classes of an earlier run behind, or wrote some before failing, is still a failure.
+kotlinc_log="$OUT/kotlinc.log"
+kotlinc_status=0
+"$KOTLINC" -nowarn -jvm-target 17 -d "$OUT/classes" kotlin/src/main/kotlin kotlin/src/test/kotlin \
+    >"$kotlinc_log" 2>&1 || kotlinc_status=$?
+grep -v '^warning: unable to find kotlin-stdlib' "$kotlinc_log" || true
+if [ "$kotlinc_status" -ne 0 ]; then
+    echo "test-jni: kotlinc failed (exit $kotlinc_status)" >&2
+    exit 1
+fi
+[ -f "$OUT/classes/sk/ainet/transformers/iree/android/JniTestKt.class" ] || { echo "test-jni: kotlinc wrote no JniTestKt.class" >&2; exit 1; }
 javac -d "$OUT/classes" -cp "$OUT/classes:$STDLIB" $(find kotlin/src/test/java -name '*.java')
 
 run() {

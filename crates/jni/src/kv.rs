@@ -22,8 +22,9 @@ use crate::handle::{Kind, Registry};
 const TARGET: &str = "jni";
 
 /// The context limit of a JNI session. The seed's library had none beyond memory, and the
-/// `IreeKvSpec` carries none; positions are reported as a Java `int`, so that is the limit.
-pub const MAX_POSITIONS: usize = i32::MAX as usize;
+/// `IreeKvSpec` carries none: the largest every spec may declare (`kv_core::limits`, which
+/// refuses more at open; a Java `int` holds it).
+pub const MAX_POSITIONS: usize = kv_core::limits::MAX_POSITIONS;
 
 pub struct KvSession {
     backend: Mutex<IreeKvBackend>,
