@@ -30,8 +30,9 @@ pub trait BackendFactory {
     /// How close this backend's K/V must be to its own along another path through other graphs:
     /// a whole prefill against a prefix, chunk calls and steps (the prefill graph's SEQ rows, the
     /// chunk graph's and the step graph's: other tilings, so other summation orders). Measured on
-    /// the IREE CPU (v1, v2) and lavapipe suites at most 8e-6 apart over f32 caches, one f16 ulp
-    /// over f16 ones. Replays of the SAME calls are compared bit for bit instead
+    /// the IREE CPU (v1, v2) and lavapipe suites at most 8e-6 apart over f32 caches; over f16
+    /// ones the two paths' roundings differ ([`Tolerance::SAME_BACKEND_F16_CACHES`]). Replays of
+    /// the SAME calls are compared bit for bit instead
     /// ([`Tolerance::EXACT`]), whatever the backend.
     fn path_tolerance(&self) -> Tolerance {
         if self.rounding().cache_type.is_f32() {

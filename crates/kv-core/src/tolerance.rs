@@ -25,14 +25,16 @@ impl Tolerance {
     pub const EXACT: Tolerance = Tolerance { abs: 0.0, rel: 0.0 };
     /// The same FP32 forward computed along two paths of one backend.
     pub const SAME_BACKEND: Tolerance = Tolerance { abs: 1e-4, rel: 1e-4 };
-    /// Two paths of one backend whose caches hold f16 (manifest `cacheType`): a row whose f32
-    /// values the two paths compute a few ulps apart is rounded to neighbouring f16 values where
-    /// it lies near a rounding boundary, one f16 ulp apart, at most 2⁻¹⁰ of the value (9.8e-4
-    /// measured on values of order 1, conformance `iree_local_task_v2_f16`); the f32 difference
-    /// itself stays inside [`Self::SAME_BACKEND`]'s absolute part.
+    /// Two paths of one backend whose caches hold f16 (manifest `cacheType`). A value the two
+    /// paths compute a few f32 ulps apart rounds to neighbouring f16 values where it lies near a
+    /// rounding boundary: one f16 ulp, up to 2⁻¹⁰ of the value. Every later layer then reads the
+    /// other row, so the difference spreads at the rounding's scale to values far from any
+    /// boundary. Measured (conformance `iree_local_task_v2_f16`, 16 cases): flips of one or two
+    /// ulps (up to 1.95e-3 on values above 2) and spread differences up to 2.4e-4 on values of
+    /// 0.002–0.13. So: two ulps relative and 1e-3 absolute, ~4x over the spread measured.
     pub const SAME_BACKEND_F16_CACHES: Tolerance = Tolerance {
-        abs: 1e-4,
-        rel: 1.0 / 1024.0,
+        abs: 1e-3,
+        rel: 1.0 / 512.0,
     };
     /// Two backends (host ndarray versus compiled IREE kernels) on the same weights.
     pub const CROSS_BACKEND: Tolerance = Tolerance { abs: 2e-3, rel: 2e-3 };
