@@ -221,7 +221,8 @@ fn learns_v2_from_the_signatures(dir: PathBuf) {
     let built = |prefill: bool| {
         let spec = KvSpec {
             seq: real.spec.chunk,
-            max_positions: i32::MAX as usize,
+            // What a JNI session declares (`jni::kv::MAX_POSITIONS`): the largest the limits allow.
+            max_positions: kv_core::limits::MAX_POSITIONS,
             // Kotlin's IreeKvSpec knows none of these: the ring comes from the declared cache
             // shapes, and the seed's ABI has no prefill graph for v2 (nor its spans).
             sliding_cache_rows: 0,
