@@ -400,6 +400,10 @@ mod tests {
         assert_eq!(shuffled, t);
         assert!(TopK::from_pairs(&[1], &[]).is_none());
         assert_eq!(t.clone().truncated(2).ids(), &[1, 3]);
+        // A backend with no candidates is refused by the samplers through `is_empty`.
+        assert!(!t.is_empty() && t.len() == 4);
+        assert!(TopK::of_logits(&[], 4).is_empty());
+        assert!(t.truncated(0).is_empty());
     }
 
     #[test]

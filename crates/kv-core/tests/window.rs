@@ -375,3 +375,31 @@ proptest! {
         }
     }
 }
+
+/// Contract v2's prefill planning: pieces of `prefillChunk` rows while `big` says so, then
+/// chunk calls. Only IREE's v2 backend plans wide pieces, so nothing else here would notice a
+/// wide piece planned with the chunk's width.
+#[test]
+fn plan_pieces_takes_prefill_chunk_rows_while_big() {
+    use kv_core::window::plan_pieces;
+    let v2 = KvSpec {
+        prefill_chunk: 6,
+        ..spec(3)
+    };
+    let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+    let shape = |plans: &[kv_core::window::ChunkPlan]| {
+        plans
+            .iter()
+            .map(|p| (p.position, p.n, p.tokens.len()))
+            .collect::<Vec<_>>()
+    };
+    let wide = plan_pieces(&v2, &tokens, |left| left >= 6).unwrap();
+    assert_eq!(shape(&wide), [(0, 6, 6), (6, 2, 4)]);
+    assert_eq!(wide[0].tokens, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(wide[1].tokens, [7, 8, 0, 0]);
+    let narrow = plan_pieces(&v2, &tokens, |_| false).unwrap();
+    assert_eq!(shape(&narrow), [(0, 4, 4), (4, 4, 4)]);
+    // Without a prefill chunk the spec has no wide pieces, whatever `big` says.
+    let none = plan_pieces(&spec(3), &tokens, |_| true).unwrap();
+    assert_eq!(shape(&none), [(0, 4, 4), (4, 4, 4)]);
+}
