@@ -462,6 +462,9 @@ fn sizes_beyond_the_limits_are_refused_naming_the_key() {
                 assert_eq!(*v, value, "{e}");
                 assert!(e.to_string().contains("exceeds the limit"), "{e}");
             }
+            // On a 32-bit target (armv7 under qemu, scripts/test-arm.sh) a value past usize::MAX
+            // does not parse into the field: refused by the reader, naming the key.
+            Err(Error::Manifest { key: k, .. }) if value > usize::MAX as u128 && k == key => {}
             other => panic!("expected TooLarge on {key}, got {other:?}"),
         }
     };
