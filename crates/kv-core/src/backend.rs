@@ -193,6 +193,21 @@ pub trait KvBackend {
         Ok(None)
     }
 
+    /// Restricts the token every later call predicts (the argmax of `prefill`, `chunk`, `step`,
+    /// `step_greedy`) and its [`Self::last_top_k`] to `allowed`, until the next call of this;
+    /// `None` (or an all-allowed set) lifts it. A constrained decoder sets its grammar's mask
+    /// before each call. Where nothing is allowed, the predicted token is unspecified: the caller
+    /// must not ask (a grammar that allows nothing has ended). A backend that cannot apply a mask
+    /// (v1 graphs) answers [`crate::Error::GraphUnavailable`] and keeps its previous mask.
+    fn set_allowed(&mut self, allowed: Option<&crate::allowed::AllowedTokens>) -> Result<()> {
+        let _ = allowed;
+        Err(crate::Error::GraphUnavailable {
+            backend: "kv-backend",
+            op: "set_allowed",
+            reason: "this backend has no allowed-token mask (v1 graphs); export with contract 2",
+        })
+    }
+
     /// A short name for reports (`reference`, `iree-local-task`, ...).
     fn name(&self) -> String;
 
@@ -283,6 +298,9 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     }
     fn take_step_phases(&mut self) -> Option<StepPhases> {
         (**self).take_step_phases()
+    }
+    fn set_allowed(&mut self, allowed: Option<&crate::allowed::AllowedTokens>) -> Result<()> {
+        (**self).set_allowed(allowed)
     }
 }
 

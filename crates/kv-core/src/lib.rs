@@ -24,6 +24,7 @@
 //!   parsed once when the manifest is read) and archives; [`irpa`] reads archives zero-copy
 //!   through `memmap2` and writes IREE-identical ones.
 
+pub mod allowed;
 pub mod backend;
 pub mod bf16;
 pub mod decoder;
