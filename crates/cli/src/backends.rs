@@ -94,12 +94,12 @@ macro_rules! with_redecode {
 pub enum CpuChoice {
     /// Any x86-64 / the portable baseline (artifacts that travel; `export`'s default).
     Generic,
-    /// AVX2 + FMA (this kind of machine; faster).
+    /// AVX2 + FMA: runs on any x86-64 CPU that has them (Haswell, Zen and later).
     #[value(name = "x86-64-v3")]
     X86_64V3,
-    /// Every feature of the CPU compiling (e.g. AVX-512 BF16: the fastest; the artifacts run
-    /// only on CPUs like it, so each CPU gets its own cache entry). The default of the commands
-    /// that export for the machine they run on.
+    /// Every feature of the CPU compiling (e.g. AVX-512 BF16); the artifacts run only on CPUs
+    /// like it, so each CPU model and feature set gets its own cache entry. The default of the
+    /// commands that export for the machine they run on.
     #[default]
     Host,
 }
@@ -117,7 +117,7 @@ impl CpuChoice {
 /// `--prefill`: how an IREE session runs a prompt from position 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum PrefillChoice {
-    /// What measured best on the device: on the CPU chunk calls from an empty cache for prompts
+    /// Chosen per device: on the CPU chunk calls from an empty cache for prompts
     /// of up to 8 chunks, the prefill graph above (contract 2: its prefill graph while more than
     /// two chunk calls are left); on Vulkan chunk calls only for one chunk.
     #[default]
@@ -153,20 +153,18 @@ pub struct TargetArgs {
     pub cpu: CpuChoice,
     /// The GPU a Vulkan export is compiled for (`--iree-vulkan-target`: ampere, valhall, adreno,
     /// rdna3, ...); its weights are then declared i16 and widened inside the decode step's
-    /// matmuls (4.4× faster decode on the H200). Such modules run only on that GPU family (on
-    /// lavapipe they compute wrong results). Default: IREE's portable baseline with packed
-    /// weights, which runs on any driver, lavapipe included.
+    /// matmuls, which needs the GPU's 16-bit storage, and NVIDIA targets get configured
+    /// dispatches. Such modules run only on that GPU family (on lavapipe they compute wrong
+    /// results). Default: IREE's portable baseline with packed weights, which runs on any
+    /// driver, lavapipe included.
     #[arg(long)]
     pub vulkan_target: Option<String>,
     /// The graph contract of an export made on demand: 1 (dynamic past, a prefill graph) or 2
     /// (static shapes over caches the runtime owns, sliding layers on rings, prefills as calls
-    /// of a 128-row chunk graph; docs/contract-v2.md). Default: 2 on the CPU (on Gemma 3 270M
-    /// here decode 2.7× faster than 1's, prefill 1.2× faster, 0.9× the memory:
-    /// docs/benchmarks.md) and for NVIDIA `--vulkan-target`s (H200, FunctionGemma's geometry:
-    /// decode ~0.3 ms/token faster, chunk calls 13.5 → 10.5 ms: docs/benchmarks.md, session
-    /// 18); 1 on other Vulkan targets (lavapipe, phones: not measured) and under the seed's
+    /// of a 128-row chunk graph; docs/contract-v2.md). Default: 2 on the CPU and for NVIDIA
+    /// `--vulkan-target`s; 1 on other Vulkan targets (lavapipe, phones) and under the seed's
     /// window rule (which contract 2 does not run). Artifacts given with `--artifacts` say
-    /// their own.
+    /// their own. Measured figures of both: docs/benchmarks.md.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub contract: Option<u32>,
     /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
@@ -176,8 +174,8 @@ pub struct TargetArgs {
     pub weights: crate::model::WeightsChoice,
     /// What an on-demand CPU export's projections multiply: `auto` rounds their inputs to bf16
     /// (bf16 × bf16 → f32 matmuls, manifest `matmulInput`) for contract 2 on a `--cpu host`
-    /// that has bf16 dot products (AVX-512 BF16: Gemma 3 270M prefill 0.75–0.9×, decode 0.9×
-    /// here, docs/benchmarks.md), else f32; `f32` keeps the FP32 forward everywhere.
+    /// that has bf16 dot products (AVX-512 BF16), else f32; `f32` keeps the FP32 forward
+    /// everywhere.
     #[arg(long, value_enum, default_value = "auto")]
     pub matmul_input: MatmulInputChoice,
     /// The KV caches of an on-demand CPU export: `auto` keeps them in f16 (manifest

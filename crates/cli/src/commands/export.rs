@@ -44,7 +44,8 @@ pub struct ExportArgs {
     /// Comma-separated: `cpu`, `vulkan`.
     #[arg(long, default_value = "cpu,vulkan", value_delimiter = ',')]
     targets: Vec<String>,
-    /// `--iree-llvmcpu-target-cpu` for the CPU target (`generic` travels; `x86-64-v3` is faster here).
+    /// `--iree-llvmcpu-target-cpu` for the CPU target (`generic` runs on any x86-64; `x86-64-v3`
+    /// needs AVX2 + FMA; `host` every feature of this CPU).
     #[arg(long, default_value = "generic")]
     cpu: String,
     /// `--iree-vulkan-target` (default: IREE's `vp_android_baseline_2022`; e.g. `valhall` for Mali).
