@@ -9,7 +9,7 @@
 #
 #   scripts/build-iree-tools.sh vulkan   instead: iree-run-module and iree-profile with the Vulkan
 #     driver and our patch of its allocator (crates/iree-runtime-sys/cmake/CMakeLists.txt), into
-#     .tools/bin-vulkan/, for the H200 runs (scripts/h200/row-products.sh): the wheel's tools
+#     .tools/bin-vulkan/, for the H200 runs (scripts/h200/prepare.sh carries them): the wheel's tools
 #     cannot load a 335 MB parameter on a GPU without resizable BAR. ~5 min on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: `bench` of several (binary, export) pairs alternating in one run,
 # then the greedy ids of `generate` and `diverge` against the FP32 reference, and (PROFILE) one
-# profiled bare step per export at the bench's context (docs/benchmarks.md, session 17).
+# profiled bare step per export at the bench's context (docs/journal, session 17).
 #   PAIRS="label:binary:export ..."   binaries in .cache/device/bin, exports in .cache/device
 #   ARCHIVE="export ..."   the exports whose archives this binary writes (twin_archive: one per
 #                     contract); every other export in PAIRS gets the first one's (their modules
@@ -18,13 +18,13 @@
 #   later: exports of one-off variants of the emitter (the attention's forms and configurations;
 #      the code that made them was not kept, the kept forms are the emitter's), each exported
 #      here into its own directory beside the kept export named in ARCHIVE
-# Session 18's runs (docs/benchmarks.md): each kept change's export beside the previous one,
+# Session 18's runs (docs/journal): each kept change's export beside the previous one,
 #   e.g. PAIRS="v1:skainet-kv:i16-ampere-ahead v2prev:skainet-kv:i16-ampere-v2-prev
 #   v2:skainet-kv:i16-ampere-v2" ARCHIVE="i16-ampere-v2 i16-ampere-ahead" ROUNDS=4
 #   DIVERGE=i16-ampere-v2 PROFILE=i16-ampere-v2 (the previous export renamed before
 #   prepare.sh re-exports; v1 and v2 archives of the twin are the same bytes, so ARCHIVE's first,
 #   a v2 export, serves every other export)
-# Session 19's runs (docs/benchmarks.md): the previous revision's exports made by its binary
+# Session 19's runs (docs/journal): the previous revision's exports made by its binary
 #   (BIN=/tmp/skv-base VARIANTS="i16-ampere-v2" prepare.sh, then renamed *-prev; the same for
 #   i16-ampere-ahead), this revision's by prepare.sh, e.g. PAIRS="v2prev:skainet-kv:i16-ampere-v2-prev
 #   v2:skainet-kv:i16-ampere-v2 v1prev:skainet-kv:i16-ampere-ahead-prev v1:skainet-kv:i16-ampere-ahead"

@@ -66,7 +66,7 @@ impl PrefillRoute {
     /// - CPU (`local-task`, `local-sync`): chunks up to 8 calls. On Gemma 3 270M a chunk call costs
     ///   a small fraction of the SEQ 1024 prefill graph (both read every weight once; the graph
     ///   then computes 1024 rows), so a short prompt's first token comes an order of magnitude
-    ///   sooner (docs/benchmarks.md).
+    ///   sooner (docs/journal, session 3).
     /// - Vulkan: one chunk call at most. On the H200 (i16 weights) a chunk call costs as much as
     ///   the whole prefill graph (0.43 vs 0.48 s for an 8-token prompt; 843 tokens: 22 s in
     ///   chunks against 0.47 s), because both materialise the widened weights per call; one call

@@ -519,7 +519,7 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         crate::kernels::build_objects(out_dir)?;
     }
     // IREE's SPIR-V default gives each output row of the LM head a workgroup of its own; 4 rows
-    // a 64-thread workgroup (a subgroup a row) measured best on the H200 (docs/benchmarks.md,
+    // a 64-thread workgroup (a subgroup a row) measured best on the H200 (docs/journal,
     // session 16). Only where every target has 32-wide subgroups.
     let head_product = options
         .targets
@@ -527,13 +527,13 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
         .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
         .then_some(RowProducts { workgroup: 64, rows: 4 });
     // The products as wide as the residual stream (output and down projections) writing it out
-    // as well: a workgroup a row, as IREE configures them alone (docs/benchmarks.md, session 19).
+    // as well: a workgroup a row, as IREE configures them alone (docs/journal, session 19).
     let stream_product = head_product.map(|_| crate::emit::StreamProducts { per_thread: 16 });
-    // The same GPUs: the argmax in stages of 16 values (docs/benchmarks.md, session 17).
+    // The same GPUs: the argmax in stages of 16 values (docs/journal, session 17).
     let argmax_width = head_product.map(|_| 16);
     // And contract v2's one-row attention products over the caches: IREE's own choice, matmuls
     // of 2 to 5 workgroups, took 15 of the step's 19.5 ms of GPU time; a subgroup per output,
-    // 4 outputs a 64-thread workgroup, 0.9 (docs/benchmarks.md, session 17).
+    // 4 outputs a 64-thread workgroup, 0.9 (docs/journal, session 17).
     let attention_products = head_product.map(|_| crate::emit::AttentionProducts {
         workgroup: 64,
         keys: 4,

@@ -95,7 +95,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The export settings that run best on `target`, measured on FunctionGemma-270M's geometry
-/// (docs/benchmarks.md): CPU modules take bf16 weights (IREE fuses the widening into the matmuls
+/// (docs/journal, session 2): CPU modules take bf16 weights (IREE fuses the widening into the matmuls
 /// and, hoisting, lays the weights out for its matmul tiles once at load) where Vulkan needs the
 /// packed form on IREE's portable baseline (IREE 3.13 miscompiles bf16 on Vulkan; the packed
 /// widening must not be hoisted, [`crate::weight_compile_flags`]) and i16 on a named GPU target

@@ -57,7 +57,7 @@ impl Target {
             Target::Vulkan { target } => {
                 // Async functions (a wait and a signal fence after the tensors): the runtime
                 // passes fences on a semaphore that outlives the call, where a synchronous
-                // function creates one per call (~0.65 ms each on the H200: docs/benchmarks.md,
+                // function creates one per call (~0.65 ms each on the H200: docs/journal,
                 // session 13). `iree_runtime::Session::call_function` tells them apart.
                 let mut f = vec![
                     "--iree-hal-target-device=vulkan".to_string(),

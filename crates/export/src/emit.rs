@@ -80,7 +80,7 @@ pub struct EmitOptions {
     pub argmax_by_max: bool,
     /// One-row q4 products (the decode step's, the LM head's) call our AVX-512 kernel
     /// (`kernels/q4_matvec_x86_64.c`, [`crate::kernels`]) from a `flow.dispatch`, where IREE's
-    /// own code for [`Body::block_contract_q`] took ~1.5× as long (docs/benchmarks.md,
+    /// own code for [`Body::block_contract_q`] took ~1.5× as long (docs/journal,
     /// session 15). x86-64 CPU exports for a CPU with AVX-512 BW and F16C, f16 scales only; the
     /// module must be compiled with the kernel's object on its search path.
     pub q4_kernel: bool,
@@ -381,7 +381,7 @@ struct FuncEmitter<'a> {
     /// pipeline minutes per dispatch to compile, so there each projection widens inside its own
     /// contraction's body ([`Body::contract_i16`]). (Widening each weight apart, behind an
     /// `optimization_barrier`, cost one host round trip per weight on Vulkan: 236 per chunk
-    /// call, ~700 of its ~800 ms on the H200, `docs/benchmarks.md` session 9.)
+    /// call, ~700 of its ~800 ms on the H200, `docs/journal` session 9.)
     fuse_widening: bool,
     globals: &'a mut BTreeMap<String, String>,
 }
@@ -918,7 +918,7 @@ impl<'a> FuncEmitter<'a> {
                 // 56–72 ms, utterance p50 304–345 → 267–314 ms). q4 keeps the two-reduction
                 // generic (a generic matmul after a separate dequantization): the i4 unpacking
                 // in the pack made its chunk calls 76–82 → 130–188 ms. Both write an f32 copy
-                // of the weight per call (docs/benchmarks.md, session 11).
+                // of the weight per call (docs/journal, session 11).
                 let w = self.quant_param(weight, format);
                 match format {
                     QuantFormat::Q8 => self.b.dot(&x3, &w, (&[], &[]), (&[1, 2], &[1, 2])),
@@ -1213,7 +1213,7 @@ impl<'a> FuncEmitter<'a> {
     /// call's rows), returned as the same two blocks. The cache's `P` keys are reduced in tiles
     /// of [`SOFTMAX_TILE`] and then across the tiles: one softmax row over `P + R` = 2049 keys
     /// with only 4 rows (a step) was one dispatch of 648 µs on the H200 (IREE's SPIR-V path
-    /// reduces a long row nearly serially; per-dispatch profile in `docs/benchmarks.md`), 18 per
+    /// reduces a long row nearly serially; per-dispatch profile in `docs/journal`, session 6), 18 per
     /// step. The tiles only regroup the sums, so the result equals the one-row softmax up to
     /// float rounding.
     fn softmax_split(&mut self, sc: &V, sn: &V, tiled: bool) -> (V, V) {
@@ -1372,7 +1372,7 @@ impl<'a> FuncEmitter<'a> {
             // read and a write of every K and V row) for a matvec. (On the H200 either form is a
             // `matmul_like` dispatch; one product per query row cut their GPU time but added
             // dispatches, and the step's wall time follows the dispatch count there:
-            // docs/benchmarks.md, session 9.)
+            // docs/journal, session 9.)
             let by_reduce = r == 1;
             let sc = self.head_product(&qj, &kc, true, by_reduce);
             let sc = self.b.select(masks.0, &sc, &masked_cache);
@@ -1731,7 +1731,7 @@ impl<'a> FuncEmitter<'a> {
     /// heads passed through. IREE makes it a reduction dispatch and an elementwise one: on the
     /// H200 ~20 µs a layer, where the queries and keys apart took ~54 (three dispatches; the
     /// keys' norm and rotation fused into one, which IREE's SPIR-V code runs at the reduction's
-    /// parallelism), and a form it fused into one dispatch took 51 (`docs/benchmarks.md`,
+    /// parallelism), and a form it fused into one dispatch took 51 (`docs/journal`,
     /// session 14).
     fn qkv_norm_rope(&mut self, y: &V, l: usize, cos: &V, sin: &V) -> V {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
@@ -1923,7 +1923,7 @@ impl<'a> FuncEmitter<'a> {
             // One row of i16 weights: the widening in the product's own body, over (out, in),
             // with IREE's configuration given. The step's fused form of the same product was a
             // `vecmat` taking 820 µs of the H200's ~5 ms step; this form took 361 µs
-            // (docs/benchmarks.md, session 16). The step's other products stay fused: in this
+            // (docs/journal, session 16). The step's other products stay fused: in this
             // form and configuration they were slower (640 outputs are too few workgroups).
             Some(config) if self.options.weights == WeightFormat::I16 && y.ty.static_dims()[0] == 1 => {
                 let w = self.raw_param(table);

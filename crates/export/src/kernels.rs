@@ -6,7 +6,7 @@
 //! arithmetic of [`crate::mlir::Body::block_contract_q`] associated otherwise. Standalone,
 //! Gemma 3 270M's LM head took ~6.1 ms against 9.3–11.7 for IREE's code of the graph's form;
 //! in the exported step, decode 16.0/16.3 → 11.1/10.4 ms/token (`scripts/q4-kernel.sh`,
-//! docs/benchmarks.md, session 15).
+//! docs/journal, session 15).
 
 use std::path::Path;
 use std::process::Command;

@@ -168,7 +168,7 @@ pub fn argmax_stages(n: usize) -> Vec<usize> {
 /// Stages of `width` values (the last one what is left, padded up) whose product covers `n`:
 /// Gemma's 262144 in stages of 16 is 16 × 16 × 16 × 16 × 4. On the H200 over Vulkan the
 /// five stages of 16 took 95 µs of the decode step's GPU time where [`argmax_stages`]' three of
-/// 64 took 188 (28 against 44 µs alone; docs/benchmarks.md, session 17): each stage's threads
+/// 64 took 188 (28 against 44 µs alone; docs/journal, session 17): each stage's threads
 /// run their loop serially, so short loops over many threads win while a dispatch costs a few
 /// µs.
 pub fn argmax_stages_of_width(n: usize, width: usize) -> Vec<usize> {
@@ -998,7 +998,7 @@ impl Body {
     /// runs it as a generic matmul after a separate dequantization of `w` (an f32 copy of the
     /// weight per call); as a `dot_general` over the blocks (q8's form, on the mmt4d ukernels)
     /// the i4 unpacking inside the weight's pack made Gemma 3 270M's q4 chunk calls 1.6–2.5×
-    /// slower (docs/benchmarks.md, session 11).
+    /// slower (docs/journal, session 11).
     pub fn block_contract(&mut self, x: &V, w: &V) -> V {
         let o = w.ty.static_dims()[0];
         self.contraction(&[x, w], o, &["d0, d2, d3", "d1, d2, d3"], 2, Self::f32_product)

@@ -240,7 +240,7 @@ fn tiny_llama_three_archives_reordered_manifest() {
 /// `WeightFormat::I16` (the bf16 bits as i16, widened elementwise: fused into the step's matmuls,
 /// inside each projection's own contraction elsewhere) is exact on the CPU, every graph. Not on lavapipe:
 /// IREE 3.13 emulates 16-bit loads on the default Vulkan target wrongly (every other element),
-/// and modules for a real GPU's target assume its subgroup size (see docs/benchmarks.md).
+/// and modules for a real GPU's target assume its subgroup size (see docs/journal, "NVIDIA H200").
 #[test]
 fn i16_weight_format_on_cpu() {
     let dir = tempfile::tempdir().unwrap();
@@ -405,7 +405,7 @@ fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) ->
 /// exponentials and their sum in the same product), and the other products as contract 1's
 /// ([`step_row_products`]).
 /// Compiled only, as the LM head's: lavapipe cannot run GPU-target modules (`diverge` on the
-/// H200 checks them: docs/benchmarks.md, session 17).
+/// H200 checks them: docs/journal, session 17).
 #[test]
 fn v2_attention_products_configured_for_nvidia_vulkan() {
     let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3:7"), target, 2);

@@ -94,7 +94,7 @@ pub const HOST_VISIBLE_UPLOAD_MAX: usize = 64 * 1024;
 /// Host memory the device can read, mapped for the write that fills it: no queue transfer and no
 /// wait. A decode step's inputs (a token, an embedding row, rotary rows) went through a
 /// device-local buffer each, one host-to-device round trip apiece: ~1 ms each on the H200 over
-/// Vulkan, 4.8 ms of a 12 ms step (`bench`'s `decode_phases`, docs/benchmarks.md session 13).
+/// Vulkan, 4.8 ms of a 12 ms step (`bench`'s `decode_phases`, docs/journal session 13).
 /// The device reads them once per call, so where they live costs nothing measurable.
 fn host_visible_params() -> sys::iree_hal_buffer_params_t {
     sys::iree_hal_buffer_params_t {

@@ -397,7 +397,7 @@ impl Session {
             // next; the host does not wait for it: whatever reads a result waits then
             // ([`Device::sync`]), so the next submission queues behind this one without a host
             // round trip between them. One semaphore for all calls, where a synchronous function
-            // creates one per call (~0.65 ms each on the H200 over Vulkan, docs/benchmarks.md
+            // creates one per call (~0.65 ms each on the H200 over Vulkan, docs/journal
             // session 13).
             self.device.ensure_timeline(&mut timeline)?;
             let before = timeline.value;

@@ -87,7 +87,7 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
 /// stored as in a fused archive (`Manifest::fused_projections`): the parts' rows one after the
 /// other, in this order. One matrix is one product in the graphs: on a GPU's decode step, where
 /// every dispatch costs ~14 µs whatever its size, two of a layer's seven projections fewer (and
-/// Gemma's Q/K norms then one dispatch, `docs/benchmarks.md`). The gate/up pair is not fused:
+/// Gemma's Q/K norms then one dispatch, `docs/journal`, session 14). The gate/up pair is not fused:
 /// its activation reads two slices of a fused product, so IREE no longer fuses it into the up
 /// projection, and the step had as many dispatches as before.
 pub const FUSED_PROJECTIONS: &[(&str, &[&str])] = &[

@@ -80,7 +80,7 @@ fn is_zero(n: &usize) -> bool {
 pub const DEFAULT_RING_SLACK: usize = 128;
 
 /// Rows of contract v2's prefill graph by default: per row, a call of 128 rows costs 0.7× one of
-/// 32 on the CPU (the weights are read once per call), and 256 no less (`docs/benchmarks.md`).
+/// 32 on the CPU (the weights are read once per call), and 256 no less (`docs/journal`, session 8).
 pub const DEFAULT_PREFILL_CHUNK: usize = 128;
 
 /// Token-less prefill variants an export makes at most ([`KvSpec::default_prefill_spans`]):

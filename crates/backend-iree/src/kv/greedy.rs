@@ -2,7 +2,7 @@
 //!
 //! A step's token is the next step's input. Read on the host first, every step would wait for
 //! the device, then the device for the host (the embedding row, the inputs, recording the
-//! call): ~0.9 ms a step on the H200 (docs/benchmarks.md, session 16). Here the next step is
+//! call): ~0.9 ms a step on the H200 (docs/journal, session 16). Here the next step is
 //! queued before the host reads the token: its embedding row is gathered on the device by the
 //! step module's `embed_token` function (`Manifest::embed_function`) from the token the
 //! device holds, so the host reads step `n`'s token while step `n + 1` runs. When the reader

@@ -233,7 +233,7 @@ impl IreeKvBackend {
         }
         let spec = self.manifest.spec.clone();
         let wide = self.functions.contains_key(&Graph::Prefill);
-        // A call of 128 rows costs about three of 32 on the CPU (docs/benchmarks.md).
+        // A call of 128 rows costs about three of 32 on the CPU (docs/journal, session 7).
         let big = |left: usize| {
             wide && match self.options.prefill {
                 PrefillRoute::Graph => true,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The table of docs/benchmarks.md "Session 9 on the H200" from what profile-chunk-device.sh
+"""The table of docs/journal "Session 9 on the H200" from what profile-chunk-device.sh
 returned: usage `profile-chunk-report.py WORK OUT` (WORK: profile-chunk.sh's folder, with
 chunk-dispatches.json; OUT: the device run's files: dispatch.txt, chunk.ireeprof, prefill.ireeprof).
 Needs iree-profile on PATH (scripts/env.sh)."""

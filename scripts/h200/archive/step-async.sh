@@ -3,10 +3,10 @@
 # Vulkan functions, the same runtime binary (`bin/skainet-kv`, session 13: a semaphore per device for its
 # transfers and async calls), alternating: `i16-ampere-nr` / `i16-ampere-v2-nr` (sync) against
 # `i16-ampere-as` / `i16-ampere-v2-as` (async); then the greedy ids of a 400-token prompt against
-# the FP32 reference on the async exports (docs/benchmarks.md, session 13).
+# the FP32 reference on the async exports (docs/journal, session 13).
 # Carry [".cache/device", ".gl"].
 set -u
-source "$(dirname "$0")/device-env.sh"
+source "$(dirname "$0")/../device-env.sh"
 B=$D/bin/skainet-kv
 VARIANTS=$(for v in i16-ampere-nr i16-ampere-as i16-ampere-v2-nr i16-ampere-v2-as; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do twin_archive $v; done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: the decode step before and after the fused Q/K norm + rotation
-# (`FuncEmitter::norm_rope`, 54 fewer dispatches per step; docs/benchmarks.md, session 13), v1
+# (`FuncEmitter::norm_rope`, 54 fewer dispatches per step; docs/journal, session 13), v1
 # and v2, and where `bench`'s decode step spends its time (`decode_phases`: inputs, invoke,
 # token read, row writes). Variants in .cache/device: `i16-ampere-old` / `i16-ampere-v2-nospans`
 # (exported before the change) and `i16-ampere-nr` / `i16-ampere-v2-nr` (after); each: the bare
@@ -8,7 +8,7 @@
 # prefix, 8 utterances, twice), and the greedy ids of a 400-token prompt against the FP32
 # reference. Prepare: `scripts/h200/prepare.sh` with those exports; carry [".cache/device", ".gl"].
 set -u
-source "$(dirname "$0")/device-env.sh"
+source "$(dirname "$0")/../device-env.sh"
 VARIANTS=$(for v in i16-ampere-old i16-ampere-nr i16-ampere-v2-nospans i16-ampere-v2-nr; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do twin_archive $v; done
 for round in 1 2; do

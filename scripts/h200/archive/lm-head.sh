@@ -4,19 +4,19 @@
 # allocates its buffers on the device, so nothing of the 335 MB travels) for several graph forms,
 # and the row-major form with its SPIR-V configuration edited by hand (workgroup size, rows per
 # workgroup, another pipeline). Which form and configuration reads the weights fastest, before any
-# of it goes into the emitter (docs/benchmarks.md, session 14: the LM head is 0.79 ms of the
+# of it goes into the emitter (docs/journal, session 14: the LM head is 0.79 ms of the
 # step's ~5 ms GPU time, ~430 GB/s; IREE gives every output row a workgroup of 160 threads).
 #
-#   scripts/h200/lm-head.sh prepare   here: writes the modules and their list to .cache/device/lm-head
-#   bash scripts/h200/lm-head.sh run  on the device (carry .cache/device and .gl): median per module
+#   scripts/h200/archive/lm-head.sh prepare   here: writes the modules and their list to .cache/device/lm-head
+#   bash scripts/h200/archive/lm-head.sh run  on the device (carry .cache/device and .gl): median per module
 #
 # The hand-edited configurations compile but are not checked for correct results here: a form
 # worth keeping goes into the emitter and through `diverge` like any other. Results of session 16
-# in docs/benchmarks.md (a dispatch and its barrier cost ~40 µs here, so only the LM head's numbers
+# in docs/journal, session 16 (a dispatch and its barrier cost ~40 µs here, so only the LM head's numbers
 # say anything; the wheel's iree-benchmark-module cannot allocate it on a GPU without resizable
 # BAR). KEEP_SRC=1 keeps the MLIR in .cache/device/lm-head/src.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=.cache/device/lm-head
 
 case ${1:-} in

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine: contract v2's prefill spans on Vulkan (docs/benchmarks.md,
+# Runs on the lent GPU machine: contract v2's prefill spans on Vulkan (docs/journal,
 # session 12). The FunctionGemma twin's v2 exports, alternating: `i16-ampere-v2-old` (exported
 # before prefill spans: every call reads every cache row), `i16-ampere-v2-nospans` (the prefill
 # graph reads `prefillSpan` rows, no variants) and `i16-ampere-v2` (the default: variants over
@@ -8,7 +8,7 @@
 # Prepare: `VARIANTS="i16-ampere-v2 i16-ampere-v2-nospans" scripts/h200/prepare.sh`; carry
 # [".cache/device", ".gl"]. Variants missing from .cache/device are skipped.
 set -u
-source "$(dirname "$0")/device-env.sh"
+source "$(dirname "$0")/../device-env.sh"
 VARIANTS=$(for v in i16-ampere-v2-old i16-ampere-v2-nospans i16-ampere-v2; do [ -d $D/$v ] && echo $v; done)
 for v in $VARIANTS; do twin_archive $v; done
 ids=$(python3 -c 'print(",".join(str((i * 37 + 11) % 5000 + 3) for i in range(400)))')

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine: the LM head of the decode step (docs/benchmarks.md, session 16).
+# Runs on the lent GPU machine: the LM head of the decode step (docs/journal, session 16).
 # `bench` of the step exports alternating in one run (ROUNDS), the greedy ids of a 400-token
 # prompt against the FP32 reference, and one profiled bare step per variant (dispatch timings,
 # by iree-run-module / iree-profile built from our IREE sources, `build-iree-tools.sh vulkan`):
@@ -13,7 +13,7 @@
 # BAR). Prepare (here): prepare.sh's variants, the old ones exported by a session-15 build (BIN=),
 # renamed. Carry [".cache/device", ".gl"].
 set -u
-source "$(dirname "$0")/device-env.sh"
+source "$(dirname "$0")/../device-env.sh"
 B=$D/bin/skainet-kv
 PARTS=${PARTS:-bench diverge}
 ALL="i16-ampere i16-ampere-head i16-ampere-v2 i16-ampere-v2-head"
@@ -21,7 +21,7 @@ VARIANTS=$(for v in ${ONLY:-$ALL}; do [ -d $D/$v ] && echo $v; done)
 stamp() { echo "-- $(date +%T) $*"; }
 case " $PARTS " in *" micro "*)
   stamp micro
-  bash scripts/h200/lm-head.sh run | grep -v "^NVIDIA" ;;
+  bash scripts/h200/archive/lm-head.sh run | grep -v "^NVIDIA" ;;
 esac
 case " $PARTS " in *" bench "*)
   # One archive per contract (the forms differ in their modules only), written by the export

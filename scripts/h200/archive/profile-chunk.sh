@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a per-dispatch profile of contract 2's chunk graph (`gemma_prefill_with_past`, 32 rows
-# over the caches) for the H200 (docs/benchmarks.md, "Session 9 on the H200"), following
+# over the caches) for the H200 (docs/journal, "Session 9 on the H200"), following
 # shared/notes/PERFORMANCE.md's recipe:
 #   1. export the FunctionGemma-geometry twin as prepare.sh's `i16-ampere-v2` variant (keeps the
 #      MLIR);
@@ -13,13 +13,13 @@
 #      is where it travels from): those vmfbs, the export's vmfb
 #      and the bare chunk / step functions' arguments, the release binary (it regenerates the
 #      twin's archive there), IREE's benchmark and profile tools, the Vulkan loader debs, and
-#      scripts/h200/profile-chunk-device.sh as run.sh.
+#      scripts/h200/archive/profile-chunk-device.sh as run.sh.
 # Then, with the device tool: `bash .cache/prof-device/run.sh`, carry [".cache/prof-device"]; it
 # writes run.log, the dispatch benchmarks' medians and two HAL profile bundles under $OUT, which
-# scripts/h200/profile-chunk-report.py turns into the table of docs/benchmarks.md.
+# scripts/h200/archive/profile-chunk-report.py turned into the table of docs/journal, session 9.
 # WORK (default /tmp/prof) keeps the export, the flow IR and the dumped benchmarks.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 source scripts/env.sh
 WORK=${WORK:-/tmp/prof}
 DEV=${DEV:-.cache/prof-device}
@@ -106,7 +106,7 @@ for t in iree-benchmark-module iree-profile; do
 done
 GL=${GL:-.gl} # the Vulkan loader debs (prepare.sh downloads them)
 cp "$GL"/*.deb "$DEV/gl/"
-cp scripts/h200/profile-chunk-device.sh "$DEV/run.sh"
+cp scripts/h200/archive/profile-chunk-device.sh "$DEV/run.sh"
 
 # Arguments of the bare chunk, step and 128-row prefill functions (as prepare.sh's step-args.txt): pos = 200,
 # tokens 7, every f32 input 0.01 (caches and select included: the timing does not depend on them).

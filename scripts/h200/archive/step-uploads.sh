@@ -3,12 +3,12 @@
 # device-local buffer each (`bin/skainet-kv`, before) and written into host-visible memory
 # (`bin/skainet-kv-up`, after; `iree_runtime::HOST_VISIBLE_UPLOAD_MAX`), alternating, on the
 # `i16-ampere-nr` (v1) and `i16-ampere-v2-nr` (v2) exports; then the greedy ids of a 400-token
-# prompt against the FP32 reference with the new binary (docs/benchmarks.md, session 13).
+# prompt against the FP32 reference with the new binary (docs/journal, session 13).
 # BINS names the two binaries in .cache/device/bin to compare (default: the upload change; the
 # token read-back change was `BINS="skainet-kv-up skainet-kv-rb"`), the last one runs `diverge`.
 # Carry [".cache/device", ".gl"].
 set -u
-source "$(dirname "$0")/device-env.sh"
+source "$(dirname "$0")/../device-env.sh"
 BINS=${BINS:-skainet-kv skainet-kv-up}
 LAST=${BINS##* }
 VARIANTS=$(for v in i16-ampere-nr i16-ampere-v2-nr; do [ -d $D/$v ] && echo $v; done)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: session 14's decode-step graphs against session 13's, alternating
-# in one run (docs/benchmarks.md, session 14): `i16-ampere-s13` / `i16-ampere-v2-s13` (exported by
+# in one run (docs/journal, session 14): `i16-ampere-s13` / `i16-ampere-v2-s13` (exported by
 # session 13's code), `i16-ampere-apart` (a single KV head's step attends its returned cache;
 # `--projections apart`), `i16-ampere` / `i16-ampere-v2` (and Q/K/V fused in the archive, Gemma's
 # Q/K norms over the fused product). Then the bare steps and the greedy ids of a 400-token prompt
@@ -9,7 +9,7 @@
 #   VARIANTS="i16-ampere i16-ampere-v2 i16-ampere-apart" scripts/h200/prepare.sh
 # Carry [".cache/device", ".gl"].
 set -u
-source "$(dirname "$0")/device-env.sh"
+source "$(dirname "$0")/../device-env.sh"
 B=$D/bin/skainet-kv
 ALL="i16-ampere-s13 i16-ampere-apart i16-ampere i16-ampere-v2-s13 i16-ampere-v2"
 VARIANTS=$(for v in $ALL; do [ -d $D/$v ] && echo $v; done)
