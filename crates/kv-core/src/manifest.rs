@@ -88,6 +88,11 @@ pub enum Name {
     /// `token` in the canonical order.
     TopKLogits,
     TopKIds,
+    /// `allowed`: contract v2's `i32 [ceil(vocab/32)]` allowed-token bitmask (bit `id % 32` of
+    /// word `id / 32`, `kv_core::allowed::AllowedTokens`), the last argument of the prefill,
+    /// chunk and step graphs of manifests with `allowedMask`: the token and top-k are taken over
+    /// the allowed ids only.
+    Allowed,
 }
 
 impl Name {
@@ -122,6 +127,7 @@ impl std::fmt::Display for Name {
             Name::Pos => f.write_str("pos"),
             Name::TopKLogits => f.write_str("topk.logits"),
             Name::TopKIds => f.write_str("topk.ids"),
+            Name::Allowed => f.write_str("allowed"),
         }
     }
 }
@@ -148,6 +154,7 @@ impl std::str::FromStr for Name {
             "pos" => Some(Name::Pos),
             "topk.logits" => Some(Name::TopKLogits),
             "topk.ids" => Some(Name::TopKIds),
+            "allowed" => Some(Name::Allowed),
             _ => {
                 if let Some(rest) = s.strip_prefix("cos") {
                     kind(rest).map(Name::Cos)
@@ -324,6 +331,24 @@ pub enum Parameters {
 }
 
 /// The manifest. Unknown keys are ignored; missing geometry keys take FunctionGemma's values.
+///
+/// # Example
+///
+/// ```
+/// use kv_core::manifest::{Graph, Manifest, Name};
+///
+/// // The seed's keys; what is missing takes FunctionGemma-270M's geometry.
+/// let m = Manifest::from_json(r#"{"contractVersion": 1, "nLayers": 2, "chunk": 16}"#).unwrap();
+/// m.validate().unwrap();
+/// assert_eq!((m.spec.n_layers, m.spec.vocab_size), (2, 262144));
+/// // Graph arguments are bound by name, in the order the compiled function takes them.
+/// let step = m.args_or_canonical(Graph::Step);
+/// assert_eq!(step[..2], [Name::Token, Name::Emb]);
+/// assert_eq!(step.len(), 2 + 2 + 2 * 2); // token, emb; cos, sin of the sliding kind; K, V per layer
+/// // A manifest that contradicts itself is an error, not a session that misreads memory.
+/// let bad = Manifest::from_json(r#"{"nHeads": 4, "nKvHeads": 3}"#);
+/// assert!(bad.and_then(|m| m.validate()).is_err());
+/// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
@@ -362,6 +387,11 @@ pub struct Manifest {
     /// of this many entries (for sampling); absent = they do not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
+    /// Ours, contract v2: the prefill, chunk and step graphs take [`Name::Allowed`] as their last
+    /// argument and predict only allowed ids (`KvBackend::set_allowed`); absent: v2 exports made
+    /// before the mask, which take no mask (re-export to constrain them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allowed_mask: bool,
     /// Ours: what a forward (the reference, the exporter) needs beyond the geometry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<Architecture>,
@@ -689,6 +719,7 @@ impl Manifest {
             embedding_parameter: None,
             embed_function: None,
             top_k: None,
+            allowed_mask: false,
             architecture,
             quantization: None,
             matmul_input: MatmulInput::F32,
@@ -780,6 +811,12 @@ impl Manifest {
         if let Some(arch) = &self.architecture {
             arch.validate()?;
         }
+        if self.allowed_mask && !self.is_v2() {
+            return Err(Error::manifest(
+                "allowedMask",
+                "contract v2's (contract v1 graphs take no allowed-token mask)",
+            ));
+        }
         if let Some(k) = self.top_k {
             if k == 0 || k > self.spec.vocab_size {
                 return Err(Error::manifest(
@@ -843,7 +880,11 @@ impl Manifest {
     /// The canonical argument names of a graph under this manifest's contract.
     pub fn canonical_args(&self, graph: Graph) -> Vec<Name> {
         if self.is_v2() {
-            canonical_args_v2(graph, &self.spec)
+            let mut args = canonical_args_v2(graph, &self.spec);
+            if self.allowed_mask && !args.is_empty() && Graph::KV.contains(&graph) {
+                args.push(Name::Allowed);
+            }
+            args
         } else {
             canonical_args(graph, &self.spec)
         }
@@ -858,11 +899,11 @@ impl Manifest {
             self.functions.prefill = None;
             self.prefill_args = None;
         } else {
-            self.prefill_args = Some(canonical_args_v2(Graph::Prefill, &self.spec));
+            self.prefill_args = Some(self.canonical_args(Graph::Prefill));
         }
         self.prefill_outputs = None;
-        self.prefill_with_past_args = Some(canonical_args_v2(Graph::Chunk, &self.spec));
-        self.with_past_args = Some(canonical_args_v2(Graph::Step, &self.spec));
+        self.prefill_with_past_args = Some(self.canonical_args(Graph::Chunk));
+        self.with_past_args = Some(self.canonical_args(Graph::Step));
         self
     }
 
@@ -922,6 +963,25 @@ impl Manifest {
             list.retain(|n| !matches!(n, Name::TopKLogits | Name::TopKIds));
             if k.is_some() {
                 list.extend([Name::TopKLogits, Name::TopKIds]);
+            }
+        }
+    }
+
+    /// Sets [`Self::allowed_mask`] and adds (or removes) [`Name::Allowed`] at the end of the
+    /// prefill, chunk and step argument lists the manifest has.
+    pub fn set_allowed_mask(&mut self, on: bool) {
+        self.allowed_mask = on;
+        for list in [
+            &mut self.prefill_args,
+            &mut self.prefill_with_past_args,
+            &mut self.with_past_args,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            list.retain(|n| *n != Name::Allowed);
+            if on {
+                list.push(Name::Allowed);
             }
         }
     }

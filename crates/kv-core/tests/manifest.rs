@@ -185,6 +185,47 @@ fn top_k_outputs_are_the_one_optional_extra() {
     refused(&|m| m.top_k = Some(m.spec.vocab_size + 1), "topK");
 }
 
+#[test]
+fn the_allowed_mask_is_v2s_last_argument() {
+    let plain = Manifest::new(small(), None, "gemma").into_v2();
+    assert!(
+        !plain.to_json().contains("allowed"),
+        "a v2 manifest without the mask changed"
+    );
+    let mut m = plain.clone();
+    m.set_allowed_mask(true);
+    let back = Manifest::from_json(&m.to_json()).unwrap();
+    assert_eq!(back, m);
+    for &g in back.kv_graphs() {
+        assert_eq!(back.args_or_canonical(g).last(), Some(&Name::Allowed), "{}", g.key());
+        assert_eq!(back.canonical_args(g).last(), Some(&Name::Allowed), "{}", g.key());
+    }
+    assert!(!back.canonical_args(Graph::Redecode).contains(&Name::Allowed));
+    // A manifest made v2 with the key set lists it too.
+    let mut v1 = Manifest::new(small(), None, "gemma");
+    v1.allowed_mask = true;
+    let v2 = v1.into_v2();
+    assert_eq!(v2.with_past_args.as_ref().unwrap().last(), Some(&Name::Allowed));
+    m.set_allowed_mask(false);
+    assert_eq!(m, plain);
+
+    let key_of = |m: &Manifest| match Manifest::from_json(&m.to_json()) {
+        Err(Error::Manifest { key, .. }) => key,
+        other => panic!("expected a manifest error, got {other:?}"),
+    };
+    // The key without the lists' entry, an entry without the key, or the key on contract 1.
+    let mut keyed = plain.clone();
+    keyed.allowed_mask = true;
+    assert_eq!(key_of(&keyed), "prefillWithPastArgs");
+    let mut listed = plain.clone();
+    listed.set_allowed_mask(true);
+    listed.allowed_mask = false;
+    assert_eq!(key_of(&listed), "prefillWithPastArgs");
+    let mut v1 = Manifest::new(small(), None, "gemma");
+    v1.allowed_mask = true;
+    assert_eq!(key_of(&v1), "allowedMask");
+}
+
 fn spelled(names: &[Name]) -> Vec<String> {
     names.iter().map(ToString::to_string).collect()
 }
@@ -199,6 +240,8 @@ fn any_name() -> impl Strategy<Value = Name> {
         Just(Name::Ids),
         Just(Name::TopKLogits),
         Just(Name::TopKIds),
+        Just(Name::Allowed),
+        Just(Name::Pos),
         kind.clone().prop_map(Name::Cos),
         kind.clone().prop_map(Name::Sin),
         kind.prop_map(Name::Mask),
