@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use kv_core::allowed::AllowedTokens;
 use kv_core::manifest::CacheType;
 use kv_core::snapshot_file::{Block, LayerRows};
 use kv_core::window::{plan_chunk, plan_prefill, plan_step, KindInputs};
@@ -86,6 +87,7 @@ pub struct ReferenceSnapshot {
     position: usize,
     caches: Vec<LayerCache>,
     last_logits: Option<Arc<[f32]>>,
+    last_allowed: Option<Arc<AllowedTokens>>,
 }
 
 impl ReferenceSnapshot {
@@ -107,8 +109,13 @@ pub struct ReferenceKv {
     /// Tokens consumed since the last prefill; every layer cache ends here.
     position: usize,
     caches: Vec<LayerCache>,
-    /// Logits of the last real row of the last successful call.
+    /// Logits of the last real row of the last successful call, unmasked.
     last_logits: Option<Arc<[f32]>>,
+    /// The mask later calls predict under ([`KvBackend::set_allowed`]); `None`: every id.
+    allowed: Option<Arc<AllowedTokens>>,
+    /// The mask the last call predicted under: its top-k honours it even if the mask changed
+    /// since, as a graph's top-k computed in the call would.
+    last_allowed: Option<Arc<AllowedTokens>>,
 }
 
 impl ReferenceKv {
@@ -125,6 +132,8 @@ impl ReferenceKv {
             position: 0,
             caches,
             last_logits: None,
+            allowed: None,
+            last_allowed: None,
         }
     }
 
@@ -184,8 +193,13 @@ impl ReferenceKv {
     fn finish(&mut self, caches: Vec<LayerCache>, position: usize, logits: Arc<[f32]>) -> i32 {
         self.caches = caches;
         self.position = position;
-        let token = argmax_lowest(&logits) as i32;
+        // Nothing allowed: unspecified by the trait; 0 keeps the call total.
+        let token = match &self.allowed {
+            Some(allowed) => allowed.argmax(&logits).unwrap_or(0),
+            None => argmax_lowest(&logits) as i32,
+        };
         self.last_logits = Some(logits);
+        self.last_allowed = self.allowed.clone();
         token
     }
 }
@@ -233,6 +247,7 @@ impl KvBackend for ReferenceKv {
             position: self.position,
             caches: self.caches.clone(),
             last_logits: self.last_logits.clone(),
+            last_allowed: self.last_allowed.clone(),
         })
     }
 
@@ -241,6 +256,7 @@ impl KvBackend for ReferenceKv {
         self.position = snapshot.position;
         self.caches = snapshot.caches.clone();
         self.last_logits = snapshot.last_logits.clone();
+        self.last_allowed = snapshot.last_allowed.clone();
         Ok(())
     }
 
@@ -269,12 +285,37 @@ impl KvBackend for ReferenceKv {
         Some(self.model.spec().vocab_size)
     }
 
+    /// Under a mask, disallowed ids rank last at `-inf` (as the graphs' masked top-k has them).
     fn last_top_k(&self, k: usize) -> Result<Option<TopK>> {
         Ok(self
             .last_logits
             .as_deref()
             .filter(|logits| k <= logits.len())
-            .map(|logits| TopK::of_logits(logits, k)))
+            .map(|logits| match &self.last_allowed {
+                Some(allowed) => {
+                    let mut masked = logits.to_vec();
+                    allowed.mask_logits(&mut masked);
+                    TopK::of_logits(&masked, k)
+                }
+                None => TopK::of_logits(logits, k),
+            }))
+    }
+
+    /// Applied on the host to the full logits: the masked argmax keeps the lowest-id tie rule.
+    fn set_allowed(&mut self, allowed: Option<&AllowedTokens>) -> Result<()> {
+        let vocab = self.model.spec().vocab_size;
+        if let Some(a) = allowed {
+            if a.vocab() != vocab {
+                return Err(Error::BadTokenCount {
+                    op: "set_allowed (mask vocabulary)",
+                    n: a.vocab(),
+                    min: vocab,
+                    max: vocab,
+                });
+            }
+        }
+        self.allowed = allowed.filter(|a| !a.is_all()).map(|a| Arc::new(a.clone()));
+        Ok(())
     }
 
     fn name(&self) -> String {
@@ -348,6 +389,7 @@ impl PersistSnapshot for ReferenceKv {
             position,
             caches,
             last_logits: None,
+            last_allowed: None,
         })
     }
 }

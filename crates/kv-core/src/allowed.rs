@@ -6,6 +6,24 @@
 
 use crate::error::{Error, Result};
 
+/// # Example
+///
+/// ```
+/// use kv_core::allowed::AllowedTokens;
+///
+/// let mut allowed = AllowedTokens::from_ids(100, &[3, 40, 41]).unwrap();
+/// allowed.insert(99).unwrap();
+/// assert!(allowed.allows(40) && !allowed.allows(4));
+/// // ceil(100 / 32) words; id 40 is bit 8 of word 1.
+/// assert_eq!(allowed.words(), &[1 << 3, 1 << 8 | 1 << 9, 0, 1 << 3]);
+/// let mut logits = vec![0.0f32; 100];
+/// logits[7] = 9.0; // the best, but not allowed
+/// logits[41] = 2.0;
+/// assert_eq!(allowed.argmax(&logits), Some(41));
+/// allowed.mask_logits(&mut logits);
+/// assert_eq!(logits[7], f32::NEG_INFINITY);
+/// assert!(AllowedTokens::from_ids(100, &[100]).is_err()); // outside the vocabulary
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllowedTokens {
     vocab: usize,

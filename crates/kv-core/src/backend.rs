@@ -127,6 +127,33 @@ pub struct StepPhases {
 /// Calls take `&mut self` because they replace the per-layer caches; a session is used from one
 /// thread at a time. Every method validates its input before touching state: on `Err` the session
 /// is exactly as it was before the call.
+///
+/// # Example
+///
+/// The calls [`crate::KvDecoder`] makes, by hand on the reference backend:
+///
+/// ```
+/// use backend_reference::{ReferenceKv, ReferenceModel};
+/// use kv_core::{KvBackend, WindowRule};
+///
+/// # fn main() -> kv_core::Result<()> {
+/// let model = ReferenceModel::open(&fixtures::materialize("tiny-gemma3:7")?)?;
+/// let mut session = ReferenceKv::new(model, WindowRule::Exact);
+/// session.prefill(&[1, 2, 3, 4])?; // from position 0; returns the next token
+/// let prefix = session.snapshot()?; // owned: it does not borrow the session
+/// let next = session.chunk(&[5, 6])?; // 1..=chunk tokens after the position
+/// session.step(next)?; // one token
+/// assert_eq!(session.position(), 7);
+/// session.restore(&prefix)?; // back to position 4, no copy
+/// assert_eq!(session.position(), 4);
+/// assert_eq!(session.chunk(&[5, 6])?, next); // the same caches, the same token
+/// // Bad input is an error and leaves the session as it was.
+/// assert!(session.chunk(&[]).is_err());
+/// assert!(session.step(i32::MAX).is_err());
+/// assert_eq!(session.position(), 6);
+/// # Ok(())
+/// # }
+/// ```
 pub trait KvBackend {
     /// An owned, cheap handle on the caches at one position (tract's `FrozenState`): it does not
     /// borrow the session, stays valid across any later calls and restores, and can be restored

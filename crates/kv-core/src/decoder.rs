@@ -9,9 +9,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::allowed::AllowedTokens;
 use crate::backend::{KvBackend, RedecodeBackend};
 use crate::error::{Error, Result};
-use crate::sampling::{Sampler, SamplingConfig};
+use crate::sampling::{Sampler, SamplingConfig, TopK};
 
 /// Where a generation's time went. The stages do not overlap; [`Self::total`] is their sum.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -32,12 +33,38 @@ pub struct StageTiming {
     /// From the start of the request until the first id was handed to the callback (`None`
     /// when no id was generated).
     pub first_token: Option<Duration>,
+    /// Constrained generation ([`KvDecoder::generate_constrained`]): time in the grammar
+    /// (masks, commits, forced tokens).
+    pub constrain: Duration,
+    /// Ids the grammar forced (each fed in a chunk call beside others, not stepped alone).
+    pub forced_tokens: usize,
+    /// Calls after the utterance that fed more than one id (a picked id and the ids forced
+    /// after it), in [`Self::decode`] with the steps.
+    pub forced_calls: usize,
+    /// Calls a one-id-per-step decoder would have made that forcing saved.
+    pub steps_saved: usize,
 }
 
 impl StageTiming {
     pub fn total(&self) -> Duration {
-        self.prefill + self.restore + self.chunk + self.decode + self.sample
+        self.prefill + self.restore + self.chunk + self.decode + self.sample + self.constrain
     }
+}
+
+/// A grammar driving [`KvDecoder::generate_constrained`]: which ids may come next, and which
+/// it forces. Implemented outside this crate (the `constrain` crate, over llguidance), so that
+/// the decode loop carries no grammar engine.
+pub trait TokenConstraint {
+    /// The ids allowed after everything committed so far (stop tokens included where the
+    /// grammar may end there). Empty when the grammar has ended.
+    fn allowed(&mut self) -> Result<AllowedTokens>;
+    /// Advances past `id`; an id the grammar does not allow is [`Error::Constraint`].
+    fn commit(&mut self, id: i32) -> Result<()>;
+    /// The ids the grammar forces from here (the only continuation, as the tokenizer would
+    /// write it), not yet committed; empty when there is a choice.
+    fn forced(&mut self) -> Result<Vec<i32>>;
+    /// Whether the grammar has ended: nothing may follow, not even a stop token.
+    fn is_done(&self) -> bool;
 }
 
 /// The ids generated for one request (without the stop token that ended it) and the timing.
@@ -82,6 +109,17 @@ pub fn feed_prompt<B: KvBackend + ?Sized>(backend: &mut B, prompt: &[i32]) -> Re
         token = backend.chunk(piece)?;
     }
     Ok(token)
+}
+
+/// Where a constrained request starts: after a restored prefix, or from position 0.
+enum Start<'a, S> {
+    Prefix(&'a S),
+    Empty,
+}
+
+/// Calls `n` ids cost: chunk calls of at most `chunk` ids, or one step for a single id.
+fn calls_for(n: usize, chunk: usize) -> usize {
+    n.div_ceil(chunk.max(1))
 }
 
 /// The seed's `IreeKvDecoder`, over any backend.
@@ -203,6 +241,270 @@ impl<B: KvBackend> KvDecoder<B> {
             on_token(id);
             true
         })
+    }
+
+    /// [`Self::generate_until`] under a grammar: before each call the backend's mask is set to
+    /// what `constraint` allows next, so every id picked (greedy: the graph's masked argmax;
+    /// sampled: a draw over the masked top-k) is one the grammar accepts. Where the grammar
+    /// forces ids (llguidance's fast-forward tokens) they go in with the next call as one chunk
+    /// instead of a step each, the ones forced before the first pick with the utterance's last
+    /// chunk; they count as generated ids (handed to `on_token`, bounded by `max_new`).
+    /// Generation ends at a stop token the grammar allows, when the grammar has ended, at
+    /// `max_new`, or when `on_token` says so. A backend without a mask
+    /// ([`KvBackend::set_allowed`]) is refused before any call, never decoded unconstrained;
+    /// the mask is lifted again before returning.
+    pub fn generate_constrained(
+        &mut self,
+        prefix: &B::Snapshot,
+        utterance: &[i32],
+        options: &DecodeOptions,
+        constraint: &mut dyn TokenConstraint,
+        on_token: impl FnMut(i32) -> bool,
+    ) -> Result<Generation> {
+        self.constrained(Start::Prefix(prefix), utterance, options, constraint, on_token)
+    }
+
+    /// [`Self::complete`] under a grammar, as [`Self::generate_constrained`] decodes.
+    pub fn complete_constrained(
+        &mut self,
+        prompt: &[i32],
+        options: &DecodeOptions,
+        constraint: &mut dyn TokenConstraint,
+        on_token: impl FnMut(i32) -> bool,
+    ) -> Result<Generation> {
+        self.constrained(Start::Empty, prompt, options, constraint, on_token)
+    }
+
+    fn constrained(
+        &mut self,
+        start: Start<'_, B::Snapshot>,
+        input: &[i32],
+        options: &DecodeOptions,
+        constraint: &mut dyn TokenConstraint,
+        on_token: impl FnMut(i32) -> bool,
+    ) -> Result<Generation> {
+        let (op, position) = match start {
+            Start::Prefix(s) => ("generate", self.backend.snapshot_position(s)),
+            Start::Empty => ("complete", 0),
+        };
+        self.check_request(op, position, input, options)?;
+        let sampler = self.sampler(options)?;
+        // Lifting the mask changes nothing on a backend that has one and asks the others now,
+        // before the session moves.
+        self.backend.set_allowed(None)?;
+        let result = self.constrained_inner(start, input, options, sampler, constraint, on_token);
+        let lifted = self.backend.set_allowed(None);
+        let generation = result?;
+        lifted?;
+        Ok(generation)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn constrained_inner(
+        &mut self,
+        start: Start<'_, B::Snapshot>,
+        input: &[i32],
+        options: &DecodeOptions,
+        mut sampler: Option<Sampler>,
+        constraint: &mut dyn TokenConstraint,
+        mut on_token: impl FnMut(i32) -> bool,
+    ) -> Result<Generation> {
+        let started = Instant::now();
+        let mut timing = StageTiming::default();
+        let chunk = self.backend.spec().chunk;
+        let mut ids: Vec<i32> = Vec::new();
+        let mut history = input.to_vec();
+        let mut stopped_at_eos = false;
+        // Hands `id` over; false = generation is over (the caller's word or max_new).
+        let mut emit = |id: i32, ids: &mut Vec<i32>, history: &mut Vec<i32>, timing: &mut StageTiming| {
+            ids.push(id);
+            history.push(id);
+            timing.first_token.get_or_insert_with(|| started.elapsed());
+            on_token(id) && ids.len() < options.max_new
+        };
+
+        // Ids forced before the first pick join the input.
+        let t = Instant::now();
+        let forced = self.take_forced(constraint, options.max_new)?;
+        timing.constrain += t.elapsed();
+        let mut going = options.max_new > 0;
+        for &id in &forced {
+            going = emit(id, &mut ids, &mut history, &mut timing) && going;
+            timing.forced_tokens += 1;
+        }
+        let mut pending: Vec<i32> = input.iter().copied().chain(forced.iter().copied()).collect();
+        timing.steps_saved +=
+            (calls_for(input.len(), chunk) + forced.len()).saturating_sub(calls_for(pending.len(), chunk));
+        if !going || constraint.is_done() {
+            // Nothing is left to pick; the forced ids still enter the cache so that the
+            // session ends where the ids do, as after any generation.
+            let t = Instant::now();
+            match start {
+                Start::Prefix(s) => {
+                    self.backend.restore(s)?;
+                    timing.restore = t.elapsed();
+                    let t = Instant::now();
+                    for piece in pending.chunks(chunk) {
+                        self.backend.chunk(piece)?;
+                        timing.chunk_calls += 1;
+                    }
+                    timing.chunk = t.elapsed();
+                }
+                Start::Empty => {
+                    feed_prompt(&mut self.backend, &pending)?;
+                    timing.prefill = t.elapsed();
+                }
+            }
+            return Ok(Generation {
+                ids,
+                stopped_at_eos,
+                timing,
+            });
+        }
+
+        let mut first = true;
+        loop {
+            let t = Instant::now();
+            let allowed = constraint.allowed()?;
+            timing.constrain += t.elapsed();
+            if allowed.is_empty() {
+                break;
+            }
+            self.backend.set_allowed(Some(&allowed))?;
+            let predicted = if first {
+                first = false;
+                let t = Instant::now();
+                match start {
+                    Start::Prefix(s) => {
+                        self.backend.restore(s)?;
+                        timing.restore = t.elapsed();
+                        let t = Instant::now();
+                        let mut next = None;
+                        for piece in pending.chunks(chunk) {
+                            next = Some(self.backend.chunk(piece)?);
+                            timing.chunk_calls += 1;
+                        }
+                        timing.chunk = t.elapsed();
+                        next.unwrap_or_else(|| crate::error::invariant("non-empty input made no chunk call"))
+                    }
+                    Start::Empty => {
+                        let next = feed_prompt(&mut self.backend, &pending)?;
+                        timing.prefill = t.elapsed();
+                        next
+                    }
+                }
+            } else {
+                let t = Instant::now();
+                let next = if pending.len() == 1 {
+                    timing.decode_tokens += 1;
+                    self.backend.step(pending[0])?
+                } else {
+                    let mut next = 0;
+                    for piece in pending.chunks(chunk) {
+                        next = self.backend.chunk(piece)?;
+                        timing.forced_calls += 1;
+                    }
+                    timing.steps_saved += pending.len() - calls_for(pending.len(), chunk);
+                    next
+                };
+                timing.decode += t.elapsed();
+                next
+            };
+            let token = self.pick_allowed(predicted, &allowed, &history, sampler.as_mut(), &mut timing)?;
+            if options.stop.contains(&token) {
+                stopped_at_eos = true;
+                break;
+            }
+            let t = Instant::now();
+            constraint.commit(token)?;
+            timing.constrain += t.elapsed();
+            if !emit(token, &mut ids, &mut history, &mut timing) || constraint.is_done() {
+                break;
+            }
+            let t = Instant::now();
+            let forced = self.take_forced(constraint, options.max_new - ids.len())?;
+            timing.constrain += t.elapsed();
+            pending.clear();
+            pending.push(token);
+            let mut going = true;
+            for &id in &forced {
+                going = emit(id, &mut ids, &mut history, &mut timing) && going;
+                timing.forced_tokens += 1;
+                pending.push(id);
+            }
+            if !going || constraint.is_done() {
+                break;
+            }
+        }
+        Ok(Generation {
+            ids,
+            stopped_at_eos,
+            timing,
+        })
+    }
+
+    /// The grammar's forced ids, at most `room`, committed to it.
+    fn take_forced(&self, constraint: &mut dyn TokenConstraint, room: usize) -> Result<Vec<i32>> {
+        let mut forced = constraint.forced()?;
+        forced.truncate(room);
+        self.backend.spec().check_tokens("forced tokens", &forced)?;
+        for &id in &forced {
+            constraint.commit(id)?;
+        }
+        Ok(forced)
+    }
+
+    /// [`Self::pick`] within `allowed`: the greedy id is checked against the mask (a backend
+    /// that ignored it is an error, never an unconstrained id), the sampled one is drawn from
+    /// the allowed candidates only.
+    fn pick_allowed(
+        &self,
+        predicted: i32,
+        allowed: &AllowedTokens,
+        history: &[i32],
+        sampler: Option<&mut Sampler>,
+        timing: &mut StageTiming,
+    ) -> Result<i32> {
+        let mismatch = |what: &str, id: i32| Error::ContractMismatch {
+            backend: "decoder",
+            op: "constrained decoding".into(),
+            message: format!(
+                "{} {what} {id}, which the grammar's mask does not allow: the backend ignored set_allowed",
+                self.backend.name()
+            ),
+        };
+        let Some(sampler) = sampler else {
+            if !allowed.allows(predicted) {
+                return Err(mismatch("predicted", predicted));
+            }
+            return Ok(predicted);
+        };
+        let t = Instant::now();
+        let needed = sampler.config().candidates;
+        let top = self.backend.last_top_k(needed)?.ok_or_else(|| Error::NoTopK {
+            backend: self.backend.name(),
+            needed,
+            available: self.backend.top_k_capacity(),
+        })?;
+        // Masked candidates come last at -inf; they must not be drawn even where rounding
+        // leaves the cumulative sum short of the draw.
+        let (ids, logits): (Vec<i32>, Vec<f32>) = top
+            .ids()
+            .iter()
+            .zip(top.logits())
+            .filter(|(id, _)| allowed.allows(**id))
+            .map(|(&id, &l)| (id, l))
+            .unzip();
+        if ids.is_empty() {
+            return Err(mismatch(
+                "offered no allowed candidate; its best was",
+                top.ids().first().copied().unwrap_or(-1),
+            ));
+        }
+        let top = TopK::from_pairs(&ids, &logits).unwrap_or_else(|| crate::error::invariant("ids and logits pair up"));
+        let id = sampler.sample(&top, history);
+        timing.sample += t.elapsed();
+        Ok(id)
     }
 
     /// The checks every request passes before its first call: some valid ids, and room from

@@ -134,6 +134,10 @@ pub enum Error {
         op: &'static str,
         reason: &'static str,
     },
+    /// A grammar (a [`crate::decoder::TokenConstraint`]) refused to build, refused a token, or
+    /// failed inside its engine.
+    #[error("constraint: {op}: {reason}")]
+    Constraint { op: &'static str, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -23,6 +23,32 @@
 //! - **Artifacts.** [`manifest::Manifest`] names graphs, arguments (bound by [`manifest::Name`],
 //!   parsed once when the manifest is read) and archives; [`irpa`] reads archives zero-copy
 //!   through `memmap2` and writes IREE-identical ones.
+//!
+//! # Example
+//!
+//! A session on the tiny fixture model through the FP32 reference backend (`backend-reference`;
+//! IREE's `IreeKvBackend` is the same [`KvBackend`]): a shared prefix prefilled once, then each
+//! utterance answered from its snapshot by [`KvDecoder`]. `examples/session.rs` does more.
+//!
+//! ```
+//! use backend_reference::{ReferenceKv, ReferenceModel};
+//! use kv_core::{KvDecoder, WindowRule};
+//!
+//! # fn main() -> kv_core::Result<()> {
+//! let dir = fixtures::materialize("tiny-gemma3:7")?; // written once into the cache
+//! let model = ReferenceModel::open(&dir)?;
+//! let mut decoder = KvDecoder::new(ReferenceKv::new(model, WindowRule::Exact));
+//! let prefix = decoder.prefill_prefix(&[1, 2, 3, 4, 5, 6])?;
+//! // Restore the snapshot, feed the utterance in chunk calls, decode greedily.
+//! let answer = decoder.generate(&prefix, &[7, 8, 9], None, 4)?;
+//! assert_eq!(answer.ids.len(), 4);
+//! assert_eq!(answer.timing.chunk_calls, 1);
+//! // The snapshot stays valid after later calls: the same utterance, the same answer.
+//! decoder.generate(&prefix, &[10, 11], None, 4)?;
+//! assert_eq!(decoder.generate(&prefix, &[7, 8, 9], None, 4)?.ids, answer.ids);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod allowed;
 pub mod backend;

@@ -34,6 +34,33 @@
 //!
 //! Like the `.irpa` archives, a snapshot file must not be truncated while it is being loaded
 //! (reading a truncated mapping raises SIGBUS); its length is checked when it is opened.
+//!
+//! # Example
+//!
+//! ```
+//! use backend_reference::{ReferenceKv, ReferenceModel};
+//! use kv_core::{snapshot_file, KvBackend, WindowRule};
+//!
+//! # fn main() -> kv_core::Result<()> {
+//! let model = ReferenceModel::open(&fixtures::materialize("tiny-gemma3:7")?)?;
+//! let mut session = ReferenceKv::new(model.clone(), WindowRule::Exact);
+//! session.prefill(&[1, 2, 3, 4, 5])?;
+//! let prefix = session.snapshot()?;
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("catalog.skvsnap");
+//! snapshot_file::save(&session, &prefix, &path)?;
+//! assert_eq!(snapshot_file::verify(&path)?.position, 5);
+//!
+//! // A fresh session of the same model (another process, in an app) loads it instead of
+//! // prefilling, and continues as the session that saved it.
+//! let mut fresh = ReferenceKv::new(model, WindowRule::Exact);
+//! let loaded = snapshot_file::load(&fresh, &path)?;
+//! fresh.restore(&loaded)?;
+//! session.restore(&prefix)?;
+//! assert_eq!(fresh.chunk(&[6, 7])?, session.chunk(&[6, 7])?);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
