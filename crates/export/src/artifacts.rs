@@ -499,19 +499,23 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
     // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
     let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
-    // Our q4 kernel (`kernels`) for exports to this very CPU only (no other triple): the module
-    // then runs nowhere without AVX-512, as any `--cpu host` module.
-    let other_triple = options
+    // Our q4 kernel (`kernels::KernelIsa::for_export`): on x86-64 for exports to this very CPU
+    // only (the module then runs nowhere without AVX-512, as any `--cpu host` module), on any
+    // aarch64 triple. CPU-only exports: the module text serves every target.
+    let triple = options
         .compile_flags
         .iter()
         .chain(options.graph_flags.values().flatten())
-        .any(|f| f.starts_with("--iree-llvmcpu-target-triple"));
-    let q4_kernel = options
+        .find_map(|f| f.strip_prefix("--iree-llvmcpu-target-triple="));
+    let cpus: Option<Vec<&str>> = options
         .targets
         .iter()
-        .all(|t| matches!(t, Target::Cpu { cpu } if cpu == "host"))
-        && !other_triple
-        && crate::kernels::host_runs_q4_matvec()
+        .map(|t| match t {
+            Target::Cpu { cpu } => Some(cpu.as_str()),
+            _ => None,
+        })
+        .collect();
+    let q4_kernel = cpus.is_some_and(|cpus| crate::kernels::KernelIsa::for_export(triple, &cpus).is_some())
         && quantization
             .as_ref()
             .is_some_and(|q| q.scale_type == ScaleType::F16 && q.tensors.values().any(|f| *f == QuantFormat::Q4));

@@ -51,8 +51,8 @@ const EMITTER_REVISION_V2: u32 = 10;
 /// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets); 6: many-row
 /// projections as a `dot_general` over the blocks (CPU data tiling: mmt4d ukernels); 7: q8 only
 /// (q4's chunk calls were slower so); 8: one-row q4 products on x86-64 CPUs with AVX-512 call
-/// our kernel (`export::kernels`).
-const QUANTIZED_REVISION: u32 = 8;
+/// our kernel (`export::kernels`); 9: aarch64 ones too (the NEON twin).
+const QUANTIZED_REVISION: u32 = 9;
 
 /// A sha256 of the emitter and compiler versions and of the source manifest and weights
 /// (contents up to 64 MiB, length and mtime beyond), as hex.
@@ -69,7 +69,9 @@ fn source_fingerprint(model: &str) -> Result<String> {
         // leaves every bf16 entry valid.
         hasher.update(format!("quantized graphs {QUANTIZED_REVISION}\n"));
         // and our kernels' source: an edit of it exports again.
-        hasher.update(crate::kernels::Q4_MATVEC.as_bytes());
+        for isa in crate::kernels::KernelIsa::ALL {
+            hasher.update(isa.source().as_bytes());
+        }
     }
     let mut files = vec![dir.join(MANIFEST_FILE)];
     files.extend(manifest.weights_file().map(|w| dir.join(w)));

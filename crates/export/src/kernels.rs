@@ -2,26 +2,107 @@
 //! C compiled by clang for IREE's embedded ELF ABI and linked into the module (a
 //! `hal.executable.source` with `objects`), called from the graph with `flow.dispatch`.
 //!
-//! [`Q4_MATVEC`]: the one-row q4 product (`x · dequant(W)ᵀ`, f16 block scales), the f32
-//! arithmetic of [`crate::mlir::Body::block_contract_q`] associated otherwise. Standalone,
-//! Gemma 3 270M's LM head took ~6.1 ms against 9.3–11.7 for IREE's code of the graph's form;
-//! in the exported step, decode 16.0/16.3 → 11.1/10.4 ms/token (`scripts/q4-kernel.sh`,
-//! docs/journal, session 15).
+//! The one-row q4 product (`x · dequant(W)ᵀ`, f16 block scales), the f32 arithmetic of
+//! [`crate::mlir::Body::block_contract_q`] associated otherwise, in two machine codes
+//! ([`KernelIsa`]): x86-64 with AVX-512 ([`Q4_MATVEC`]) and aarch64 with Armv8.0 Advanced SIMD
+//! ([`Q4_MATVEC_AARCH64`]). On x86, standalone, Gemma 3 270M's LM head took ~6.1 ms against
+//! 9.3–11.7 for IREE's code of the graph's form; in the exported step, decode 16.0/16.3 →
+//! 11.1/10.4 ms/token (`scripts/q4-kernel.sh`, docs/journal, session 15). The aarch64 one
+//! has been run only under qemu, where speed means nothing: docs/quantized-weights.md counts its
+//! instructions per block instead.
 
 use std::path::Path;
 use std::process::Command;
 
 use crate::{ExportError, Result};
 
-/// The kernel's C source: `q4_matvec_workgroup`.
+/// The x86-64 kernel's C source: `q4_matvec_workgroup`.
 pub const Q4_MATVEC: &str = include_str!("../kernels/q4_matvec_x86_64.c");
 
-/// The object file [`build_objects`] writes and the modules name (found through
+/// The aarch64 kernel's C source: the same function, same arguments.
+pub const Q4_MATVEC_AARCH64: &str = include_str!("../kernels/q4_matvec_aarch64.c");
+
+/// The x86-64 object file [`build_objects`] writes and the modules name (found through
 /// `--iree-hal-executable-object-search-path`).
 pub const Q4_MATVEC_OBJECT: &str = "q4_matvec_x86_64.o";
 
 /// Output rows a workgroup computes (the last one fewer when they do not divide).
 const ROWS_PER_WORKGROUP: usize = 256;
+
+/// The machine code of a kernel: which CPUs it runs on, how clang builds it and which IREE
+/// executable format links it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelIsa {
+    /// x86-64 with AVX-512 F/BW/VL, FMA and F16C.
+    X86_64Avx512,
+    /// aarch64, Armv8.0-A Advanced SIMD: every aarch64 CPU (Android's arm64-v8a ABI included).
+    Aarch64Neon,
+}
+
+impl KernelIsa {
+    pub const ALL: [KernelIsa; 2] = [KernelIsa::X86_64Avx512, KernelIsa::Aarch64Neon];
+
+    /// The C source of the q4 kernel.
+    pub fn source(self) -> &'static str {
+        match self {
+            KernelIsa::X86_64Avx512 => Q4_MATVEC,
+            KernelIsa::Aarch64Neon => Q4_MATVEC_AARCH64,
+        }
+    }
+
+    /// The object file's name in the export directory.
+    pub fn object(self) -> &'static str {
+        match self {
+            KernelIsa::X86_64Avx512 => Q4_MATVEC_OBJECT,
+            KernelIsa::Aarch64Neon => "q4_matvec_aarch64.o",
+        }
+    }
+
+    /// IREE's executable format of an llvm-cpu module for this architecture (what the object is
+    /// declared for: IREE links each object only into the variants of its format).
+    pub fn iree_format(self) -> &'static str {
+        match self {
+            KernelIsa::X86_64Avx512 => "embedded-elf-x86_64",
+            KernelIsa::Aarch64Neon => "embedded-elf-arm_64",
+        }
+    }
+
+    /// clang's target and code-generation flags: IREE's embedded ELF is freestanding (no libc,
+    /// no stack protector's guard symbol), position independent.
+    fn clang_args(self) -> &'static [&'static str] {
+        match self {
+            KernelIsa::X86_64Avx512 => &[
+                "-target",
+                "x86_64-unknown-unknown-eabi-elf",
+                "-mavx512f",
+                "-mavx512bw",
+                "-mavx512vl",
+                "-mfma",
+                "-mf16c",
+            ],
+            KernelIsa::Aarch64Neon => &["-target", "aarch64-unknown-unknown-eabi-elf", "-march=armv8-a"],
+        }
+    }
+
+    /// The q4 kernel an export's CPU modules call, by the LLVM target triple they are compiled
+    /// for (`None`: iree-compile's default, this machine's) and their `--cpu` names: any aarch64
+    /// triple (Advanced SIMD is part of the base architecture), and on x86-64 only modules for
+    /// this very CPU (`--cpu host`) where it has AVX-512 (other x86 exports run on CPUs without
+    /// it). None otherwise: the graph's own form.
+    pub fn for_export(triple: Option<&str>, cpus: &[&str]) -> Option<KernelIsa> {
+        let arch = match triple {
+            Some(t) => t.split('-').next().unwrap_or(t),
+            None => std::env::consts::ARCH,
+        };
+        match arch {
+            "aarch64" | "arm64" => Some(KernelIsa::Aarch64Neon),
+            "x86_64" if triple.is_none() && !cpus.is_empty() && cpus.iter().all(|c| *c == "host") => {
+                host_runs_q4_matvec().then_some(KernelIsa::X86_64Avx512)
+            }
+            _ => None,
+        }
+    }
+}
 
 /// Whether the CPU running the export can run [`Q4_MATVEC`] (x86-64 with AVX-512 F/BW/VL, FMA,
 /// F16C): the condition for `--cpu host` exports to call it.
@@ -40,28 +121,30 @@ pub fn host_runs_q4_matvec() -> bool {
     }
 }
 
-/// Compiles [`Q4_MATVEC`] into `dir/`[`Q4_MATVEC_OBJECT`] with clang (`CLANG`, else `clang` on
-/// `PATH`).
+/// Compiles the q4 kernel of every [`KernelIsa`] into `dir/` (their [`KernelIsa::object`]) with
+/// clang (`CLANG`, else `clang` on `PATH`): the executables name all of them, and IREE links the
+/// one of the module's target.
 pub fn build_objects(dir: &Path) -> Result<()> {
+    for isa in KernelIsa::ALL {
+        build_object(dir, isa)?;
+    }
+    Ok(())
+}
+
+fn build_object(dir: &Path, isa: KernelIsa) -> Result<()> {
     let clang = crate::compile::find_tool("CLANG", "clang", "bin/clang")
         .map_err(|searched| ExportError::Unsupported(format!("the q4 kernel needs clang (searched: {searched})")))?;
-    let source = dir.join("q4_matvec_x86_64.c");
-    std::fs::write(&source, Q4_MATVEC).map_err(ExportError::io("writing the q4 kernel", &source))?;
-    let object = dir.join(Q4_MATVEC_OBJECT);
+    let object = dir.join(isa.object());
+    let source = object.with_extension("c");
+    std::fs::write(&source, isa.source()).map_err(ExportError::io("writing the q4 kernel", &source))?;
     let output = Command::new(&clang)
+        .args(isa.clang_args())
         .args([
-            "-target",
-            "x86_64-unknown-unknown-eabi-elf",
             "-std=c11",
             "-O3",
             "-ffreestanding",
             "-fno-stack-protector",
             "-fPIC",
-            "-mavx512f",
-            "-mavx512bw",
-            "-mavx512vl",
-            "-mfma",
-            "-mf16c",
             "-c",
         ])
         .arg(&source)
@@ -71,7 +154,7 @@ pub fn build_objects(dir: &Path) -> Result<()> {
         .map_err(ExportError::io("running clang", &clang))?;
     if !output.status.success() {
         return Err(ExportError::Unsupported(format!(
-            "clang could not compile the q4 kernel: {}",
+            "clang could not compile the {isa:?} q4 kernel: {}",
             String::from_utf8_lossy(&output.stderr).lines().next().unwrap_or("")
         )));
     }
@@ -97,11 +180,23 @@ pub fn q4_matvec_executable(out: usize, inner: usize) -> Executable {
     let read = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
     let layout =
         format!("#hal.pipeline.layout<bindings = [{read}, {read}, {read}, #hal.pipeline.binding<storage_buffer>]>");
+    // Every architecture's object: IREE links the one whose format is the module's target's.
+    let objects = KernelIsa::ALL
+        .iter()
+        .map(|isa| {
+            format!(
+                r#"#hal.executable.target<"llvm-cpu", "{}"> = [#hal.executable.object<{{path = "{}"}}>]"#,
+                isa.iree_format(),
+                isa.object()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     // A source, not a variant: IREE makes the variant for the module's own CPU target, so the
     // executable is linked with the generated ones (a variant with a target of its own became a
     // library of its own, and the generated dispatches were then looked up in the wrong one).
     let text = format!(
-        r#"hal.executable.source private @{name} <objects = <{{#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64"> = [#hal.executable.object<{{path = "{Q4_MATVEC_OBJECT}"}}>]}}>> {{
+        r#"hal.executable.source private @{name} <objects = <{{{objects}}}>> {{
     hal.executable.export public @{name} ordinal(0) layout({layout}) count(%device: !hal.device, %rows: index) -> (index, index, index) {{
       %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {rows})>()[%rows]
       %c1 = arith.constant 1 : index
@@ -151,13 +246,58 @@ mod tests {
             .contains("memref<2048xf32>, memref<655360xi8>, memref<40960xf16>, memref<640xf32>"));
     }
 
-    /// clang is installed by scripts/setup.sh; the object must come out for the x86-64 embedded
-    /// ELF ABI whatever CPU builds it.
+    /// clang is installed by scripts/setup.sh; each object must come out for its architecture's
+    /// embedded ELF ABI whatever CPU builds it (ELF `e_machine`: 62 x86-64, 183 aarch64).
     #[test]
-    fn the_kernel_compiles() {
+    fn the_kernels_compile() {
         let dir = tempfile::tempdir().unwrap();
         build_objects(dir.path()).unwrap();
-        let object = std::fs::read(dir.path().join(Q4_MATVEC_OBJECT)).unwrap();
-        assert_eq!(&object[..4], b"\x7fELF");
+        for (isa, machine) in [(KernelIsa::X86_64Avx512, 62u16), (KernelIsa::Aarch64Neon, 183)] {
+            let object = std::fs::read(dir.path().join(isa.object())).unwrap();
+            assert_eq!(&object[..4], b"\x7fELF", "{isa:?}");
+            assert_eq!(u16::from_le_bytes([object[18], object[19]]), machine, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn executables_name_every_architecture_s_object() {
+        let e = q4_matvec_executable(64, 32);
+        for isa in KernelIsa::ALL {
+            let declared = format!(
+                r#"#hal.executable.target<"llvm-cpu", "{}"> = [#hal.executable.object<{{path = "{}"}}>]"#,
+                isa.iree_format(),
+                isa.object()
+            );
+            assert!(e.text.contains(&declared), "{isa:?} missing in {}", e.text);
+        }
+    }
+
+    #[test]
+    fn the_triple_chooses_the_kernel() {
+        for triple in [
+            "aarch64-unknown-linux-gnu",
+            "aarch64-linux-android",
+            "arm64-apple-macos",
+        ] {
+            assert_eq!(
+                KernelIsa::for_export(Some(triple), &["generic"]),
+                Some(KernelIsa::Aarch64Neon),
+                "{triple}"
+            );
+        }
+        // x86 modules for other CPUs than this one, and 32-bit ARM, keep the graph's form.
+        assert_eq!(KernelIsa::for_export(Some("x86_64-unknown-linux-gnu"), &["host"]), None);
+        assert_eq!(
+            KernelIsa::for_export(Some("armv7a-linux-androideabi"), &["generic"]),
+            None
+        );
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(KernelIsa::for_export(None, &["x86-64-v3"]), None);
+            assert_eq!(KernelIsa::for_export(None, &["host", "generic"]), None);
+            assert_eq!(
+                KernelIsa::for_export(None, &["host"]),
+                host_runs_q4_matvec().then_some(KernelIsa::X86_64Avx512)
+            );
+        }
     }
 }
