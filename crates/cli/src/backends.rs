@@ -25,7 +25,7 @@ pub enum BackendChoice {
 
 impl BackendChoice {
     #[cfg(feature = "iree")]
-    fn device(self) -> Option<&'static str> {
+    pub(crate) fn device(self) -> Option<&'static str> {
         match self {
             BackendChoice::Reference => None,
             BackendChoice::IreeCpu => Some("local-task"),

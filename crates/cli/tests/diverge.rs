@@ -15,7 +15,18 @@ fn diverge_with(model: &str, backends: &str, extra: &[&str]) -> serde_json::Valu
 
 /// Whether the command succeeded, its `--json` report (printed whatever the verdict), stderr.
 fn diverge_status(model: &str, backends: &str, extra: &[&str]) -> (bool, serde_json::Value, String) {
+    diverge_status_env(model, backends, extra, &[])
+}
+
+/// [`diverge_status`] with environment variables set for the command.
+fn diverge_status_env(
+    model: &str,
+    backends: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .envs(env.iter().copied())
         .args([
             "diverge",
             "--model",
@@ -161,11 +172,10 @@ fn diverge_wants_two_backends() {
 
 /// Block-quantized weights (`--weights q8|q4`, the fixture re-quantized once, f16 scales): the
 /// IREE CPU graphs dequantize inside their matmuls exactly as the reference does on the host, so
-/// the tokens agree and the caches stay within the cross-backend tolerance (q8 on Gemma's shape,
-/// q4 on Llama's grouped heads under contract 2), against a reference that rounds the K/V rows as
-/// the CPU artifacts' caches do (f16 where this CPU converts it). On Vulkan (lavapipe, f32
-/// caches) the export widens the scales to f32 in its archive; the same agreement says it did so
-/// exactly.
+/// the tokens agree and the caches stay within the cross-backend tolerance (q8 on Gemma's shape;
+/// q4 on the CPU in the test below), against a reference that rounds the K/V rows as the CPU
+/// artifacts' caches do (f16 where this CPU converts it). On Vulkan (lavapipe, f32 caches) the
+/// export widens the scales to f32 in its archive; the same agreement says it did so exactly.
 #[cfg(feature = "iree")]
 #[test]
 fn iree_cpu_tracks_the_reference_on_quantized_weights() {
@@ -177,7 +187,6 @@ fn iree_cpu_tracks_the_reference_on_quantized_weights() {
         ),
         false,
     );
-    check_report(&q4_cpu_report(), false);
     check_report(
         &diverge_with("tiny-llama:3", "reference,iree-vulkan", &["--weights", "q4"]),
         false,
@@ -185,40 +194,69 @@ fn iree_cpu_tracks_the_reference_on_quantized_weights() {
 }
 
 /// q4 on Llama's grouped heads under contract 2, on the CPU, against a reference that reads the
-/// artifacts' inputs.
+/// artifacts' inputs, with `SKAINET_KV_Q4_KERNEL=kernel` (`export::kernels::Q4_KERNEL_ENV`).
 #[cfg(feature = "iree")]
-fn q4_cpu_report() -> serde_json::Value {
-    diverge_with(
+fn q4_cpu_report(kernel: &str) -> serde_json::Value {
+    let (ok, v, stderr) = diverge_status_env(
         "tiny-llama:3",
         "reference,iree-cpu",
         &["--weights", "q4", "--contract", "2", "--reference-input", "artifacts"],
-    )
+        &[(export::kernels::Q4_KERNEL_ENV, kernel)],
+    );
+    assert!(
+        ok,
+        "q4 on the CPU, {}={kernel}: {stderr}",
+        export::kernels::Q4_KERNEL_ENV
+    );
+    check_report(&v, false);
+    v
 }
 
-/// On a CPU that runs it, the q4 CPU export above computes its one-row products with our
-/// AVX-512 kernel (`export::kernels`): the agreement checked there is the kernel's.
+/// Calls of our q4 kernel in the module text the report's IREE side was compiled from.
+#[cfg(feature = "iree")]
+fn kernel_calls(v: &serde_json::Value) -> usize {
+    let dir = std::path::Path::new(v["iree_artifacts"].as_str().expect("the report names its artifacts"));
+    let mlir = std::fs::read_to_string(dir.join("llama.mlir")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    mlir.matches("flow.dispatch @q4_matvec_").count()
+}
+
+/// Both q4 paths of a `--cpu host` export against the reference: IREE's own product (forced with
+/// `SKAINET_KV_Q4_KERNEL=off`, runs everywhere) and, on a CPU that has one, our kernel
+/// (`export::kernels`: AVX-512 or Advanced SIMD), the default there. Each is checked to be the path it claims by the
+/// kernel calls in its module, so neither passes having run the other.
 #[cfg(feature = "iree")]
 #[test]
-fn q4_cpu_exports_call_the_kernel_where_the_cpu_runs_it() {
-    check_report(&q4_cpu_report(), false);
-    let root = export::cache_root().unwrap();
-    let calls: usize = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy();
-            name.contains("tiny-llama-3-q4") && name.contains("llvm-cpu-host") && !name.starts_with('.')
-        })
-        .map(|dir| std::fs::read_to_string(dir.join("llama.mlir")).unwrap_or_default())
-        .map(|mlir| mlir.matches("flow.dispatch @q4_matvec_").count())
-        .sum();
-    if export::kernels::host_runs_q4_matvec() {
+fn q4_cpu_exports_run_the_kernel_and_the_plain_product() {
+    let plain = q4_cpu_report("off");
+    assert_eq!(kernel_calls(&plain), 0, "a q4 kernel call with the kernel off: {plain}");
+    let default = q4_cpu_report("auto");
+    // What `--cpu host` chooses here: AVX-512 on x86-64, Advanced SIMD on every aarch64.
+    if export::kernels::KernelIsa::for_export(None, &["host"]).is_some() {
         assert!(
-            calls > 0,
-            "no q4 kernel call in the q4 CPU export under {}",
-            root.display()
+            kernel_calls(&default) > 0,
+            "no q4 kernel call in the default q4 CPU export: {default}"
+        );
+        assert_ne!(
+            plain["iree_artifacts"], default["iree_artifacts"],
+            "one cache entry for both paths"
         );
     } else {
-        assert_eq!(calls, 0, "a q4 kernel call in an export for a CPU without AVX-512");
+        println!(
+            "SKIP: the q4 kernel path: no kernel for this CPU (x86-64 without AVX-512 F/BW/VL, FMA or F16C: \
+             export::kernels::KernelIsa::for_export); the plain q4 product ran"
+        );
+        assert_eq!(
+            kernel_calls(&default),
+            0,
+            "a q4 kernel call in an export for a CPU without a kernel"
+        );
     }
+    // A typo is refused, not read as the default (which would test the other path).
+    let (ok, _, stderr) = diverge_status_env(
+        "tiny-llama:3",
+        "reference,iree-cpu",
+        &["--weights", "q4", "--contract", "2"],
+        &[(export::kernels::Q4_KERNEL_ENV, "of")],
+    );
+    assert!(!ok && stderr.contains("SKAINET_KV_Q4_KERNEL=\"of\""), "{stderr}");
 }

@@ -515,7 +515,8 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
             _ => None,
         })
         .collect();
-    let q4_kernel = cpus.is_some_and(|cpus| crate::kernels::KernelIsa::for_export(triple, &cpus).is_some())
+    let q4_kernel = crate::kernels::q4_kernel_allowed()?
+        && cpus.is_some_and(|cpus| crate::kernels::KernelIsa::for_export(triple, &cpus).is_some())
         && quantization
             .as_ref()
             .is_some_and(|q| q.scale_type == ScaleType::F16 && q.tensors.values().any(|f| *f == QuantFormat::Q4));

@@ -414,6 +414,10 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     {
         settings["hostCpu"] = serde_json::json!(host_cpu());
     }
+    // A module without the kernel beside the one with it, not in its place.
+    if matches!(crate::kernels::q4_kernel_allowed(), Ok(false)) {
+        settings["q4Kernel"] = serde_json::json!("off");
+    }
     settings
 }
 
@@ -468,6 +472,8 @@ pub fn entry_name(model: &str, options: &ExportOptions) -> String {
 
 impl Entry {
     fn of(root: &Path, model: &str, options: &ExportOptions) -> Result<Entry> {
+        // Refused here too, not only where an export starts: a cached entry would hide the typo.
+        crate::kernels::q4_kernel_allowed()?;
         Ok(Entry {
             dir: root.join(entry_name(model, options)),
             fingerprint: match options.contract {

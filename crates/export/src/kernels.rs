@@ -121,6 +121,28 @@ pub fn host_runs_q4_matvec() -> bool {
     }
 }
 
+/// `SKAINET_KV_Q4_KERNEL`: `off` keeps CPU exports on IREE's own q4 products even where they
+/// would call our kernel, so that tests run both paths on one machine (`cli/tests/diverge.rs`);
+/// unset or `auto`: the kernel wherever the export's CPU runs it. Exports made with `off` are
+/// cached apart (`q4Kernel` in their settings).
+pub const Q4_KERNEL_ENV: &str = "SKAINET_KV_Q4_KERNEL";
+
+/// Whether [`Q4_KERNEL_ENV`] leaves exports free to call the kernel. Another value is refused:
+/// a typo would silently test the path it meant to avoid.
+pub fn q4_kernel_allowed() -> Result<bool> {
+    let value = match std::env::var_os(Q4_KERNEL_ENV) {
+        None => return Ok(true),
+        Some(value) => value,
+    };
+    match value.to_str() {
+        Some("auto") => Ok(true),
+        Some("off") => Ok(false),
+        _ => Err(ExportError::Unsupported(format!(
+            "{Q4_KERNEL_ENV}={value:?}: give `auto` or `off`"
+        ))),
+    }
+}
+
 /// Compiles the q4 kernel of every [`KernelIsa`] into `dir/` (their [`KernelIsa::object`]) with
 /// clang (`CLANG`, else `clang` on `PATH`): the executables name all of them, and IREE links the
 /// one of the module's target.

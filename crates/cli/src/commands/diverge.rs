@@ -94,6 +94,10 @@ struct Output<'a> {
     iree_cache_type: Option<CacheType>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reference_cache_type: Option<CacheType>,
+    /// The IREE side's artifact directory: what its modules were compiled from (tests read
+    /// whether they call our q4 kernel).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iree_artifacts: Option<std::path::PathBuf>,
     #[serde(flatten)]
     report: &'a DivergeReport,
 }
@@ -175,12 +179,22 @@ pub fn run(args: DivergeArgs) -> Result<()> {
         })
     });
     if args.json {
+        // Cached by now: this only finds the entry again.
+        #[cfg(not(feature = "iree"))]
+        let iree_artifacts = None;
+        #[cfg(feature = "iree")]
+        let iree_artifacts = [first, second]
+            .iter()
+            .find_map(|c| c.device())
+            .map(|device| source.artifacts_for(device, args.window_rule))
+            .transpose()?;
         let output = Output {
             model: &args.model,
             iree_matmul_input: rounding.map(|r| r.matmul_input),
             reference_matmul_input: reference_rounding.map(|r| r.matmul_input),
             iree_cache_type: rounding.map(|r| r.cache_type),
             reference_cache_type: reference_rounding.map(|r| r.cache_type),
+            iree_artifacts,
             report: &report,
         };
         println!("{}", serde_json::to_string(&output)?);
