@@ -671,8 +671,9 @@ mod tests {
     }
 
     proptest! {
-        /// The claim the README makes: with candidates in the same order, a draw farther from every
-        /// boundary than the cumulative shift picks the same token from both distributions.
+        /// The claim docs/cli.md ("Sampling") makes: with candidates in the same order, a draw
+        /// farther from every boundary than the cumulative shift picks the same token from both
+        /// distributions.
         #[test]
         fn draws_clear_of_the_shift_agree(
             weights in proptest::collection::vec(0.01f64..1.0, 2..12),
