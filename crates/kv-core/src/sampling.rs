@@ -670,6 +670,36 @@ mod tests {
         assert_eq!(pick(&[], 0.3), None);
     }
 
+    /// The margin counts the boundary just before the later pick: `a` picks rank 1 at 0.79 (its
+    /// boundary at 0.8 lies 0.01 away), `b` rank 2 (its boundary moved to 0.78). A margin over
+    /// one candidate fewer (the boundary at 0.5 alone, 0.29) called this a sampler bug.
+    #[test]
+    fn the_margin_counts_the_boundary_before_the_later_pick() {
+        let a = [(7, 0.5), (3, 0.3), (9, 0.2)];
+        let b = [(7, 0.52), (3, 0.26), (9, 0.22)];
+        let d = DrawAgreement::of(&a, &b, 0.79).unwrap();
+        assert_eq!((d.token_a, d.token_b, d.depth), (3, 9, 3));
+        assert!((d.margin - 0.01).abs() < 1e-12, "{d:?}");
+        assert!((d.shift - 0.02).abs() < 1e-12, "{d:?}");
+        assert!(d.explained());
+    }
+
+    /// `top_k` may take every candidate; one more is refused, naming the key.
+    #[test]
+    fn top_k_may_equal_the_candidates() {
+        let config = |top_k| SamplingConfig {
+            temperature: 1.0,
+            top_k,
+            candidates: 8,
+            ..SamplingConfig::default()
+        };
+        config(8).validate().unwrap();
+        assert!(matches!(
+            config(9).validate(),
+            Err(Error::BadSampling { key: "top_k", .. })
+        ));
+    }
+
     proptest! {
         /// The claim docs/cli.md ("Sampling") makes: with candidates in the same order, a draw
         /// farther from every boundary than the cumulative shift picks the same token from both
