@@ -128,9 +128,37 @@ fn a_catalog_snapshot_answers_its_own_tools_only() {
         let err = skainet_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(err.contains(says), "{extra:?}: {err}");
     }
-    let args = ask(&["--system", system, "--tools", CATALOG, "--tool-choice", "required"]);
+    // Unconstrained, `required` is checked on the output: four ids hold no call.
+    let args = ask(&[
+        "--system",
+        system,
+        "--tools",
+        CATALOG,
+        "--tool-choice",
+        "required",
+        "--constrain",
+        "off",
+    ]);
     let err = skainet_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(err.contains("`required`"), "{err}");
+    // Under the grammar (the default) it is enforced: a call of the named tool that validates,
+    // its markers and names forced.
+    let args: Vec<String> = ask(&[
+        "--system",
+        system,
+        "--tools",
+        CATALOG,
+        "--tool-choice",
+        "set_timer",
+        "--json",
+    ])
+    .into_iter()
+    .map(|a| if a == "4" { "40".to_string() } else { a })
+    .collect();
+    let v = skainet(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(v["constrained"], true, "{v}");
+    assert_eq!(v["tool_calls"][0]["name"], "set_timer", "{v}");
+    assert!(v["forced_tokens"].as_u64().unwrap() > 0, "{v}");
 
     let messages = dir.path().join("messages.json");
     std::fs::write(

@@ -50,9 +50,18 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// Real models: the system text and the catalog of the prefix (default: a phone assistant's
-    /// seven tools, `data/tools/phone-assistant.json`, and a one-line instruction).
+    /// seven tools, `data/tools/phone-assistant.json`, and a one-line instruction). On a fixture,
+    /// `--tools` runs the same scenario offline through `constrain::fixture`'s vocabulary (a
+    /// small catalog: the fixture's context is 1024 positions, one id per byte).
     #[command(flatten)]
     system: crate::conversation::SystemArgs,
+    /// `on`: answers decoded under the catalog's grammar (every call parses and validates; the
+    /// backend must mask tokens); `off`: decoded freely, parsed afterwards.
+    #[arg(long, value_enum, default_value = "on")]
+    constrain: crate::commands::generate::Constrain,
+    /// The grammar's tool choice: `auto` (a call or text), `required` (a call), a tool's name.
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -111,6 +120,11 @@ pub struct UtteranceReport {
     /// From the restore to the id that closed the first valid call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_ms: Option<f64>,
+    /// Under the grammar: ids it forced (fed in chunk calls) and the calls that saved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forced_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps_saved: Option<usize>,
 }
 
 /// A deterministic stand-in for a tool catalog: ids spread over the vocabulary.
@@ -156,14 +170,21 @@ struct Scenario {
     tools: Option<Vec<String>>,
     /// Real models: how answers are parsed, against which catalog.
     calls: Option<(ToolFormat, Vec<Tool>)>,
+    /// The catalog's grammar, cloned fresh for each request (`--constrain on`).
+    constraint: Option<constrain::Constraint>,
 }
 
 /// The app's scenario on a real model: the system turn with the catalog's declarations (the
 /// chat template's `tools`, the family's default syntax where it has none) is the prefix; each
 /// request is what the whole conversation adds after it (`Tokenizer::split_chat`, checked at
 /// token level), so the ids fed after a restore are exactly the conversation's.
-fn chat_scenario(model: &str, max_new: usize, args: &crate::conversation::SystemArgs) -> Result<Scenario> {
-    let tokenizer = crate::model::tokenizer(model)?;
+fn chat_scenario(
+    model: &str,
+    tokenizer: Tokenizer,
+    max_new: usize,
+    args: &crate::conversation::SystemArgs,
+    constrained: Option<&tokenizer::ToolChoice>,
+) -> Result<Scenario> {
     let system = args
         .system()?
         .unwrap_or_else(|| crate::commands::tool_eval::DEFAULT_SYSTEM.to_string());
@@ -185,9 +206,14 @@ fn chat_scenario(model: &str, max_new: usize, args: &crate::conversation::System
             Ok((split.request, Some(request.to_string())))
         })
         .collect::<Result<Vec<_>>>()?;
+    let constraint = match constrained {
+        Some(choice) => constrain::Constrainer::new(&tokenizer)?.constraint(&tools, choice)?,
+        None => None,
+    };
     Ok(Scenario {
         prefix,
         utterances,
+        constraint,
         options: DecodeOptions::greedy(max_new, crate::conversation::stops(&tokenizer, Some(format))),
         tokenizer: Some(tokenizer),
         system_prompt: Some(system),
@@ -207,6 +233,7 @@ fn fixture_scenario(spec: &KvSpec, prefix_tokens: Option<usize>, max_new: usize)
         system_prompt: None,
         tools: None,
         calls: None,
+        constraint: None,
     }
 }
 
@@ -233,6 +260,8 @@ fn utterance_report(input: Vec<i32>, request: Option<String>, g: Generation, tex
         tool_calls: None,
         invalid_tool_calls: Vec::new(),
         call_ms: None,
+        forced_tokens: None,
+        steps_saved: None,
         ids: g.ids,
     }
 }
@@ -260,9 +289,14 @@ fn run_scenario<B: KvBackend>(
     }
     if stream {
         crate::outln!(
-            "skainet-kv demo: {model} on {name}: a tool catalog ({} tools) as the system prompt, {} tokens, prefilled once and snapshotted; each request restored, fed in chunk calls, answered greedily",
+            "skainet-kv demo: {model} on {name}: a tool catalog ({} tools) as the system prompt, {} tokens, prefilled once and snapshotted; each request restored, fed in chunk calls, answered greedily{}",
             scenario.tools.as_ref().map_or(0, Vec::len),
-            scenario.prefix.len()
+            scenario.prefix.len(),
+            if scenario.constraint.is_some() {
+                " under the catalog's grammar (forced ids fed in chunk calls)"
+            } else {
+                ""
+            }
         )?;
     }
     let mut decoder = KvDecoder::new(backend);
@@ -288,6 +322,7 @@ fn run_scenario<B: KvBackend>(
                 s.push(id);
             }
         };
+        let mut fresh = scenario.constraint.clone();
         let (g, answer) = match (tokenizer, &scenario.calls) {
             (Some(tok), Some((format, tools))) => {
                 let a = crate::commands::tool_eval::answer_request(
@@ -298,6 +333,7 @@ fn run_scenario<B: KvBackend>(
                     *format,
                     tools,
                     &scenario.options,
+                    fresh.as_mut().map(|c| c as &mut dyn kv_core::decoder::TokenConstraint),
                     on_token,
                 )
                 .context("answering a request")?;
@@ -314,7 +350,15 @@ fn run_scenario<B: KvBackend>(
             s.finish()?;
         }
         let text = tokenizer.map(|tok| tok.decode(&g.ids));
+        let forced = scenario
+            .constraint
+            .is_some()
+            .then_some((g.timing.forced_tokens, g.timing.steps_saved));
         let mut report = utterance_report(input, request, g, text);
+        if let Some((forced_tokens, steps_saved)) = forced {
+            report.forced_tokens = Some(forced_tokens);
+            report.steps_saved = Some(steps_saved);
+        }
         if let Some((answer, call_time)) = answer {
             if stream {
                 for call in &answer.tool_calls {
@@ -354,22 +398,32 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
     }
     let real = crate::model::is_real_model(&args.model);
+    // A fixture with `--tools`: the chat scenario over the fixture vocabulary.
+    let offline_tools = !real && args.system.tools.is_some();
     if real && args.prefix_tokens.is_some() {
         bail!(
             "--prefix-tokens: the prefix of {} is the tool catalog; it applies to fixtures and directories",
             args.model
         );
     }
-    let max_new = args.max_new.unwrap_or(if real { 96 } else { 16 });
+    let max_new = args.max_new.unwrap_or(if real || offline_tools { 96 } else { 16 });
     // Tokenize first: a missing chat template fails before an export or a session is paid for.
-    if !real && args.system.given() {
+    if !real && args.system.given() && !offline_tools {
         bail!(
-            "--system / --tools: the demo's prefix on {} is synthetic ids; they apply to real models",
+            "--system: the demo's prefix on {} is synthetic ids; it applies to real models (or with --tools)",
             args.model
         );
     }
+    let tool_choice: tokenizer::ToolChoice = args.tool_choice.parse()?;
+    if tool_choice == tokenizer::ToolChoice::None {
+        bail!("--tool-choice none: the demo's job is calls; give auto, required or a tool's name");
+    }
+    let constrained = (args.constrain == crate::commands::generate::Constrain::On).then_some(&tool_choice);
     let chat = real
-        .then(|| chat_scenario(&args.model, max_new, &args.system))
+        .then(|| {
+            let tok = crate::model::tokenizer(&args.model)?;
+            chat_scenario(&args.model, tok, max_new, &args.system, constrained)
+        })
         .transpose()?;
     let choice = args.backend.unwrap_or(default_backend(real));
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
@@ -378,14 +432,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
         Some(chat) => chat,
         None => {
             let spec = crate::with_backend!(&backend, b => b.spec().clone());
-            fixture_scenario(&spec, args.prefix_tokens, max_new)
+            if offline_tools {
+                let tok = constrain::fixture::tokenizer(spec.vocab_size)?;
+                chat_scenario(&args.model, tok, max_new, &args.system, constrained)?
+            } else {
+                fixture_scenario(&spec, args.prefix_tokens, max_new)
+            }
         }
     };
-    let stream = real && !args.json;
+    let stream = (real || offline_tools) && !args.json;
     let report = crate::with_backend!(backend, b => run_scenario(b, &args.model, open, scenario, stream)?);
     if args.json {
         crate::outln!("{}", serde_json::to_string(&report)?)?;
-    } else if real {
+    } else if real || offline_tools {
         print_stages(&report)?;
     } else {
         print_table(&report)?;

@@ -49,12 +49,20 @@ pub struct GenerateArgs {
     /// `tool` results, as `apply_chat_template` takes them.
     #[arg(long, conflicts_with_all = ["prompt", "chat", "ids"])]
     messages: Option<std::path::PathBuf>,
-    /// `auto` | `required` | `none` | a tool's name, as OpenAI spells it. Without a grammar it
-    /// is checked, not enforced: `none` renders no tools and fails on a call in the output;
-    /// `required` fails when the output holds no valid call, a name when it does not call that
-    /// tool (the output is printed first; the exit status is 1).
+    /// `auto` | `required` | `none` | a tool's name, as OpenAI spells it. Under the grammar
+    /// (`--constrain on`) it is enforced: `required` → calls only, a name → that tool's calls
+    /// only, `auto` → calls or text; `none` renders no tools and decodes freely. With
+    /// `--constrain off` it is checked on the output: `none` fails on a call, `required` when
+    /// the output holds no valid call, a name when it does not call that tool (the output is
+    /// printed first; the exit status is 1).
     #[arg(long, default_value = "auto")]
     tool_choice: String,
+    /// With `--tools`: `on` decodes under a grammar of the tools' schemas and the tool choice
+    /// (llguidance), so every call parses and validates, and ids the grammar forces are fed in
+    /// chunk calls instead of steps; `off` decodes freely and parses afterwards. A backend that
+    /// cannot mask tokens (IREE v1 graphs) refuses `on`.
+    #[arg(long, value_enum, default_value = "on")]
+    constrain: Constrain,
     #[arg(long, default_value_t = 16)]
     max_new: usize,
     /// Stop at this id (default: the model's stop tokens, EOS and end-of-turn; none for fixtures).
@@ -67,6 +75,12 @@ pub struct GenerateArgs {
     /// One JSON object: `{"ids": [...], "text": "...", ...}`; with `--tools`, `"tool_calls"`.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Constrain {
+    On,
+    Off,
 }
 
 /// How the next token is picked: greedy (the graphs' argmax) unless `--temperature` > 0 or
@@ -139,6 +153,14 @@ struct GenerateReport {
     /// The sampler's seed (absent when greedy).
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<u64>,
+    /// Decoded under the tools' grammar (`--constrain on` with tools).
+    constrained: bool,
+    /// Ids the grammar forced, fed in chunk calls with others instead of a step each.
+    forced_tokens: usize,
+    /// Calls a one-id-per-step decoder would have made that forcing saved.
+    steps_saved: usize,
+    /// Time in the grammar (masks, commits).
+    constrain_ms: f64,
     /// `--tools`: the answer's calls (`text` is then the text outside them).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     answer: Option<Answer>,
@@ -284,6 +306,20 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         },
         sampling: sampling.clone(),
     };
+    let mut constraint = match (&chat, &prompt.tokenizer, args.constrain) {
+        (
+            Some(ChatRequest {
+                format: Some(_),
+                tools,
+                choice,
+                ..
+            }),
+            Some(tok),
+            Constrain::On,
+        ) => constrain::Constrainer::new(tok)?.constraint(tools, choice)?,
+        _ => None,
+    };
+    let constrained = constraint.is_some();
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
@@ -298,29 +334,51 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     };
     let explicit = args.artifacts.as_ref().map(|d| d.display().to_string());
-    let context = move || match &explicit {
-        Some(dir) => format!("generating with --artifacts {dir}"),
-        None => "generating".to_string(),
+    let context = move || {
+        let what = match &explicit {
+            Some(dir) => format!("generating with --artifacts {dir}"),
+            None => "generating".to_string(),
+        };
+        if constrained {
+            format!(
+                "{what} under the tools' grammar (--constrain on: the backend must mask tokens, as the \
+                 reference and IREE graphs exported with the allowed-token mask do; --constrain off \
+                 decodes without it)"
+            )
+        } else {
+            what
+        }
     };
     let (g, prefill_ms, prefix_load_ms) = crate::with_backend!(backend, b => {
         let mut decoder = KvDecoder::new(b);
+        let mut on_token = on_token;
+        let mut generate = |decoder: &mut KvDecoder<_>, snapshot: &_| match constraint.as_mut() {
+            Some(c) => decoder.generate_constrained(snapshot, &prompt.ids, &options, c, |id| {
+                on_token(id);
+                true
+            }),
+            None => decoder.generate_with(snapshot, &prompt.ids, &options, &mut on_token),
+        };
         if let Some(file) = &args.prefix_snapshot {
             let (snapshot, load) = crate::commands::snapshot::load(decoder.backend(), file)?;
-            let g = decoder
-                .generate_with(&snapshot, &prompt.ids, &options, on_token)
-                .with_context(context)?;
+            let g = generate(&mut decoder, &snapshot).with_context(context)?;
             (g, 0.0, Some(ms(load)))
         } else if prefix.is_empty() {
-            let g = decoder.complete(&prompt.ids, &options, on_token).with_context(context)?;
+            let g = match constraint.as_mut() {
+                Some(c) => decoder.complete_constrained(&prompt.ids, &options, c, |id| {
+                    on_token(id);
+                    true
+                }),
+                None => decoder.complete(&prompt.ids, &options, &mut on_token),
+            }
+            .with_context(context)?;
             let prefill_ms = ms(g.timing.prefill);
             (g, prefill_ms, None)
         } else {
             let t = Instant::now();
             let snapshot = decoder.prefill_prefix(&prefix).context("prefilling the prefix")?;
             let prefill_ms = ms(t.elapsed());
-            let g = decoder
-                .generate_with(&snapshot, &prompt.ids, &options, on_token)
-                .with_context(context)?;
+            let g = generate(&mut decoder, &snapshot).with_context(context)?;
             (g, prefill_ms, None)
         }
     });
@@ -352,6 +410,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         decode_tokens: t.decode_tokens,
         sample_ms: ms(t.sample),
         seed: sampling.map(|c| c.seed),
+        constrained,
+        forced_tokens: t.forced_tokens,
+        steps_saved: t.steps_saved,
+        constrain_ms: ms(t.constrain),
         ids: g.ids,
     };
     if args.json {

@@ -2,13 +2,15 @@
 //! on a model the app's way: the system turn with the catalog prefilled once and snapshotted,
 //! each request restored, fed and decoded until its call closes. Reports parse-and-validate,
 //! correct-function and exact-argument rates and the time from request to parsed call.
-//! Unconstrained: what the model writes is what is parsed (docs/tool-calling.md).
+//! Constrained by default (the tools' grammar, `constrain`), unconstrained with `--constrain
+//! off`, both side by side with `--constrain both` (docs/tool-calling.md).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kv_core::decoder::TokenConstraint;
 use kv_core::{DecodeOptions, Generation, KvBackend, KvDecoder};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
@@ -45,11 +47,25 @@ pub struct ToolEvalArgs {
     /// Only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
+    /// `on`: decode under the tools' grammar; `off`: freely; `both`: each request both ways,
+    /// reported side by side.
+    #[arg(long, value_enum, default_value = "on")]
+    constrain: EvalConstrain,
+    /// The grammar's tool choice (`auto`: a call or text; `required`: a call; a tool's name).
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// One JSON object with every request's outcome.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalConstrain {
+    On,
+    Off,
+    Both,
 }
 
 #[derive(Deserialize)]
@@ -69,6 +85,10 @@ struct Expected {
     arguments: serde_json::Map<String, Json>,
 }
 
+/// The context of a constrained request's error: a backend without a mask is the likely cause.
+pub const CONSTRAINED_CONTEXT: &str = "generating under the tools' grammar (the backend must mask tokens, as the \
+     reference and IREE graphs exported with the allowed-token mask do; --constrain off decodes without it)";
+
 /// One request answered: the ids, the parsed answer, and when the first valid call was complete.
 pub struct Answered {
     pub generation: Generation,
@@ -79,7 +99,8 @@ pub struct Answered {
 }
 
 /// Restores `prefix`, feeds `ids`, decodes until a stop token, `max_new` ids or the first call's
-/// closing delimiter, and parses the answer.
+/// closing delimiter, and parses the answer; under `constraint` when given (a fresh one per
+/// request: it holds the grammar's state).
 #[allow(clippy::too_many_arguments)]
 pub fn answer_request<B: KvBackend>(
     decoder: &mut KvDecoder<B>,
@@ -89,13 +110,15 @@ pub fn answer_request<B: KvBackend>(
     format: ToolFormat,
     tools: &[Tool],
     options: &DecodeOptions,
+    constraint: Option<&mut dyn TokenConstraint>,
     mut on_token: impl FnMut(i32),
 ) -> Result<Answered> {
     let close = format.delimiters().1;
+    let constrained = constraint.is_some();
     let mut out = Vec::new();
     let mut call_time = None;
     let started = Instant::now();
-    let generation = decoder.generate_until(prefix, ids, options, |id| {
+    let until = |id| {
         on_token(id);
         out.push(id);
         // Only the newest ids can complete the delimiter: decode a short tail, not the whole.
@@ -105,7 +128,12 @@ pub fn answer_request<B: KvBackend>(
             return false;
         }
         true
-    })?;
+    };
+    let generation = match constraint {
+        Some(c) => decoder.generate_constrained(prefix, ids, options, c, until),
+        None => decoder.generate_until(prefix, ids, options, until),
+    }
+    .with_context(|| if constrained { CONSTRAINED_CONTEXT } else { "generating" })?;
     let total = started.elapsed();
     let answer = conversation::parse_answer(tok, format, &generation.ids, tools, &ToolChoice::Auto);
     // A call the stop token cut before its delimiter still counts, at the end of the answer.
@@ -136,6 +164,12 @@ struct Outcome {
     call_ms: Option<f64>,
     total_ms: f64,
     tokens: usize,
+    /// The answer opens a call (its delimiter is in the output).
+    tried_call: bool,
+    /// Calls made after the utterance's chunk calls (steps, and chunk calls carrying forced ids).
+    decode_calls: usize,
+    forced_tokens: usize,
+    steps_saved: usize,
 }
 
 #[derive(Serialize)]
@@ -143,6 +177,8 @@ struct EvalReport {
     model: String,
     backend: String,
     format: &'static str,
+    constrained: bool,
+    tool_choice: String,
     requests: usize,
     prefix_tokens: usize,
     prefix_prefill_ms: f64,
@@ -157,6 +193,16 @@ struct EvalReport {
     call_ms_p90: Option<f64>,
     /// Median from the request to the end of its answer, every request.
     total_ms_median: f64,
+    /// Answers that open a call whose calls all parse and validate (the grammar's promise).
+    tried_calls: usize,
+    tried_calls_valid_rate: f64,
+    /// Per request (means): calls after the utterance, forced ids, calls saved by forcing.
+    decode_calls_mean: f64,
+    forced_tokens_mean: f64,
+    steps_saved_mean: f64,
+    /// Per request answered with a valid call (means).
+    decode_calls_per_call: Option<f64>,
+    forced_tokens_per_call: Option<f64>,
     outcomes: Vec<Outcome>,
 }
 
@@ -187,6 +233,10 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
         bail!("tool-eval runs a real model (gemma3-270m, smollm2-135m)");
     }
     kv_core::limits::check_positions("--max-new", args.max_new)?;
+    let choice: ToolChoice = args.tool_choice.parse()?;
+    if choice == ToolChoice::None {
+        bail!("--tool-choice none renders no tools: nothing to evaluate");
+    }
     let text = std::fs::read_to_string(&args.requests)
         .with_context(|| format!("reading --requests {}", args.requests.display()))?;
     let set: RequestSet =
@@ -219,97 +269,200 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
             Ok(split.request)
         })
         .collect::<Result<Vec<_>>>()?;
+    let passes: &[bool] = match args.constrain {
+        EvalConstrain::On => &[true],
+        EvalConstrain::Off => &[false],
+        EvalConstrain::Both => &[true, false],
+    };
+    // Built once: the trie over the vocabulary and the catalog's grammar; cloned per request.
+    let grammar = if passes.contains(&true) {
+        let t = Instant::now();
+        let c = constrain::Constrainer::new(&tok)?
+            .constraint(&tools, &choice)?
+            .context("the tool choice leaves no grammar")?;
+        if !args.json {
+            crate::outln!("grammar for {} tools built in {:.0} ms", tools.len(), ms(t.elapsed()))?;
+        }
+        Some(c)
+    } else {
+        None
+    };
     let options = DecodeOptions::greedy(args.max_new, conversation::stops(&tok, Some(format)));
     let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
-    let report = crate::with_backend!(backend, b => {
+    let (open, _) = format.delimiters();
+    let reports = crate::with_backend!(backend, b => {
         let name = b.name();
         let mut decoder = KvDecoder::new(b);
         let t = Instant::now();
         let snapshot = decoder.prefill_prefix(&prefix).context("prefilling the catalog")?;
         let prefill = t.elapsed();
-        let mut outcomes = Vec::new();
-        for (case, ids) in cases.iter().zip(&inputs) {
-            let a = answer_request(&mut decoder, &snapshot, ids, &tok, format, &tools, &options, |_| {})?;
-            let first = a.answer.calls.first();
-            let parsed_and_valid = first.is_some();
-            let (correct_function, exact_arguments) = match (&case.expected, first) {
-                (None, None) => (a.answer.invalid_tool_calls.is_empty(), false),
-                (Some(e), Some(c)) => (
-                    c.name == e.name,
-                    c.name == e.name && same(&Json::Object(c.arguments.clone()), &Json::Object(e.arguments.clone())),
-                ),
-                _ => (false, false),
-            };
-            if !args.json {
-                crate::outln!(
-                    "{:>3} {} {} {:<48} -> {}",
-                    outcomes.len() + 1,
-                    if correct_function { "✓" } else { "✗" },
-                    if exact_arguments { "=" } else { " " },
-                    case.request,
-                    match first {
-                        Some(c) => c.to_json().to_string(),
-                        None => format!("{:?}", a.answer.text.chars().take(60).collect::<String>()),
-                    }
+        let mut reports = Vec::new();
+        for &constrained in passes {
+            let mut outcomes = Vec::new();
+            for (case, ids) in cases.iter().zip(&inputs) {
+                let mut fresh = grammar.clone().filter(|_| constrained);
+                let a = answer_request(
+                    &mut decoder,
+                    &snapshot,
+                    ids,
+                    &tok,
+                    format,
+                    &tools,
+                    &options,
+                    fresh.as_mut().map(|c| c as &mut dyn TokenConstraint),
+                    |_| {},
                 )?;
+                let first = a.answer.calls.first();
+                let parsed_and_valid = first.is_some();
+                let (correct_function, exact_arguments) = match (&case.expected, first) {
+                    (None, None) => (a.answer.invalid_tool_calls.is_empty(), false),
+                    (Some(e), Some(c)) => (
+                        c.name == e.name,
+                        c.name == e.name
+                            && same(&Json::Object(c.arguments.clone()), &Json::Object(e.arguments.clone())),
+                    ),
+                    _ => (false, false),
+                };
+                let output = tok.decode_with(&a.generation.ids, true);
+                if !args.json {
+                    crate::outln!(
+                        "{:>3} {} {} {:<48} -> {}",
+                        outcomes.len() + 1,
+                        if correct_function { "✓" } else { "✗" },
+                        if exact_arguments { "=" } else { " " },
+                        case.request,
+                        match first {
+                            Some(c) => c.to_json().to_string(),
+                            None => format!("{:?}", a.answer.text.chars().take(60).collect::<String>()),
+                        }
+                    )?;
+                }
+                let timing = &a.generation.timing;
+                outcomes.push(Outcome {
+                    request: case.request.clone(),
+                    expected: case.expected.clone(),
+                    tried_call: output.contains(open),
+                    output,
+                    text: a.answer.text.clone(),
+                    tool_calls: a.answer.tool_calls.clone(),
+                    invalid_tool_calls: a.answer.invalid_tool_calls.clone(),
+                    parsed_and_valid,
+                    correct_function,
+                    exact_arguments,
+                    call_ms: a.call_time.filter(|_| parsed_and_valid).map(ms),
+                    total_ms: ms(a.total),
+                    tokens: a.generation.ids.len(),
+                    decode_calls: timing.decode_tokens + timing.forced_calls,
+                    forced_tokens: timing.forced_tokens,
+                    steps_saved: timing.steps_saved,
+                });
             }
-            outcomes.push(Outcome {
-                request: case.request.clone(),
-                expected: case.expected.clone(),
-                output: tok.decode_with(&a.generation.ids, true),
-                text: a.answer.text.clone(),
-                tool_calls: a.answer.tool_calls.clone(),
-                invalid_tool_calls: a.answer.invalid_tool_calls.clone(),
-                parsed_and_valid,
-                correct_function,
-                exact_arguments,
-                call_ms: a.call_time.filter(|_| parsed_and_valid).map(ms),
-                total_ms: ms(a.total),
-                tokens: a.generation.ids.len(),
-            });
+            reports.push(summarize(&args, &name, format, constrained, prefix.len(), prefill, outcomes));
         }
-        let expecting: Vec<&Outcome> = outcomes.iter().filter(|o| o.expected.is_some()).collect();
-        let rate = |n: usize, of: usize| if of == 0 { 0.0 } else { n as f64 / of as f64 };
-        let calls: Vec<f64> = outcomes.iter().filter_map(|o| o.call_ms).collect();
-        let totals: Vec<f64> = outcomes.iter().map(|o| o.total_ms).collect();
-        EvalReport {
-            model: args.model.clone(),
-            backend: name,
-            format: format.name(),
-            requests: outcomes.len(),
-            prefix_tokens: prefix.len(),
-            prefix_prefill_ms: ms(prefill),
-            parse_and_validate_rate: rate(expecting.iter().filter(|o| o.parsed_and_valid).count(), expecting.len()),
-            correct_function_rate: rate(outcomes.iter().filter(|o| o.correct_function).count(), outcomes.len()),
-            exact_arguments_rate: rate(expecting.iter().filter(|o| o.exact_arguments).count(), expecting.len()),
-            call_ms_median: percentile(&calls, 0.5),
-            call_ms_p90: percentile(&calls, 0.9),
-            total_ms_median: percentile(&totals, 0.5).unwrap_or(0.0),
-            outcomes,
-        }
+        reports
     });
     if args.json {
-        crate::outln!("{}", serde_json::to_string(&report)?)?;
+        let value = match &reports[..] {
+            [one] => serde_json::to_value(one)?,
+            many => serde_json::json!({ "passes": many }),
+        };
+        crate::outln!("{}", serde_json::to_string(&value)?)?;
         return Ok(());
     }
+    for report in &reports {
+        print_summary(report)?;
+    }
+    Ok(())
+}
+
+fn summarize(
+    args: &ToolEvalArgs,
+    backend: &str,
+    format: ToolFormat,
+    constrained: bool,
+    prefix_tokens: usize,
+    prefill: Duration,
+    outcomes: Vec<Outcome>,
+) -> EvalReport {
+    let expecting: Vec<&Outcome> = outcomes.iter().filter(|o| o.expected.is_some()).collect();
+    let rate = |n: usize, of: usize| if of == 0 { 0.0 } else { n as f64 / of as f64 };
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let calls: Vec<f64> = outcomes.iter().filter_map(|o| o.call_ms).collect();
+    let totals: Vec<f64> = outcomes.iter().map(|o| o.total_ms).collect();
+    let tried: Vec<&Outcome> = outcomes.iter().filter(|o| o.tried_call).collect();
+    let with_call: Vec<&Outcome> = outcomes.iter().filter(|o| o.parsed_and_valid).collect();
+    let field = |os: &[&Outcome], f: fn(&Outcome) -> usize| os.iter().map(|o| f(o) as f64).collect::<Vec<_>>();
+    let all: Vec<&Outcome> = outcomes.iter().collect();
+    EvalReport {
+        model: args.model.clone(),
+        backend: backend.to_string(),
+        format: format.name(),
+        constrained,
+        tool_choice: args.tool_choice.clone(),
+        requests: outcomes.len(),
+        prefix_tokens,
+        prefix_prefill_ms: ms(prefill),
+        parse_and_validate_rate: rate(expecting.iter().filter(|o| o.parsed_and_valid).count(), expecting.len()),
+        correct_function_rate: rate(outcomes.iter().filter(|o| o.correct_function).count(), outcomes.len()),
+        exact_arguments_rate: rate(expecting.iter().filter(|o| o.exact_arguments).count(), expecting.len()),
+        call_ms_median: percentile(&calls, 0.5),
+        call_ms_p90: percentile(&calls, 0.9),
+        total_ms_median: percentile(&totals, 0.5).unwrap_or(0.0),
+        tried_calls: tried.len(),
+        tried_calls_valid_rate: rate(
+            tried
+                .iter()
+                .filter(|o| o.parsed_and_valid && o.invalid_tool_calls.is_empty())
+                .count(),
+            tried.len(),
+        ),
+        decode_calls_mean: mean(&field(&all, |o| o.decode_calls)).unwrap_or(0.0),
+        forced_tokens_mean: mean(&field(&all, |o| o.forced_tokens)).unwrap_or(0.0),
+        steps_saved_mean: mean(&field(&all, |o| o.steps_saved)).unwrap_or(0.0),
+        decode_calls_per_call: mean(&field(&with_call, |o| o.decode_calls)),
+        forced_tokens_per_call: mean(&field(&with_call, |o| o.forced_tokens)),
+        outcomes,
+    }
+}
+
+fn print_summary(report: &EvalReport) -> Result<()> {
     let pct = |r: f64| format!("{:.1}%", 100.0 * r);
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     crate::outln!()?;
     crate::outln!(
-        "{} on {} ({} format, unconstrained): {} requests, catalog prefix {} tokens prefilled in {:.0} ms",
+        "{} on {} ({} format, {}, tool choice {}): {} requests, catalog prefix {} tokens prefilled in {:.0} ms",
         report.model,
         report.backend,
         report.format,
+        if report.constrained {
+            "constrained"
+        } else {
+            "unconstrained"
+        },
+        report.tool_choice,
         report.requests,
         report.prefix_tokens,
         report.prefix_prefill_ms
     )?;
     crate::outln!("  parse-and-validate  {}", pct(report.parse_and_validate_rate))?;
+    crate::outln!(
+        "  answers opening a call: {}, their calls valid {}",
+        report.tried_calls,
+        pct(report.tried_calls_valid_rate)
+    )?;
     crate::outln!("  correct function    {}", pct(report.correct_function_rate))?;
     crate::outln!("  exact arguments     {}", pct(report.exact_arguments_rate))?;
     crate::outln!(
-        "  request -> parsed call  median {}, p90 {} ({} calls); request -> end of answer median {:.1} ms",
+        "  per answer with a call: {} decode calls, {} forced ids; per request: {:.1} decode calls, {:.1} forced ids, {:.1} steps saved",
+        opt(report.decode_calls_per_call),
+        opt(report.forced_tokens_per_call),
+        report.decode_calls_mean,
+        report.forced_tokens_mean,
+        report.steps_saved_mean
+    )?;
+    crate::outln!(
+        "  request -> parsed call  median {} ms, p90 {} ms ({} calls); request -> end of answer median {:.1} ms",
         opt(report.call_ms_median),
         opt(report.call_ms_p90),
         report.outcomes.iter().filter(|o| o.call_ms.is_some()).count(),
