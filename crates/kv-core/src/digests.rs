@@ -106,10 +106,67 @@ fn is_archive(name: &str) -> bool {
     name.ends_with(".irpa")
 }
 
-/// Whether `name` is covered: the manifest, modules and archives (not the `.mlir` sources or
-/// kernel objects, which nothing loads at run time).
+/// Whether `name` is covered: the manifest, modules, archives, the tokenizer and the file list
+/// (not the `.mlir` sources or kernel objects, which nothing loads at run time).
 fn is_covered(name: &str) -> bool {
-    name == MANIFEST_FILE || name.ends_with(".vmfb") || is_archive(name)
+    name == MANIFEST_FILE || name == TOKENIZER_FILE || name == FILES_FILE || name.ends_with(".vmfb") || is_archive(name)
+}
+
+/// The export's file list ([`FileList`]) beside `manifest.json`.
+pub const FILES_FILE: &str = "files.json";
+
+/// The model's tokenizer and chat template in an export directory: a GGUF file holding only the
+/// source GGUF's `tokenizer.*` metadata (no tensors), read by `tokenizer::Tokenizer::from_gguf`.
+pub const TOKENIZER_FILE: &str = "tokenizer.gguf";
+
+/// `files.json`: every file a session of the export reads (the manifest, modules, archives, the
+/// tokenizer when the source had one) with its size in bytes: the assets an app ships, with
+/// `files.json` and [`DIGESTS_FILE`] themselves (which covers this list). Written after the
+/// manifest, before the digests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileList {
+    pub version: u32,
+    pub files: BTreeMap<String, u64>,
+}
+
+impl FileList {
+    /// Lists `names` (relative to `dir`) with their sizes and writes `dir/files.json`.
+    pub fn write<'a>(dir: &Path, names: impl IntoIterator<Item = &'a str>) -> Result<FileList> {
+        let mut files = BTreeMap::new();
+        for name in names {
+            let path = dir.join(name);
+            let size = std::fs::metadata(&path).map_err(io("reading", &path))?.len();
+            files.insert(name.to_string(), size);
+        }
+        let list = FileList { version: 1, files };
+        let path = dir.join(FILES_FILE);
+        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
+        std::fs::write(&path, text + "\n").map_err(io("writing", &path))?;
+        Ok(list)
+    }
+
+    /// `dir`'s `files.json`, `None` when it has none (exports made before it).
+    pub fn load(dir: &Path) -> Result<Option<FileList>> {
+        let path = dir.join(FILES_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("reading", &path)(e)),
+        };
+        let list: FileList = serde_json::from_str(&text).map_err(|e| damaged(&path, format!("not valid ({e})")))?;
+        if list.version != 1 {
+            return Err(damaged(&path, format!("version {} (this build reads 1)", list.version)));
+        }
+        Ok(Some(list))
+    }
+
+    /// What an app copies: the listed files, `files.json` and `digests.json`, sorted.
+    pub fn assets(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.files.keys().cloned().collect();
+        names.extend([FILES_FILE.to_string(), DIGESTS_FILE.to_string()]);
+        names.sort();
+        names
+    }
 }
 
 impl Digests {
@@ -256,6 +313,39 @@ mod tests {
     }
 
     const OPEN: [&str; 2] = ["m.llvm-cpu.vmfb", "model.irpa"];
+
+    /// The file list records sizes, round-trips, and the digests cover it and the tokenizer
+    /// (an edited list or tokenizer is refused like an edited module).
+    #[test]
+    fn file_list_is_written_and_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(MANIFEST_FILE), "{}").unwrap();
+        std::fs::write(dir.path().join(TOKENIZER_FILE), vec![1u8; 300]).unwrap();
+        std::fs::write(dir.path().join("m.llvm-cpu.vmfb"), vec![7u8; 5000]).unwrap();
+        let list = FileList::write(dir.path(), [MANIFEST_FILE, TOKENIZER_FILE, "m.llvm-cpu.vmfb"]).unwrap();
+        assert_eq!(list.files[TOKENIZER_FILE], 300);
+        assert_eq!(list.files["m.llvm-cpu.vmfb"], 5000);
+        assert_eq!(FileList::load(dir.path()).unwrap(), Some(list.clone()));
+        assert_eq!(
+            list.assets(),
+            [
+                "digests.json",
+                "files.json",
+                "m.llvm-cpu.vmfb",
+                "manifest.json",
+                "tokenizer.gguf"
+            ]
+        );
+        let digests = Digests::write(dir.path()).unwrap();
+        assert!(digests.files.contains_key(FILES_FILE) && digests.files.contains_key(TOKENIZER_FILE));
+        flip(&dir.path().join(TOKENIZER_FILE), 10);
+        let err = digests.verify(dir.path()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Io { what: "refusing damaged artifact", path, .. } if path.ends_with(TOKENIZER_FILE)),
+            "{err}"
+        );
+        assert_eq!(FileList::load(&dir.path().join("none")).unwrap(), None);
+    }
 
     #[test]
     fn an_intact_export_passes_both_checks() {
