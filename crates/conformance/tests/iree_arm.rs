@@ -44,3 +44,63 @@ mod local_task {
         cache_type: kv_core::manifest::CacheType::F32
     });
 }
+
+/// The NEON q4 kernel (`export::kernels::KernelIsa::Aarch64Neon`, issue 32): a q4 export of
+/// Llama's grouped heads for the `android-arm64-v9` preset calls it for its one-row products, and its
+/// tokens are the reference's, token for token, with every layer's K/V within the cross-backend
+/// tolerance (the reference reads the same quantized archive and dequantizes on the host).
+mod q4_kernel {
+    use backend_iree::{IreeKvBackend, IreeOptions};
+    use backend_reference::{ReferenceKv, ReferenceModel};
+    use kv_core::diverge::{lockstep, LockstepOptions};
+    use kv_core::manifest::Rounding;
+    use kv_core::quant::QuantFormat;
+    use kv_core::WindowRule;
+
+    #[test]
+    fn neon_q4_kernel_matches_the_reference_token_for_token() {
+        let fixture = fixtures::materialize("tiny-llama:3").unwrap();
+        let quantized = tempfile::tempdir().unwrap();
+        kv_core::quant::quantize_dir(&fixture, quantized.path(), QuantFormat::Q4).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        // The widest Android preset (Armv9-A features; qemu's default CPU has them all): its
+        // triple chooses the kernel, and its modules run here. CPU-only quantized exports
+        // declare the values as they are stored (what `export --weights q4` does).
+        let mut options = export::ExportOptions {
+            graphs: kv_core::Graph::KV.to_vec(),
+            weights: export::WeightFormat::Bf16,
+            ..export::ExportOptions::default()
+        };
+        export::presets::apply(&[export::presets::preset("android-arm64-v9").unwrap()], &mut options).unwrap();
+        let source = export::Source::Dir(quantized.path().to_path_buf());
+        let manifest = export::export_artifacts(&source, out.path(), &options).unwrap();
+        let calls: usize = std::fs::read_dir(out.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "mlir"))
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap()
+                    .matches("flow.dispatch @q4_matvec_")
+                    .count()
+            })
+            .sum();
+        assert!(calls > 0, "no q4 kernel call in the aarch64 q4 export");
+        assert!(out.path().join("q4_matvec_aarch64.o").is_file());
+
+        let reference = ReferenceModel::open_with_rounding(out.path(), Some(Rounding::of(&manifest))).unwrap();
+        for device in ["local-sync", "local-task"] {
+            let mut reference = ReferenceKv::new(reference.clone(), WindowRule::Exact);
+            let mut iree = IreeKvBackend::open(out.path(), IreeOptions::new(device)).unwrap();
+            let report = lockstep(
+                &mut reference,
+                &mut iree,
+                &[1, 5, 9, 2, 7, 3, 11],
+                &LockstepOptions::new(24),
+            )
+            .unwrap();
+            assert_eq!(report.failures(true), Vec::<String>::new(), "{device}");
+            assert_eq!(report.divergent_steps, 0, "{device}: not token for token");
+        }
+    }
+}

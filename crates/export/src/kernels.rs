@@ -80,7 +80,17 @@ impl KernelIsa {
                 "-mfma",
                 "-mf16c",
             ],
-            KernelIsa::Aarch64Neon => &["-target", "aarch64-unknown-unknown-eabi-elf", "-march=armv8-a"],
+            // x18 is the platform register (Android's shadow call stack): IREE's own aarch64
+            // code leaves it alone, and so must ours. Hidden visibility: a default-visibility
+            // symbol is called through a PLT slot (R_AARCH64_JUMP_SLOT), which IREE's embedded
+            // ELF loader does not fill; the dispatch then jumped to nothing (SIGSEGV under qemu).
+            KernelIsa::Aarch64Neon => &[
+                "-target",
+                "aarch64-unknown-unknown-eabi-elf",
+                "-march=armv8-a",
+                "-ffixed-x18",
+                "-fvisibility=hidden",
+            ],
         }
     }
 
@@ -279,6 +289,34 @@ mod tests {
             assert_eq!(&object[..4], b"\x7fELF", "{isa:?}");
             assert_eq!(u16::from_le_bytes([object[18], object[19]]), machine, "{isa:?}");
         }
+    }
+
+    /// The `st_other` visibility of `name` in the ELF64 object `elf`'s symbol table.
+    fn symbol_visibility(elf: &[u8], name: &str) -> Option<u8> {
+        let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+        let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+        let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+        let section = |i: usize| shoff + i * shentsize;
+        let symtab = (0..shnum).map(section).find(|&h| u32_at(h + 4) == 2)?;
+        let strtab = u64_at(section(u32_at(symtab + 40)) + 24);
+        let (symbols, size) = (u64_at(symtab + 24), u64_at(symtab + 32));
+        (symbols..symbols + size).step_by(24).find_map(|sym| {
+            let start = strtab + u32_at(sym);
+            let end = start + elf[start..].iter().position(|&b| b == 0)?;
+            (&elf[start..end] == name.as_bytes()).then_some(elf[sym + 5] & 3)
+        })
+    }
+
+    /// A default-visibility kernel is called through a PLT slot, which IREE's embedded ELF
+    /// loader leaves empty: the aarch64 export crashed under qemu until the symbol was hidden
+    /// (STV_HIDDEN = 2).
+    #[test]
+    fn the_aarch64_kernel_is_hidden() {
+        let dir = tempfile::tempdir().unwrap();
+        build_objects(dir.path()).unwrap();
+        let object = std::fs::read(dir.path().join(KernelIsa::Aarch64Neon.object())).unwrap();
+        assert_eq!(symbol_visibility(&object, "q4_matvec_workgroup"), Some(2));
     }
 
     #[test]

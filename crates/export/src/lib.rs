@@ -28,12 +28,14 @@
 
 mod artifacts;
 mod binding;
+pub mod bundle;
 mod cache;
 mod compile;
 mod emit;
 pub mod encode;
 pub mod kernels;
 pub mod mlir;
+pub mod presets;
 
 pub use artifacts::{
     export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS,
