@@ -692,3 +692,41 @@ fn special_files_are_refused_as_inputs_and_targets() {
     snapshot_file::save(&fake, &snap, &file).unwrap();
     snapshot_file::verify(&file).unwrap();
 }
+
+/// The fingerprint samples embedding rows spread evenly from the first id to the last (the doc's
+/// promise): rows a model shares with another only at the ends, or in between, still tell the two
+/// apart. Sampling up to `vocab + 1` in 258 steps (a cargo-mutants survivor) missed the last
+/// row and changed every file's fingerprint.
+#[test]
+fn the_fingerprint_samples_rows_from_the_first_id_to_the_last() {
+    for vocab in [50usize, 257, 1000, 262_144] {
+        let spec = KvSpec {
+            vocab_size: vocab,
+            ..spec()
+        };
+        let mut seen = Vec::new();
+        ModelFingerprint::compute(&spec, |ids| {
+            seen = ids.to_vec();
+            Ok(vec![0.0; ids.len() * spec.hidden_size])
+        })
+        .unwrap();
+        let want: Vec<i32> = if vocab <= 257 {
+            (0..vocab as i32).collect()
+        } else {
+            (0..257).map(|i| (i * (vocab - 1) / 256) as i32).collect()
+        };
+        assert_eq!(seen, want, "vocab {vocab}");
+        assert_eq!(*seen.last().unwrap(), vocab as i32 - 1);
+    }
+}
+
+/// A boxed session writes its files in its own cache type, not the default f32.
+#[test]
+fn a_boxed_session_keeps_its_cache_type() {
+    let fake = Fake {
+        cache: CacheType::F16,
+        ..Fake::new(1)
+    };
+    let boxed = Box::new(fake);
+    assert_eq!(PersistSnapshot::cache_type(&boxed), CacheType::F16);
+}
