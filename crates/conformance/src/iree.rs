@@ -3,7 +3,7 @@
 
 use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend, PrefillRoute};
 use export::{Layout, Target};
-use kv_core::manifest::{CacheType, Rounding};
+use kv_core::manifest::{CacheType, MatmulInput, Rounding};
 use kv_core::tolerance::Tolerance;
 use kv_core::{Error, Result, WindowRule};
 
@@ -164,6 +164,108 @@ impl BackendFactory for IreeFactory {
         Rounding {
             cache_type: self.cache_type,
             ..Rounding::FP32
+        }
+    }
+}
+
+/// Contract 2 exported as the runtime exports it for this very CPU
+/// ([`export::runtime_options_for`] with `--cpu host`): data tiling and ukernels, bf16 matmul
+/// inputs where the CPU has bf16 dot products ([`export::host_has_bf16_dot`]), f16 caches where
+/// it converts f16 ([`export::host_converts_f16`]). The other CPU suites export for IREE's
+/// generic CPU, so without this one the forms only `host` exports take never met the problems.
+/// Compared with a reference that rounds the same ([`BackendFactory::rounding`]); redecode
+/// opens the generic v1 export, as the v2 suites do.
+pub struct IreeHostFactory;
+
+impl IreeHostFactory {
+    fn artifacts(&self, model: &str, top_k: usize) -> Result<std::path::PathBuf> {
+        let target = Target::Cpu { cpu: "host".into() };
+        let runtime = export::runtime_options_for(&target, 2);
+        let options = export::ExportOptions {
+            targets: vec![target],
+            top_k,
+            ring_slack: Some(4),
+            graphs: kv_core::Graph::KV.to_vec(),
+            ..runtime
+        };
+        export::cached_export_with(model, &options).map_err(|e| Error::Backend {
+            backend: "export",
+            op: format!("export {model} for the host CPU"),
+            source: Box::new(e),
+        })
+    }
+
+    fn open(&self, dir: &std::path::Path, rule: WindowRule) -> Result<IreeKvBackend> {
+        IreeKvBackend::open(
+            dir,
+            IreeOptions {
+                rule,
+                prefill: PrefillRoute::Graph,
+                ..IreeOptions::new("local-task")
+            },
+        )
+    }
+}
+
+impl BackendFactory for IreeHostFactory {
+    type Kv = IreeKvBackend;
+    type Redecode = IreeRedecodeBackend;
+
+    fn name(&self) -> String {
+        "iree-local-task-v2-host".into()
+    }
+
+    fn kv(&self, model: &str, rule: WindowRule) -> Result<IreeKvBackend> {
+        self.open(&self.artifacts(model, 0)?, rule)
+    }
+
+    fn kv_with_top_k(&self, model: &str, k: usize) -> Result<IreeKvBackend> {
+        self.open(&self.artifacts(model, k)?, WindowRule::Exact)
+    }
+
+    fn redecode(&self, model: &str) -> Result<IreeRedecodeBackend> {
+        let dir = artifacts(model, &Target::cpu(), Layout::Shared)?;
+        IreeRedecodeBackend::open(&dir, IreeOptions::new("local-task"))
+    }
+
+    /// Against a reference rounding the same matmul inputs: two forwards that both round part at
+    /// the rounding's scale ([`Tolerance::BF16_MATMUL_INPUTS`]).
+    fn tolerance(&self) -> Tolerance {
+        if self.rounding().matmul_input == MatmulInput::Bf16 {
+            Tolerance::BF16_MATMUL_INPUTS
+        } else {
+            Tolerance::CROSS_BACKEND
+        }
+    }
+
+    /// Two paths through other graphs round other sums to bf16 before the next product.
+    fn path_tolerance(&self) -> Tolerance {
+        if self.rounding().matmul_input == MatmulInput::Bf16 {
+            Tolerance::BF16_MATMUL_INPUTS
+        } else if self.rounding().cache_type.is_f32() {
+            Tolerance::SAME_BACKEND
+        } else {
+            Tolerance::SAME_BACKEND_F16_CACHES
+        }
+    }
+
+    /// As the generic CPU suites ([`IreeFactory`]): `SKAINET_IREE_CASES`, else 6.
+    fn cases(&self) -> u32 {
+        std::env::var("SKAINET_IREE_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(6)
+    }
+
+    fn supports_seed_step_rule(&self) -> bool {
+        false
+    }
+
+    fn rounding(&self) -> Rounding {
+        let runtime = export::runtime_options_for(&Target::Cpu { cpu: "host".into() }, 2);
+        Rounding {
+            matmul_input: runtime.matmul_input,
+            cache_type: runtime.cache_type,
         }
     }
 }

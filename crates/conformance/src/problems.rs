@@ -24,29 +24,97 @@ pub const FAMILIES: &[&str] = &["tiny-gemma3-gqa:5", "tiny-llama:6", "tiny-qwen2
 /// A logit gap below this is a near-tie that FP32 summation order may flip.
 const NEAR_TIE: f32 = 1e-3;
 
-fn runner(cases: u32) -> TestRunner {
-    let seed = std::env::var("SKAINET_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5ca1_ab1e);
-    TestRunner::new(Config {
-        cases,
-        rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: None,
-        max_shrink_iters: 64,
-        ..Config::default()
+/// The run's seed: `SKAINET_CONFORMANCE_SEED` (or the older `SKAINET_PROPTEST_SEED`), else a
+/// fresh one per process, so that each CI run draws other cases. Every random problem prints it
+/// with the command that replays it ([`replay_line`]).
+pub fn run_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        for var in ["SKAINET_CONFORMANCE_SEED", "SKAINET_PROPTEST_SEED"] {
+            if let Ok(s) = std::env::var(var) {
+                return s.parse().unwrap_or_else(|_| panic!("{var}={s}: not a u64"));
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        // Parallel suites start in the same nanosecond often enough: the process id parts them.
+        splitmix(now ^ (u64::from(std::process::id()) << 32))
     })
 }
 
-fn run_cases<S: Strategy>(name: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
-where
+/// The seed `problem` draws from: the run's mixed with the problem's name, so that problems draw
+/// independent cases and one printed number replays any of them.
+pub fn problem_seed(problem: &str) -> u64 {
+    let fnv = problem.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    splitmix(run_seed() ^ fnv)
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The one-line command that runs the current test again with this run's seed: the suite is the
+/// test binary's name, the test the thread's (libtest names each test's thread after it).
+pub fn replay_line() -> String {
+    let exe = std::env::current_exe().ok();
+    let stem = exe
+        .as_deref()
+        .and_then(|p| p.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let suite = stem.rsplit_once('-').map_or(stem.as_str(), |(name, _hash)| name);
+    let test = std::thread::current().name().unwrap_or("").to_owned();
+    let target = if cfg!(target_arch = "aarch64") {
+        " --target aarch64-unknown-linux-gnu (with scripts/test-arm.sh's runner)"
+    } else {
+        ""
+    };
+    format!(
+        "SKAINET_CONFORMANCE_SEED={} cargo test -p conformance{target} --test {suite} -- --exact {test} --include-ignored",
+        run_seed()
+    )
+}
+
+/// Runs `cases` cases of `strategy(model)` spread over `models`, every model at least once (the
+/// cases are then at least `models.len()`); which models take the cases beyond an even share
+/// rotates with the seed. A random pick per case left some model out of some problem on the
+/// suites with few cases.
+fn run_cases<S: Strategy>(
+    name: &str,
+    cases: u32,
+    models: &'static [&'static str],
+    strategy: impl Fn(&'static str) -> S,
+    test: impl Fn(S::Value),
+) where
     S::Value: std::fmt::Debug,
 {
-    if let Err(e) = runner(cases).run(&strategy, |value| {
-        test(value);
-        Ok(())
-    }) {
-        panic!("{name}: {e}");
+    let seed = problem_seed(name);
+    eprintln!("{name}: seed {}; replay: {}", run_seed(), replay_line());
+    let n = models.len() as u32;
+    let total = cases.max(n);
+    let first = (seed % u64::from(n)) as u32;
+    for (i, model) in models.iter().enumerate() {
+        let i = i as u32;
+        let share = total / n + u32::from((i + n - first) % n < total % n);
+        let mut runner = TestRunner::new(Config {
+            cases: share,
+            rng_seed: RngSeed::Fixed(splitmix(seed ^ u64::from(i))),
+            failure_persistence: None,
+            max_shrink_iters: 64,
+            ..Config::default()
+        });
+        if let Err(e) = runner.run(&strategy(model), |value| {
+            test(value);
+            Ok(())
+        }) {
+            panic!("{name} on {model}: {e}\nreplay: {}", replay_line());
+        }
     }
 }
 
@@ -135,22 +203,25 @@ fn assert_token(what: &str, model: &str, context: &[i32], got: i32, want: i32) {
 /// backend's bound for two paths through different graphs (`BackendFactory::path_tolerance`:
 /// bit for bit on the reference).
 pub fn prefill_equals_prefix_chunks_and_steps<F: BackendFactory>(factory: &F) {
-    let strategy = prop::sample::select(MODELS).prop_flat_map(|model| {
-        let spec = spec_of(model);
-        let max_len = spec.seq.min(3 * spec.sliding_window.max(8) + 12);
-        (2..=max_len).prop_flat_map(move |len| {
-            (
-                Just(model),
-                tokens(spec.vocab_size, len),
-                1..len,
-                prop::collection::vec(0..=spec.chunk, 1..6),
-            )
+    let strategy = |model: &'static str| {
+        Just(model).prop_flat_map(|model| {
+            let spec = spec_of(model);
+            let max_len = spec.seq.min(3 * spec.sliding_window.max(8) + 12);
+            (2..=max_len).prop_flat_map(move |len| {
+                (
+                    Just(model),
+                    tokens(spec.vocab_size, len),
+                    1..len,
+                    prop::collection::vec(0..=spec.chunk, 1..6),
+                )
+            })
         })
-    });
+    };
     check_known(factory, "prefill_equals_prefix_chunks_and_steps", || {
         run_cases(
             "prefill_equals_prefix_chunks_and_steps",
             factory.cases(),
+            MODELS,
             strategy,
             |(model, toks, split, sizes)| {
                 let mut whole = factory.kv(model, WindowRule::Exact).unwrap();
@@ -181,25 +252,28 @@ enum TreeOp {
 /// the same calls run the same kernels on the same inputs, so a difference of any size is a
 /// restore or fork that handed back other rows.
 pub fn snapshot_trees_replay_fresh_runs<F: BackendFactory>(factory: &F) {
-    let strategy = prop::sample::select(MODELS).prop_flat_map(|model| {
-        let spec = spec_of(model);
-        let vocab = spec.vocab_size as i32;
-        let op = prop_oneof![
-            3 => prop::collection::vec(0..vocab, 1..=spec.chunk).prop_map(|t| TreeOp::Call(Piece::Chunk(t))),
-            3 => (0..vocab).prop_map(|t| TreeOp::Call(Piece::Step(t))),
-            2 => Just(TreeOp::Snapshot),
-            2 => (0..8usize).prop_map(TreeOp::Restore),
-        ];
-        (
-            Just(model),
-            tokens(spec.vocab_size, 1 + spec.sliding_window.max(4)),
-            prop::collection::vec(op, 1..14),
-        )
-    });
+    let strategy = |model: &'static str| {
+        Just(model).prop_flat_map(|model| {
+            let spec = spec_of(model);
+            let vocab = spec.vocab_size as i32;
+            let op = prop_oneof![
+                3 => prop::collection::vec(0..vocab, 1..=spec.chunk).prop_map(|t| TreeOp::Call(Piece::Chunk(t))),
+                3 => (0..vocab).prop_map(|t| TreeOp::Call(Piece::Step(t))),
+                2 => Just(TreeOp::Snapshot),
+                2 => (0..8usize).prop_map(TreeOp::Restore),
+            ];
+            (
+                Just(model),
+                tokens(spec.vocab_size, 1 + spec.sliding_window.max(4)),
+                prop::collection::vec(op, 1..14),
+            )
+        })
+    };
     check_known(factory, "snapshot_trees_replay_fresh_runs", || {
         run_cases(
             "snapshot_trees_replay_fresh_runs",
             factory.cases().div_ceil(2),
+            MODELS,
             strategy,
             |(model, prefix, ops)| {
                 let mut s = factory.kv(model, WindowRule::Exact).unwrap();
@@ -298,20 +372,23 @@ fn check_against_naive<F: BackendFactory>(
 
 /// The cached path agrees with a full no-cache recompute, well past the sliding window.
 pub fn cached_path_matches_naive_recompute<F: BackendFactory>(factory: &F) {
-    let strategy = prop::sample::select(MODELS).prop_flat_map(|model| {
-        let spec = spec_of(model);
-        let len = 3 * spec.sliding_window.max(8) + 9;
-        (
-            Just(model),
-            tokens(spec.vocab_size, len),
-            1..spec.sliding_window.max(8) + 4,
-            prop::collection::vec(0..=spec.chunk, 1..6),
-        )
-    });
+    let strategy = |model: &'static str| {
+        Just(model).prop_flat_map(|model| {
+            let spec = spec_of(model);
+            let len = 3 * spec.sliding_window.max(8) + 9;
+            (
+                Just(model),
+                tokens(spec.vocab_size, len),
+                1..spec.sliding_window.max(8) + 4,
+                prop::collection::vec(0..=spec.chunk, 1..6),
+            )
+        })
+    };
     check_known(factory, "cached_path_matches_naive_recompute", || {
         run_cases(
             "cached_path_matches_naive_recompute",
             factory.cases().div_ceil(2),
+            MODELS,
             strategy,
             |(model, stream, prefix, sizes)| {
                 check_against_naive(factory, model, WindowRule::Exact, prefix, &stream, &sizes);
