@@ -6,16 +6,18 @@
 #   - the ARM tests with every problem on both executors under qemu (scripts/test-arm.sh);
 #   - the concurrent cache fills at the issue's bar (20 rounds of 6 processes);
 #   - the binary under random arguments and damaged artifacts (scripts/fuzz-cli.sh);
+#   - a real model's app export (`export --target android-arm64`: SmolLM2-135M compiled for
+#     aarch64, its tokenizer copied and read back; crates/cli/tests/android_export.rs);
 #   - the file readers under libFuzzer (scripts/fuzz.sh, 10 minutes a target).
 # Hours on 2 cores. Each part prints its own seed or figures.
 #
-#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | fuzz
+#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/env.sh
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli fuzz)
+[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android fuzz)
 for part in "${parts[@]}"; do
     echo "test-long: $part"
     case "$part" in
@@ -24,8 +26,9 @@ for part in "${parts[@]}"; do
         arm) SKAINET_ARM_LONG=1 ./scripts/test-arm.sh ;;
         caches) SKAINET_KV_RACE_ROUNDS="${SKAINET_KV_RACE_ROUNDS:-20}" cargo test -p skainet-kv --test caches ;;
         fuzz-cli) ./scripts/fuzz-cli.sh ;;
+        android) cargo test -p skainet-kv --test android_export -- --include-ignored ;;
         fuzz) ./scripts/fuzz.sh "${SKAINET_FUZZ_SECONDS:-600}" ;;
-        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | fuzz)" >&2; exit 2 ;;
+        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | fuzz)" >&2; exit 2 ;;
     esac
 done
 echo "test-long: passed"

@@ -187,9 +187,14 @@ pub fn tokenizer(model: &str) -> Result<tokenizer::Tokenizer> {
     if !is_real_model(model) {
         bail!("--model {model}: text needs a real model's tokenizer (gemma3-270m, smollm2-135m); give --ids for fixtures and directories");
     }
+    let file = gguf_file(model)?;
+    tokenizer::Tokenizer::from_gguf(&file).with_context(|| format!("reading {model}'s tokenizer"))
+}
+
+/// The GGUF file of a real model, installed first when missing.
+pub fn gguf_file(model: &str) -> Result<gguf::GgufFile> {
     let path = store()?
         .ensure(model, &Bars::default())
         .with_context(|| format!("installing {model}"))?;
-    let file = gguf::GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
-    tokenizer::Tokenizer::from_gguf(&file).with_context(|| format!("reading {model}'s tokenizer"))
+    gguf::GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))
 }

@@ -55,7 +55,7 @@ pub const PRESETS: [Preset; 5] = [
     Preset {
         name: "vulkan-portable",
         kind: PresetKind::Vulkan { target: None },
-        about: "Vulkan, IREE's portable Android baseline (vp_android_baseline_2022): any Vulkan 1.1 phone GPU",
+        about: "Vulkan, IREE's portable target (vp_android_baseline_2022: Android's 2022 baseline profile)",
     },
     Preset {
         name: "vulkan-valhall",

@@ -44,6 +44,14 @@ pub struct ExportArgs {
     /// Comma-separated: `cpu`, `vulkan`.
     #[arg(long, default_value = "cpu,vulkan", value_delimiter = ',')]
     targets: Vec<String>,
+    /// Presets for an app, comma-separated, at most one CPU and one Vulkan: `android-arm64`
+    /// (Armv8.2-A with dot product and fp16), `android-arm64-v9` (also i8mm and bf16),
+    /// `vulkan-portable`, `vulkan-valhall` (Mali), `vulkan-adreno` (docs/android.md). They set
+    /// the targets, CPU triple and features and Vulkan target, and leave in `--out` only what
+    /// an app ships (`files.json` lists it); `--targets`, `--cpu` and `--vulkan-target` then
+    /// cannot be given.
+    #[arg(long = "target", value_delimiter = ',', conflicts_with_all = ["targets", "cpu", "vulkan_target"])]
+    presets: Vec<String>,
     /// `--iree-llvmcpu-target-cpu` for the CPU target (`generic` runs on any x86-64; `x86-64-v3`
     /// needs AVX2 + FMA; `host` every feature of this CPU).
     #[arg(long, default_value = "generic")]
@@ -135,6 +143,11 @@ pub fn run(args: ExportArgs) -> Result<()> {
     if crate::model::resolve(&args.model).is_err() && !std::path::Path::new(&args.model).is_dir() {
         crate::model::resolve(&args.model)?;
     }
+    let presets = args
+        .presets
+        .iter()
+        .map(|name| export::presets::preset(name.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut targets = Vec::new();
     for t in &args.targets {
         targets.push(match t.trim() {
@@ -144,6 +157,17 @@ pub fn run(args: ExportArgs) -> Result<()> {
             },
             other => bail!("--targets: unknown target `{other}` (cpu, vulkan)"),
         });
+    }
+    // The presets in place of --targets/--cpu/--vulkan-target (clap refuses those beside them),
+    // their flags before the --compile-flag ones.
+    let mut vulkan_target = args.vulkan_target.clone();
+    let mut compile_flags = args.compile_flags.clone();
+    if !presets.is_empty() {
+        let mut chosen = ExportOptions::default();
+        export::presets::apply(&presets, &mut chosen)?;
+        targets = chosen.targets;
+        vulkan_target = chosen.vulkan_target;
+        compile_flags = chosen.compile_flags.into_iter().chain(compile_flags).collect();
     }
     let quant = match args.weights {
         WeightChoice::Q8 => Some(crate::model::WeightsChoice::Q8),
@@ -156,7 +180,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
     };
     let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
     if matches!(args.weights, WeightChoice::Q4)
-        && args.vulkan_target.is_some()
+        && vulkan_target.is_some()
         && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
     {
         bail!(
@@ -168,7 +192,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         bail!("--weights bf16: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; export Vulkan with packed weights");
     }
     if matches!(args.weights, WeightChoice::I16)
-        && args.vulkan_target.is_none()
+        && vulkan_target.is_none()
         && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
     {
         bail!(
@@ -198,7 +222,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             LayoutChoice::Three => Layout::Three,
         },
         prefix: args.prefix,
-        vulkan_target: args.vulkan_target,
+        vulkan_target,
         weights: match args.weights {
             WeightChoice::Bf16 => WeightFormat::Bf16,
             WeightChoice::Packed => WeightFormat::PackedI32,
@@ -206,7 +230,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             WeightChoice::Q8 | WeightChoice::Q4 if cpu_only => WeightFormat::Bf16,
             WeightChoice::Q8 | WeightChoice::Q4 => WeightFormat::PackedI32,
         },
-        compile_flags: args.compile_flags,
+        compile_flags,
         top_k: args.top_k,
         contract: args.contract,
         ring_slack: args.ring_slack,
@@ -223,6 +247,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
         ..ExportOptions::default()
     };
     let manifest = export::export_artifacts(&source, &args.out, &options)?;
+    if crate::model::is_real_model(&args.model) {
+        write_tokenizer(&args.model, &args.out)?;
+    }
+    let files = export::bundle::finish(&args.out, !presets.is_empty())?;
     crate::outln!("exported {} to {}", args.model, args.out.display())?;
     for (target, modules) in &manifest.modules {
         crate::outln!(
@@ -233,6 +261,39 @@ pub fn run(args: ExportArgs) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" ")
         )?;
+    }
+    let bytes: u64 = files.files.values().sum();
+    crate::outln!(
+        "  files.json: {} files, {bytes} bytes (with files.json and digests.json: what an app ships)",
+        files.files.len()
+    )?;
+    Ok(())
+}
+
+/// The model's tokenizer and chat template as `out/tokenizer.gguf`: every `tokenizer.*` key of
+/// its GGUF (and `general.architecture`/`general.name`), no tensors; read back with the
+/// runtime's tokenizer, which must see the same vocabulary, stop tokens and template.
+fn write_tokenizer(model: &str, out: &std::path::Path) -> Result<()> {
+    use anyhow::Context;
+    let file = crate::model::gguf_file(model)?;
+    let mut writer = gguf::GgufWriter::new();
+    for (key, value) in file.metadata() {
+        if key.starts_with("tokenizer.") || key == "general.architecture" || key == "general.name" {
+            writer.kv(key.clone(), value.clone());
+        }
+    }
+    let path = out.join(kv_core::digests::TOKENIZER_FILE);
+    std::fs::write(&path, writer.to_bytes()).with_context(|| format!("writing {}", path.display()))?;
+    let source = tokenizer::Tokenizer::from_gguf(&file).with_context(|| format!("reading {model}'s tokenizer"))?;
+    let copy = gguf::GgufFile::open(&path)
+        .map_err(anyhow::Error::from)
+        .and_then(|f| tokenizer::Tokenizer::from_gguf(&f).map_err(anyhow::Error::from))
+        .with_context(|| format!("reading back {}", path.display()))?;
+    if copy.vocab_size() != source.vocab_size()
+        || copy.stop_tokens() != source.stop_tokens()
+        || copy.chat_template().is_some() != source.chat_template().is_some()
+    {
+        bail!("{}: the copied tokenizer differs from {model}'s", path.display());
     }
     Ok(())
 }
