@@ -9,9 +9,11 @@
 //! - Hermes: `<tool_call>` and a JSON value from `%json` with a schema of
 //!   `{"name": const, "arguments": parameters}` per tool (one object, or SmolLM2's list of them).
 //!
-//! The choice picks the start: `required` → calls only, `auto` → calls, or text that does not
-//! open like a call, `NAME` → that tool's calls only. `none` has no grammar (the tools are not
-//! rendered either).
+//! The choice picks the start: `required` → a call, `auto` → a call, or text that does not open
+//! like a call, `NAME` → a call of that tool. `none` has no grammar (the tools are not rendered
+//! either). One call per answer: after it only a stop token may follow, so an answer is never
+//! cut inside a second call (every string and the call itself are bounded; a `max_new` above the
+//! longest call always leaves a complete one).
 
 use std::fmt::Write as _;
 
@@ -21,7 +23,7 @@ use tokenizer::tools::{Tool, ToolChoice, FG_CALL_END, FG_CALL_START, FG_ESCAPE, 
 /// Longest string value the grammar lets a model write where the schema sets no `maxLength`:
 /// a bound keeps a weak model from filling `max_new` with one argument and never closing the
 /// call. Longer than any spoken request's argument.
-pub const DEFAULT_MAX_STRING: u64 = 160;
+pub const DEFAULT_MAX_STRING: u64 = 80;
 
 /// How a model writes its calls (what its prompt shows it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,7 +251,7 @@ pub fn lark(style: CallStyle, tools: &[Tool], choice: &ToolChoice) -> Result<Opt
             b.rule("fn", &alts.join(" | "));
             let call = format!("{} fn {}", b.marker(FG_CALL_START), b.marker(FG_CALL_END));
             b.rule("call", &call);
-            "call+"
+            "call"
         }
         CallStyle::HermesObject | CallStyle::HermesList => {
             let one: Vec<Json> = tools
@@ -271,11 +273,7 @@ pub fn lark(style: CallStyle, tools: &[Tool], choice: &ToolChoice) -> Result<Opt
             let body = if style == CallStyle::HermesList {
                 let item = json_sub(&object);
                 b.rule("item", &item);
-                format!(
-                    "{} \"[\" item (\", \" item)* \"]\" {}",
-                    lit(HERMES_CALL_START),
-                    lit(HERMES_CALL_END)
-                )
+                format!("{} \"[\" item \"]\" {}", lit(HERMES_CALL_START), lit(HERMES_CALL_END))
             } else {
                 format!(
                     "{} {} {}",
@@ -285,7 +283,7 @@ pub fn lark(style: CallStyle, tools: &[Tool], choice: &ToolChoice) -> Result<Opt
                 )
             };
             b.rule("call", &body);
-            "call (\"\\n\" call)*"
+            "call"
         }
     };
     let start = match choice {
@@ -295,7 +293,10 @@ pub fn lark(style: CallStyle, tools: &[Tool], choice: &ToolChoice) -> Result<Opt
     Ok(Some(format!("{start}calls: {calls}\n{}", b.rules)))
 }
 
-/// `schema` with [`DEFAULT_MAX_STRING`] on every string that sets no `maxLength`.
+/// `schema` with [`DEFAULT_MAX_STRING`] on every string that sets no `maxLength`, and
+/// `additionalProperties: false` on every object with `properties` that does not say: a tool
+/// takes the arguments it declares (weak models otherwise copy schema keys, `"type": "string"`,
+/// into the arguments), as the FunctionGemma grammar has it.
 fn bounded(schema: &Json) -> Json {
     match schema {
         Json::Object(m) => {
@@ -307,6 +308,9 @@ fn bounded(schema: &Json) -> Json {
             };
             if is_string && !m.contains_key("maxLength") && !m.contains_key("enum") {
                 out.insert("maxLength".into(), json!(DEFAULT_MAX_STRING));
+            }
+            if m.get("properties").is_some_and(Json::is_object) && !m.contains_key("additionalProperties") {
+                out.insert("additionalProperties".into(), json!(false));
             }
             Json::Object(out)
         }

@@ -30,6 +30,9 @@ use toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenId, Tokeni
 
 pub use grammar::CallStyle;
 
+/// The token FunctionGemma writes after its calls; a stop token where the vocabulary has it.
+pub const FG_RESPONSE_START: &str = "<start_function_response>";
+
 fn constraint_err(op: &'static str, reason: impl ToString) -> Error {
     Error::Constraint {
         op,
@@ -125,8 +128,9 @@ pub struct Constrainer {
 }
 
 impl Constrainer {
-    /// For `tok`'s vocabulary and call format; stop tokens (EOS, end of turn) are the ids the
-    /// grammar allows where it may end.
+    /// For `tok`'s vocabulary and call format; stop tokens (EOS, end of turn, and FunctionGemma's
+    /// `<start_function_response>` where it is a token) are the ids the grammar allows where it
+    /// may end.
     pub fn new(tok: &Tokenizer) -> Result<Self> {
         Self::with_style(tok, call_style(tok)?)
     }
@@ -134,7 +138,13 @@ impl Constrainer {
     pub fn with_style(tok: &Tokenizer, style: CallStyle) -> Result<Self> {
         let vocab = tok.vocab_size();
         let words: Vec<Vec<u8>> = (0..vocab as i32).map(|id| token_word(tok, id)).collect();
-        let stops: Vec<TokenId> = tok.stop_tokens().into_iter().map(|id| id as TokenId).collect();
+        let mut stops: Vec<i32> = tok.stop_tokens();
+        // FunctionGemma ends its turn after a call with `<start_function_response>` (the app's
+        // turn to answer): an end the grammar must allow where a call may end.
+        if style == (CallStyle::FunctionGemma { special_markers: true }) {
+            stops.extend(tok.token_id(FG_RESPONSE_START));
+        }
+        let stops: Vec<TokenId> = stops.into_iter().map(|id| id as TokenId).collect();
         let eos = *stops
             .first()
             .ok_or_else(|| constraint_err("vocabulary", "the tokenizer has no EOS or end-of-turn token"))?;

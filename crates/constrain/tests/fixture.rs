@@ -144,9 +144,17 @@ fn grammars_force_the_markers_and_refuse_what_breaks_a_schema() {
         c.commit(id).unwrap();
     }
     assert!(c.is_accepting());
-    // After a call: another call or a stop token.
+    // After the call: a stop token only, FunctionGemma's response marker included (what it
+    // writes after a call); no second call, so max_new never cuts one.
+    // llguidance ends the grammar right there (nothing but a stop could follow).
     let allowed = c.allowed().unwrap();
-    assert!(tok.stop_tokens().iter().all(|&s| allowed.allows(s)));
+    let mut stops = tok.stop_tokens();
+    stops.extend(tok.token_id("<start_function_response>"));
+    assert!(
+        c.is_done() && allowed.is_empty() || allowed.ids().all(|id| stops.contains(&id)),
+        "{:?}",
+        allowed.ids().collect::<Vec<_>>()
+    );
 
     // A brightness above the maximum, a room outside the enum, a missing required key: refused.
     for bad in [
@@ -203,6 +211,13 @@ fn hermes_grammars_hold_json_calls() {
         assert!(c.is_accepting(), "{style:?}");
         let parsed = ToolFormat::Hermes.parse(&text);
         validate(parsed.calls[0].as_ref().unwrap(), &tools).unwrap();
+        // A key the tool does not declare is refused.
+        let mut c = constrainer.constraint(&tools, &ToolChoice::Required).unwrap().unwrap();
+        let extra = text.replace("10}", "10, \"type\": \"integer\"}");
+        assert!(
+            !tok.encode(&extra, false).into_iter().all(|id| c.commit(id).is_ok()),
+            "{extra}"
+        );
         // A minute count past the maximum is refused.
         let mut c = constrainer.constraint(&tools, &ToolChoice::Required).unwrap().unwrap();
         let bad = text.replace("10", "1441");

@@ -41,8 +41,9 @@ pub struct ToolEvalArgs {
     /// `--tools` defaults to `data/tools/phone-assistant.json`, `--system` to the demo's.
     #[command(flatten)]
     system: SystemArgs,
-    /// Ids generated per request at most (decoding also stops when a call closes).
-    #[arg(long, default_value_t = 64)]
+    /// Ids generated per request at most (decoding also stops when a call closes; under the
+    /// grammar a call's strings are bounded, and this leaves room for the longest).
+    #[arg(long, default_value_t = 96)]
     max_new: usize,
     /// Only the first N requests.
     #[arg(long)]
