@@ -30,7 +30,10 @@ const FINGERPRINT_FILE: &str = "source.fingerprint";
 /// 14: their contract v2 step configures its attention products (`EmitOptions::attention_products`).
 /// 15: their step's gate and up projections are one configured dispatch (`Body::normed_row_products_i16`).
 /// 16: their step's post-norms carried into the next products (`emit::Residual`).
-const EMITTER_REVISION: u32 = 16;
+/// 17: packed (`i32` pairs) products of up to 32 rows read the words in place, in runs, and
+/// their RMS norms sum in two parallel reductions (`Body::contract_pairs_split`,
+/// `FuncEmitter::rms_factor_parallel`): the default Vulkan export's step and chunk graphs.
+const EMITTER_REVISION: u32 = 17;
 
 /// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
 /// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.

@@ -866,6 +866,33 @@ impl<'a> FuncEmitter<'a> {
         self.rms_from_sum(&sum, n)
     }
 
+    /// [`Self::rms_factor`] for each element of `x [.., n]` (the same within a row), summed in
+    /// two reductions that each give IREE parallel outputs: runs of 32 squares (`[.., n/32]`),
+    /// then, for every element, the runs of its row (`[.., n]`). On a target without subgroup
+    /// operations IREE runs a reduction to one value, and whatever is fused after it, on one
+    /// thread: a 640-wide norm took 240 µs on the H200 as one loop; here no loop is longer
+    /// than 32. `None` where `n` has no runs to make.
+    fn rms_factor_parallel(&mut self, x: &V) -> Option<V> {
+        let dims = x.ty.static_dims();
+        let last = dims.len() - 1;
+        let n = dims[last];
+        if n % 32 != 0 || n <= 32 {
+            return None;
+        }
+        let sq = self.b.mul(x, x);
+        let mut runs = dims.clone();
+        runs[last] = n / 32;
+        runs.push(32);
+        let sq = self.b.reshape_static(&sq, &runs);
+        let partial = self.b.reduce(&sq, &[last + 1], Reduce::Add);
+        let mut each = dims.clone();
+        each.push(n / 32);
+        let keep: Vec<usize> = (0..last).chain([last + 1]).collect();
+        let spread = self.b.broadcast(&partial, &keep, &Ty::fixed(&each, Elem::F32));
+        let sum = self.b.reduce(&spread, &[last + 1], Reduce::Add);
+        Some(self.rms_from_sum(&sum, n))
+    }
+
     /// `rsqrt(sum / n + eps)`: the RMS norm's factor from the sum of `n` squares.
     fn rms_from_sum(&mut self, sum: &V, n: usize) -> V {
         let count = self.b.splat_f32(n as f32, &sum.ty);
@@ -878,9 +905,15 @@ impl<'a> FuncEmitter<'a> {
     /// `x * rsqrt(mean(x²) + eps) * w` over the last axis; `w` is broadcast along the last axis.
     fn rmsnorm(&mut self, x: &V, w: &V) -> V {
         let rank = x.ty.rank();
-        let r = self.rms_factor(x);
-        let keep: Vec<usize> = (0..rank - 1).collect();
-        let rb = self.b.broadcast(&r, &keep, &x.ty);
+        let parallel = self.pairs_in_place(x.ty.static_dims()[0]);
+        let rb = match parallel.then(|| self.rms_factor_parallel(x)).flatten() {
+            Some(r) => r,
+            None => {
+                let r = self.rms_factor(x);
+                let keep: Vec<usize> = (0..rank - 1).collect();
+                self.b.broadcast(&r, &keep, &x.ty)
+            }
+        };
         let y = self.b.mul(x, &rb);
         let wb = self.b.broadcast(w, &[rank - 1], &x.ty);
         self.b.mul(&y, &wb)
@@ -889,6 +922,14 @@ impl<'a> FuncEmitter<'a> {
     fn norm_param(&mut self, x: &V, name: &str) -> V {
         let w = self.param(name);
         self.rmsnorm(x, &w)
+    }
+
+    /// Whether a product of `rows` rows reads packed pairs in place ([`Body::contract_pairs_split`])
+    /// rather than widening the weight first: the step, and the chunk graph's few rows, whose
+    /// products IREE's default Vulkan target runs as reductions; the many-row graphs keep the
+    /// widened weight, which its matmul pipeline tiles.
+    fn pairs_in_place(&self, rows: usize) -> bool {
+        self.options.weights == WeightFormat::PackedI32 && rows <= PAIR_ROWS_MAX
     }
 
     /// `x · Wᵀ` for `x [R, in]`, `W [out, in]`.
@@ -934,6 +975,13 @@ impl<'a> FuncEmitter<'a> {
         } else if self.options.weights == WeightFormat::I16 && !self.fuse_widening {
             let w = self.raw_param(weight);
             self.b.contract_i16(x, &w)
+        } else if self.pairs_in_place(x.ty.static_dims()[0]) {
+            // Few rows (the step, chunk calls): the words read inside the product, in runs.
+            let w = self.raw_param(weight);
+            let [o, words] = w.ty.static_dims()[..] else {
+                kv_core::error::invariant("a packed weight is [out, in/2]")
+            };
+            self.b.contract_pairs_split(x, &w, pair_splits(o, words))
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
@@ -1960,6 +2008,46 @@ impl<'a> FuncEmitter<'a> {
                 None => crate::mlir::argmax_stages(n),
             };
             self.b.argmax_rows_staged(logits, &stages)
+        }
+    }
+}
+
+/// The most rows of a product that reads packed pairs in place ([`FuncEmitter::pairs_in_place`]).
+const PAIR_ROWS_MAX: usize = 32;
+
+/// The outputs (`out · splits`) a one-row packed-pairs product aims for. Measured on the H200
+/// (docs/benchmarks.md, portable Vulkan): 16,384 and 1,048,576 decode within 3% of each other;
+/// the smaller writes fewer partial sums, which matters more on a phone's few cores.
+const PAIR_THREADS: usize = 16_384;
+
+/// Runs of a packed-pairs product ([`Body::contract_pairs_split`]): enough for about
+/// [`PAIR_THREADS`] outputs (`out · splits`), each run at least 16 words, a power of two
+/// dividing `words`.
+fn pair_splits(out: usize, words: usize) -> usize {
+    let mut splits = 1;
+    while out * splits * 2 <= PAIR_THREADS && words % (splits * 2) == 0 && words / (splits * 2) >= 16 {
+        splits *= 2;
+    }
+    splits
+}
+
+#[cfg(test)]
+mod pair_tests {
+    use super::pair_splits;
+
+    #[test]
+    fn packed_products_split_into_runs_of_at_least_16_words() {
+        // Gemma 3 270M's one-row products: down, gate/up, fused Q/K/V, the LM head.
+        assert_eq!(pair_splits(640, 1024), 16);
+        assert_eq!(pair_splits(2048, 320), 8);
+        assert_eq!(pair_splits(1536, 320), 8);
+        assert_eq!(pair_splits(262_144, 320), 1);
+        // Short rows are not split below 16 words, odd word counts not at all.
+        assert_eq!(pair_splits(8, 32), 2);
+        assert_eq!(pair_splits(8, 31), 1);
+        for (out, words) in [(640, 1024), (2048, 320), (8, 32), (100, 96)] {
+            let s = pair_splits(out, words);
+            assert!(words % s == 0 && (s == 1 || words / s >= 16), "{out} x {words}: {s}");
         }
     }
 }

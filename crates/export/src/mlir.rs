@@ -1039,6 +1039,76 @@ impl Body {
         self.contraction(&[x, w], o, &["d0, d2", "d1, d2"], 1, Self::widened_product)
     }
 
+    /// `x [R, in] · Wᵀ` of a weight stored as packed pairs of bf16, `w [out, in/2] i32` (element
+    /// `2k` in the low half of word `k`, `2k + 1` in the high half), as one contraction over the
+    /// words and the pair: `x` viewed as `[R, in/2, 2]`, each element's half shifted into the
+    /// high bits in the body. The widened-then-interleaved form ([`WeightFormat::PackedI32`]'s
+    /// `widen`: two halves, `concatenate`, `reshape`) is one IREE cannot fuse into the product,
+    /// so every call wrote every weight to a transient f32 buffer (1.68 GB per step of Gemma 3
+    /// 270M); this form reads each word where it multiplies it, on targets with 32-bit storage
+    /// only (IREE's default Vulkan target, `vp_android_baseline_2022`).
+    ///
+    /// [`WeightFormat::PackedI32`]: crate::emit::WeightFormat::PackedI32
+    pub fn contract_pairs(&mut self, x: &V, w: &V) -> V {
+        let [r, inner] = x.ty.static_dims()[..] else {
+            kv_core::error::invariant("a product's input is [R, in]")
+        };
+        let o = w.ty.static_dims()[0];
+        let x3 = self.reshape_static(x, &[r, inner / 2, 2]);
+        self.contraction(&[&x3, w], o, &["d0, d2, d3", "d1, d2"], 2, Self::pair_product(3))
+    }
+
+    /// [`Self::contract_pairs`] of one row, `x [1, in]`, in two reductions: the words in
+    /// `splits` runs (`partial [out, splits]`), then the runs. On a target without subgroup
+    /// operations (IREE's default Vulkan target) IREE gives each output of a reduction one
+    /// thread, whose loads wait on each other: 640 outputs of 2,048 terms took 555 µs on the
+    /// H200. The runs give `out · splits` threads short loops; the second reduction is short.
+    pub fn contract_pairs_split(&mut self, x: &V, w: &V, splits: usize) -> V {
+        let [o, words] = w.ty.static_dims()[..] else {
+            kv_core::error::invariant("a packed weight is [out, in/2]")
+        };
+        if splits <= 1 || words % splits != 0 {
+            return self.contract_pairs(x, w);
+        }
+        let r = x.ty.static_dims()[0];
+        let run = words / splits;
+        let x4 = self.reshape_static(x, &[r, splits, run, 2]);
+        let w3 = self.reshape_static(w, &[o, splits, run]);
+        let ty = Ty::fixed(&[r, o, splits], Elem::F32);
+        let partial = self.reduction_generic(
+            &[&x4, &w3],
+            ty,
+            &["d0, d2, d3, d4", "d1, d2, d3"],
+            2,
+            "",
+            Self::pair_product(4),
+        );
+        self.reduce(&partial, &[2], Reduce::Add)
+    }
+
+    /// The body of a packed-pairs product (block arguments `x`, the word, the accumulator; the
+    /// pair element `j` is loop dimension `pair_dim`): element `j` of the word shifted into the
+    /// high half, the low half cleared, bitcast, multiplied, accumulated.
+    fn pair_product(pair_dim: usize) -> impl FnOnce(&mut Self, &[String]) -> (String, String) {
+        move |b: &mut Self, args: &[String]| {
+            let [a, word, acc] = args else {
+                kv_core::error::invariant("a block argument per input, then the accumulator")
+            };
+            let [j, ji, c16, sh, left, up, mask, bits, wf, p, sum]: [String; 11] = std::array::from_fn(|_| b.fresh());
+            (
+                format!(
+                    "{j} = linalg.index {pair_dim} : index\n{ji} = arith.index_cast {j} : index to i32\n\
+                     {c16} = arith.constant 16 : i32\n{sh} = arith.muli {ji}, {c16} : i32\n\
+                     {left} = arith.subi {c16}, {sh} : i32\n{up} = arith.shli {word}, {left} : i32\n\
+                     {mask} = arith.constant -65536 : i32\n{bits} = arith.andi {up}, {mask} : i32\n\
+                     {wf} = arith.bitcast {bits} : i32 to f32\n\
+                     {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
+                ),
+                sum,
+            )
+        }
+    }
+
     /// [`Self::contract_i16`] of one row, `x [1, in]`, as a product over `(d0 = out, d1 = in)`
     /// of `x` viewed as `[in]`, carrying `compilation_info` (IREE's configuration of the
     /// dispatch, a `#iree_codegen.compilation_info<…>`, which must suit every target the module
