@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The portable Vulkan export (the default: packed weights, IREE's vp_android_baseline_2022) beside
+# the tuned one (i16 + ampere) on the H200, alternating in one run (docs/benchmarks.md,
+# "Portable"). Two halves:
+#
+#   scripts/h200/portable.sh prepare      # here: release build, the twin's exports, the tools
+#   bash scripts/h200/portable.sh run     # there, with the device tool, carry [".cache/device", ".gl"]
+#
+# VARIANTS picks exports (default "packed i16-ampere"; also i16-valhall, i16-adreno, which load on
+# NVIDIA but assume another subgroup size: their diverge fails there). ROUNDS (default 3)
+# alternations of the bare step and bench; PROFILE=variant adds a dispatch-events profile of its
+# step ($OUT/<variant>-explain.txt). The run fails if any diverge does.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VARIANTS=${VARIANTS:-packed i16-ampere}
+export_args() {
+  case $1 in
+    packed) echo "--targets vulkan" ;;
+    i16-ampere) echo "--targets vulkan --weights i16 --vulkan-target ampere --contract 1" ;;
+    i16-valhall) echo "--targets vulkan --weights i16 --vulkan-target valhall" ;;
+    i16-adreno) echo "--targets vulkan --weights i16 --vulkan-target adreno" ;;
+    *) echo "unknown variant $1" >&2; return 1 ;;
+  esac
+}
+if [ "${1:-}" = prepare ]; then
+  # prepare.sh writes the binary, the tools, the loader debs and (through VARIANTS) its own
+  # variants; ours are exported here with the same layout.
+  VARIANTS=none scripts/h200/prepare.sh >/dev/null
+  source scripts/env.sh
+  D=.cache/device
+  for v in $VARIANTS; do
+    tmp=$(mktemp -d)
+    # shellcheck disable=SC2046
+    ./target/release/skainet-kv export --model gemma3-270m-shape:1 --out "$tmp" $(export_args $v) >/dev/null
+    rm -rf "${D:?}/$v" && mkdir -p "$D/$v"
+    cp "$tmp"/*.vmfb "$tmp"/manifest.json "$D/$v/"
+    export_args $v | tr ' ' '\n' >"$D/$v/export-args.txt"
+    for m in "$tmp"/*.vmfb; do
+      stem=$(basename "$m" .vmfb)
+      sha256sum "$tmp/${stem%%.*}.mlir" | cut -d' ' -f1 >"$D/$v/$stem.mlir.sha256"
+    done
+    rm -rf "$tmp"
+    echo "exported $v"
+  done
+  # The bare step's arguments at past 200, read from the module (prepare.sh's recipe).
+  for v in $VARIANTS; do
+    python3 - "$D/$v" <<'PY'
+import glob, re, subprocess, sys
+d = sys.argv[1]
+vmfb = glob.glob(f"{d}/*.vmfb")[0]
+dump = subprocess.run(["iree-dump-module", vmfb], capture_output=True, text=True).stdout
+decl = next((l for l in dump.splitlines() if "sync func @gemma_with_past(" in l), "")
+args = []
+for i, m in enumerate(re.finditer(r"tensor<([^>]*)>", decl.split("(", 1)[-1].split(") ->")[0])):
+    t = m.group(1).replace("?", "200")
+    if t.endswith("i32"):
+        args.append(f"--input={t}=200" if i == 2 else f"--input={t}=7")
+    else:
+        args.append(f"--input={t}=0.01")
+open(f"{d}/step-args.txt", "w").write(" ".join(args))
+PY
+  done
+  du -sh $D .gl
+  exit 0
+fi
+[ "${1:-}" = run ] || { echo "usage: $0 prepare|run" >&2; exit 2; }
+set +e
+source scripts/h200/device-env.sh
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+for v in $VARIANTS; do twin_archive $v; done
+ids=2,818,5279,529,7001,563,11,107,3689,1234,99,4242
+for v in $VARIANTS; do
+  echo "== diverge vs reference, $v"
+  check_diverge "$v" 150 $D/bin/skainet-kv diverge --model $TWIN --backends reference,iree-vulkan --artifacts $D/$v --ids $ids --max-new 12
+done
+for round in $(seq "${ROUNDS:-3}"); do
+  for v in $VARIANTS; do
+    echo "== round $round: bare step, $v"
+    timeout 90 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
+      --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_repetitions=5 --benchmark_min_time=10x 2>&1 | grep -E "real_time_median|ERROR"
+    echo "== round $round: bench, $v"
+    timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 --utterances 4 --repeat 1 2>&1 | tail -9
+  done
+done
+if [ -n "${PROFILE:-}" ]; then
+  v=$PROFILE
+  timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
+    --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_min_time=5x \
+    --device_profiling_mode=dispatch-events --device_profiling_output="$OUT/$v-step.ireeprof" >"$OUT/$v-hal.log" 2>&1
+  $D/tools/iree-profile explain "$OUT/$v-step.ireeprof" >"$OUT/$v-explain.txt" 2>&1
+  grep -E "^  #[0-9]+ " "$OUT/$v-explain.txt" | head -12
+fi
+diverge_verdict
