@@ -143,16 +143,19 @@ impl BackendFactory for IreeFactory {
         Tolerance::CROSS_BACKEND
     }
 
-    /// `SKAINET_IREE_CASES`, else 6; 3 for contract v2 on Vulkan, whose calls on lavapipe attend
-    /// over every cache row (the slowest suite in CI: 270–310 s on 2 cores with 6).
+    /// `SKAINET_IREE_CASES`, else 8 on the CPU: the problems that run half their cases then run
+    /// each of the four main models ([`crate::problems::MODELS`]) every run, for about a second
+    /// more per suite. On Vulkan (lavapipe: seconds to a minute a case) 6, and 3 for contract v2,
+    /// whose calls attend over every cache row (the slowest suite in CI: 270–310 s on 2 cores
+    /// with 6): there the models a problem meets rotate with the seed.
     fn cases(&self) -> u32 {
         std::env::var("SKAINET_IREE_CASES")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(if self.contract == 2 && self.device == "vulkan" {
-                3
-            } else {
-                6
+            .unwrap_or(match (self.device, self.contract) {
+                ("vulkan", 2) => 3,
+                ("vulkan", _) => 6,
+                _ => 8,
             })
     }
 
@@ -249,12 +252,12 @@ impl BackendFactory for IreeHostFactory {
         }
     }
 
-    /// As the generic CPU suites ([`IreeFactory`]): `SKAINET_IREE_CASES`, else 6.
+    /// As the generic CPU suites ([`IreeFactory`]): `SKAINET_IREE_CASES`, else 8.
     fn cases(&self) -> u32 {
         std::env::var("SKAINET_IREE_CASES")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(6)
+            .unwrap_or(8)
     }
 
     fn supports_seed_step_rule(&self) -> bool {

@@ -24,6 +24,22 @@ pub const FAMILIES: &[&str] = &["tiny-gemma3-gqa:5", "tiny-llama:6", "tiny-qwen2
 /// A logit gap below this is a near-tie that FP32 summation order may flip.
 const NEAR_TIE: f32 = 1e-3;
 
+/// The near-tie margin against the FP32 naive recompute for a backend that rounds its matmul
+/// inputs to bf16 (`matmulInput: bf16`): its logits move at the rounding's scale, far beyond FP32
+/// summation order. Measured on `iree_local_task_v2_host` (AVX-512 BF16), the naive gaps of the
+/// tokens it chose where they differ: up to 4.6e-3 in 4 cases, 5.6e-3 over 2 seeds × 40 cases
+/// of `cached_path_matches_naive_recompute`; none over the families.
+const BF16_NEAR_TIE: f32 = 2e-2;
+
+/// [`NEAR_TIE`], or [`BF16_NEAR_TIE`] where `factory` rounds its matmul inputs.
+fn near_tie<F: BackendFactory>(factory: &F) -> f32 {
+    if factory.rounding().matmul_input == kv_core::manifest::MatmulInput::Bf16 {
+        BF16_NEAR_TIE
+    } else {
+        NEAR_TIE
+    }
+}
+
 /// The run's seed: `SKAINET_CONFORMANCE_SEED` (or the older `SKAINET_PROPTEST_SEED`), else a
 /// fresh one per process, so that each CI run draws other cases. Every random problem prints it
 /// with the command that replays it ([`replay_line`]).
@@ -81,10 +97,11 @@ pub fn replay_line() -> String {
     )
 }
 
-/// Runs `cases` cases of `strategy(model)` spread over `models`, every model at least once (the
-/// cases are then at least `models.len()`); which models take the cases beyond an even share
-/// rotates with the seed. A random pick per case left some model out of some problem on the
-/// suites with few cases.
+/// Runs `cases` cases of `strategy(model)` spread over `models`: an even share each, the cases
+/// left over (all of them, where there are fewer cases than models) on the models that follow a
+/// first one chosen by the seed. With at least one case per model every model runs; with fewer,
+/// which ones run rotates from run to run. A random pick per case left some model out of some
+/// problem on the suites with few cases, run after run.
 fn run_cases<S: Strategy>(
     name: &str,
     cases: u32,
@@ -95,16 +112,23 @@ fn run_cases<S: Strategy>(
     S::Value: std::fmt::Debug,
 {
     let seed = problem_seed(name);
-    eprintln!("{name}: seed {}; replay: {}", run_seed(), replay_line());
     let n = models.len() as u32;
-    let total = cases.max(n);
     let first = (seed % u64::from(n)) as u32;
+    let share = |i: u32| cases / n + u32::from((i + n - first) % n < cases % n);
+    let run: Vec<&str> = (0..n).filter(|&i| share(i) > 0).map(|i| models[i as usize]).collect();
+    eprintln!(
+        "{name}: seed {}, {cases} cases on {run:?}; replay: {}",
+        run_seed(),
+        replay_line()
+    );
     for (i, model) in models.iter().enumerate() {
-        let i = i as u32;
-        let share = total / n + u32::from((i + n - first) % n < total % n);
+        let share = share(i as u32);
+        if share == 0 {
+            continue;
+        }
         let mut runner = TestRunner::new(Config {
             cases: share,
-            rng_seed: RngSeed::Fixed(splitmix(seed ^ u64::from(i))),
+            rng_seed: RngSeed::Fixed(splitmix(seed ^ i as u64)),
             failure_persistence: None,
             max_shrink_iters: 64,
             ..Config::default()
@@ -359,11 +383,12 @@ fn check_against_naive<F: BackendFactory>(
         }
     };
     let logits = naive::logits(&m, stream, &window_at);
+    let near_tie = near_tie(factory);
     for (fed, token) in outputs {
         let want = &logits[fed - 1];
         let gap = naive::gap_to(want, token);
         assert!(
-            gap < NEAR_TIE,
+            gap < near_tie,
             "{model} ({rule:?}): after {fed} tokens the backend chose {token}, the naive recompute {} (gap {gap:e})",
             naive::argmax(want)
         );
