@@ -8,16 +8,18 @@
 #   - the binary under random arguments and damaged artifacts (scripts/fuzz-cli.sh);
 #   - a real model's app export (`export --target android-arm64`: SmolLM2-135M compiled for
 #     aarch64, its tokenizer copied and read back; crates/cli/tests/android_export.rs);
-#   - the file readers under libFuzzer (scripts/fuzz.sh, 10 minutes a target).
+#   - the file readers under libFuzzer (scripts/fuzz.sh, 10 minutes a target);
+#   - the allowed-token mask's exact ties on lavapipe and the CPU, and a v2 export made before
+#     the mask (compiled for the test) refusing one.
 # Hours on 2 cores. Each part prints its own seed or figures.
 #
-#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | fuzz
+#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/env.sh
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android fuzz)
+[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz)
 for part in "${parts[@]}"; do
     echo "test-long: $part"
     case "$part" in
@@ -28,7 +30,10 @@ for part in "${parts[@]}"; do
         fuzz-cli) ./scripts/fuzz-cli.sh ;;
         android) cargo test -p skainet-kv --test android_export -- --include-ignored ;;
         fuzz) ./scripts/fuzz.sh "${SKAINET_FUZZ_SECONDS:-600}" ;;
-        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | fuzz)" >&2; exit 2 ;;
+        masks)
+            cargo test -p export --test v2 -- --ignored allowed_mask
+            cargo test -p backend-iree --test v2 -- --ignored v2_exports_before_the_mask ;;
+        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz)" >&2; exit 2 ;;
     esac
 done
 echo "test-long: passed"

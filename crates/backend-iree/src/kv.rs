@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use iree_runtime::{BufferView, Device, ElementType, Function, Transfer};
+use kv_core::allowed::AllowedTokens;
 use kv_core::irpa::FileStamp;
 use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::LayerRows;
@@ -117,6 +118,9 @@ pub struct IreeKvBackend {
     /// The step module's `embed_token` (`Manifest::embed_function`), where it is async: greedy
     /// decoding then runs a step ahead of the host (`greedy`).
     embed: Option<Function>,
+    /// Contract v2 with `allowedMask`: the mask every call takes (`Name::Allowed`), `all` while
+    /// no restriction is set.
+    mask: Option<v2::Mask>,
 }
 
 impl IreeKvBackend {
@@ -212,6 +216,17 @@ impl IreeKvBackend {
                 manifest.spec.sliding_cache_rows = if sliding == capacity { 0 } else { sliding };
                 manifest.spec.max_positions = capacity;
                 manifest.spec.seq = capacity;
+                // Exports with the allowed-token mask take it last (`allowedMask`); the seed's
+                // ABI never sets one, so these sessions pass the resident all-ones mask.
+                if let Some((_, step)) = opened.functions.get(&Graph::Step) {
+                    let n = manifest.canonical_args(Graph::Step).len();
+                    let words = AllowedTokens::words_for(manifest.spec.vocab_size);
+                    if step.argument_count() == n + 1
+                        && declared_input(step, n) == Some((vec![Some(words)], "i32".to_string()))
+                    {
+                        manifest.set_allowed_mask(true);
+                    }
+                }
                 manifest.validate()?;
             }
         }
@@ -282,7 +297,7 @@ impl IreeKvBackend {
             .iter()
             .map(|&g| (g, manifest.outputs_or_canonical(g)))
             .collect();
-        let backend = IreeKvBackend {
+        let mut backend = IreeKvBackend {
             id: SessionId::fresh(),
             manifest,
             options,
@@ -304,9 +319,11 @@ impl IreeKvBackend {
             steps: StepPhases::default(),
             readbacks: [None, None],
             embed,
+            mask: None,
         };
         if backend.manifest.is_v2() {
             backend.v2_check_rule()?;
+            backend.mask = v2::Mask::resident(&backend.device, &backend.manifest)?;
         }
         Ok(backend)
     }
@@ -695,6 +712,14 @@ impl KvBackend for IreeKvBackend {
         let top = TopK::from_pairs(&ids, &logits)
             .unwrap_or_else(|| kv_core::error::invariant("top-k results of checked equal shapes"));
         Ok(Some(top.truncated(k)))
+    }
+
+    /// Contract v2 exports with `allowedMask`: the words are uploaded once per change (an
+    /// all-allowed set or `None` goes back to the resident all-ones buffer, no upload). Each
+    /// mask is a buffer of its own, never written after its upload, so a step queued ahead
+    /// (`step_greedy`) keeps reading the mask it was queued with.
+    fn set_allowed(&mut self, allowed: Option<&AllowedTokens>) -> Result<()> {
+        self.v2_set_allowed(allowed)
     }
 
     fn name(&self) -> String {

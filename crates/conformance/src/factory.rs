@@ -51,6 +51,12 @@ pub trait BackendFactory {
         true
     }
 
+    /// Whether sessions take an allowed-token mask (`KvBackend::set_allowed`); contract v1
+    /// graphs have no mask argument and refuse one.
+    fn supports_allowed_mask(&self) -> bool {
+        true
+    }
+
     /// What this backend rounds beyond FP32 (its artifacts' `matmulInput` and `cacheType`): the
     /// problems compare it with a reference that rounds the same.
     fn rounding(&self) -> Rounding {

@@ -163,6 +163,10 @@ impl BackendFactory for IreeFactory {
         self.contract == 1
     }
 
+    fn supports_allowed_mask(&self) -> bool {
+        self.contract == 2
+    }
+
     fn rounding(&self) -> Rounding {
         Rounding {
             cache_type: self.cache_type,

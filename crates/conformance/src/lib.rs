@@ -15,6 +15,7 @@ pub mod divergence;
 pub mod factory;
 #[cfg(feature = "iree")]
 pub mod iree;
+pub mod masked;
 pub mod naive;
 pub mod problems;
 
@@ -41,6 +42,7 @@ pub const PROBLEMS: &[&str] = &[
     "kv_matches_reference_call_by_call",
     "snapshot_files_continue_like_the_session",
     "seeded_sampling_matches_the_reference",
+    "masked_calls_match_the_reference",
 ];
 
 /// Expands every problem of [`problems`] into a `#[test]` for the factory expression `$factory`.
@@ -65,7 +67,8 @@ macro_rules! conformance_suite {
             redecode_refuses_prompts_without_room,
             kv_matches_reference_call_by_call,
             snapshot_files_continue_like_the_session,
-            seeded_sampling_matches_the_reference
+            seeded_sampling_matches_the_reference,
+            masked_calls_match_the_reference
         ], long: []);
     };
     ($factory:expr, ci: [$($ci:ident),* $(,)?], long: [$($long:ident),* $(,)?]) => {

@@ -11,6 +11,8 @@ use crate::divergence;
 use crate::factory::{reference_model, BackendFactory, ReferenceFactory};
 use crate::naive;
 
+pub use crate::masked::masked_calls_match_the_reference;
+
 /// Models every backend runs: both families, GQA, and three windows (12, 5, 3).
 pub const MODELS: &[&str] = &[
     "tiny-gemma3:1",

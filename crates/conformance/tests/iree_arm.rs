@@ -31,7 +31,8 @@ mod local_sync {
             foreign_snapshot_is_refused,
             redecode_refuses_prompts_without_room,
             snapshot_files_continue_like_the_session,
-            seeded_sampling_matches_the_reference
+            seeded_sampling_matches_the_reference,
+            masked_calls_match_the_reference
         ]
     );
 }

@@ -28,6 +28,7 @@ conformance::conformance_suite!(
         bad_input_is_refused_and_session_survives,
         foreign_snapshot_is_refused,
         redecode_refuses_prompts_without_room,
-        redecode_matches_kv_stream
+        redecode_matches_kv_stream,
+        masked_calls_match_the_reference
     ]
 );

@@ -21,6 +21,7 @@ conformance::conformance_suite!(
         redecode_matches_kv_stream,
         redecode_refuses_prompts_without_room,
         snapshot_files_continue_like_the_session,
-        seeded_sampling_matches_the_reference
+        seeded_sampling_matches_the_reference,
+        masked_calls_match_the_reference
     ]
 );

@@ -22,7 +22,8 @@ conformance::conformance_suite!(
         redecode_matches_kv_stream,
         kv_matches_reference_call_by_call,
         snapshot_files_continue_like_the_session,
-        seeded_sampling_matches_the_reference
+        seeded_sampling_matches_the_reference,
+        masked_calls_match_the_reference
     ],
     long: [
         seed_step_rule_sees_one_key_more,

@@ -45,8 +45,9 @@ const EMITTER_REVISION: u32 = 17;
 /// over `prefillSpans`. 8: the configured step's softmax and values in one dispatch
 /// (`FuncEmitter::attention_row`). 9: Vulkan exports of tied models add the step module's
 /// `embed_token` (`Manifest::embed_function`), as contract 1's. 10: the configured step's
-/// attention maximum in one dispatch (`Body::configured_row_max`).
-const EMITTER_REVISION_V2: u32 = 10;
+/// attention maximum in one dispatch (`Body::configured_row_max`). 11: the prefill, chunk and
+/// step graphs take the allowed-token mask (`Manifest::allowed_mask`, `Name::Allowed`).
+const EMITTER_REVISION_V2: u32 = 11;
 
 /// The revision of the graphs and compile flags of block-quantized sources (part of their
 /// entries' fingerprints only). 3: the dequantization inside the contraction for one-row

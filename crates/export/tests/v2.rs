@@ -14,7 +14,8 @@ use std::path::Path;
 use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
 use common::{Array, GraphSession, Noise};
 use export::{export_artifacts, ExportOptions, Layout, Source, Target};
-use kv_core::irpa::IrpaArchive;
+use kv_core::allowed::AllowedTokens;
+use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::manifest::{Name, Parameters};
 use kv_core::rope::RopeTable;
 use kv_core::tolerance::{assert_layers_close, Tolerance};
@@ -57,6 +58,8 @@ struct V2Session {
     g: GraphSession,
     caches: Caches,
     position: usize,
+    /// The allowed-token mask the calls take where the graphs have one; `None`: every id.
+    allowed: Option<AllowedTokens>,
 }
 
 impl V2Session {
@@ -69,7 +72,12 @@ impl V2Session {
         let caches = (0..spec.n_layers as u64)
             .map(|l| (garbage(len, seed + 2 * l + 1), garbage(len, seed + 2 * l + 2)))
             .collect();
-        V2Session { g, caches, position: 0 }
+        V2Session {
+            g,
+            caches,
+            position: 0,
+            allowed: None,
+        }
     }
 
     fn row_len(&self) -> usize {
@@ -119,6 +127,11 @@ impl V2Session {
                     let mut s = vec![0.0; rows];
                     s[n - 1] = 1.0;
                     Array::F32(vec![1, rows], s)
+                }
+                Name::Allowed => {
+                    let all = AllowedTokens::all(spec.vocab_size);
+                    let words = self.allowed.as_ref().unwrap_or(&all).words();
+                    Array::I32(vec![words.len()], words.iter().map(|&w| w as i32).collect())
                 }
                 other => panic!("v2 argument {other}"),
             }
@@ -590,4 +603,195 @@ fn f16_caches_only_where_they_apply() {
         let made = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap();
         assert_eq!(made.cache_type, CacheType::F32, "contract {contract}");
     }
+}
+
+/// `fixture` with token `copy`'s embedding row written over token `into`'s, in a directory of
+/// its own: a tied LM head then gives the two ids bit-identical logits on every backend (the
+/// same products in the same order), an exact tie for the argmax's lowest-index rule.
+fn fixture_with_tied_rows(fixture: &str, copy: usize, into: usize, dir: &Path) {
+    let src = fixtures::materialize(fixture).unwrap();
+    let m = Manifest::load(&src).unwrap();
+    assert!(
+        m.require_architecture().unwrap().tied_output,
+        "{fixture}: the LM head must be the embedding"
+    );
+    let archive = IrpaArchive::open(src.join(fixtures::WEIGHTS_FILE)).unwrap();
+    let h = m.spec.hidden_size;
+    let mut writer = IrpaWriter::new();
+    for entry in archive.entries() {
+        let name = entry.name();
+        let mut values = kv_core::bf16::bf16_bytes_to_f32(archive.data(name).unwrap()).unwrap();
+        if name == kv_core::params::TOKEN_EMBD {
+            values.copy_within(copy * h..(copy + 1) * h, into * h);
+        }
+        writer.add_bf16_from_f32(name, &values).unwrap();
+    }
+    writer.write(dir.join(fixtures::WEIGHTS_FILE)).unwrap();
+    m.save(dir).unwrap();
+}
+
+const TIE_LOW: usize = 5;
+const TIE_HIGH: usize = 300;
+
+/// Chunk and step graphs of `tiny-gemma3:7` with ids [`TIE_LOW`] and [`TIE_HIGH`] tied, a top-k
+/// of 8, i16 weights, for `targets`, into `tmp/name`: the manifest.
+fn tied_export(tmp: &Path, name: &str, targets: Vec<Target>, weights: export::WeightFormat) -> Manifest {
+    let src = tmp.join("src");
+    if !src.join("manifest.json").is_file() {
+        std::fs::create_dir_all(&src).unwrap();
+        fixture_with_tied_rows("tiny-gemma3:7", TIE_LOW, TIE_HIGH, &src);
+    }
+    let options = ExportOptions {
+        contract: 2,
+        graphs: vec![Graph::Chunk, Graph::Step],
+        top_k: 8,
+        weights,
+        compile_flags: vec!["--iree-opt-const-expr-hoisting=false".into()],
+        targets,
+        ..ExportOptions::default()
+    };
+    let m = export_artifacts(&Source::Dir(src), &tmp.join(name), &options).unwrap();
+    assert!(m.allowed_mask && m.with_past_args.as_ref().unwrap().last() == Some(&Name::Allowed));
+    m
+}
+
+/// Under masks built from each call's reference logits (every id; all but the best; the worst
+/// alone; the exact tie and a worse id; every 7th id), a chunk and a step of the export in `dir`
+/// predict the reference's best allowed id, the lower tied id on the tie, and return the masked
+/// logits' top-k (disallowed ids `-inf`).
+fn masks_hold(label: &str, dir: &Path, target: &str, device: &str) {
+    let model = ReferenceModel::open(&dir.parent().unwrap().join("src")).unwrap();
+    let mut s = V2Session::open(dir, target, device, 11);
+    let spec = s.g.m.spec.clone();
+    let k = s.g.m.top_k.unwrap();
+    let mut r = ReferenceKv::new(model, WindowRule::Exact);
+    chunked_prefill(label, &mut s, &mut r, &tokens(spec.chunk + 3, 6, spec.vocab_size));
+    let (pos, at) = (s.position, r.snapshot().unwrap());
+    let piece = tokens(3, 8, spec.vocab_size);
+    let vocab = spec.vocab_size;
+    for step in [true, false] {
+        let toks = if step { &piece[..1] } else { &piece[..] };
+        r.restore(&at).unwrap();
+        if step {
+            r.step(toks[0]).unwrap();
+        } else {
+            r.chunk(toks).unwrap();
+        }
+        let logits = r.last_logits().unwrap().to_vec();
+        assert_eq!(logits[TIE_LOW], logits[TIE_HIGH], "tied embedding rows tie exactly");
+        let mut order: Vec<i32> = (0..vocab as i32).collect();
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        let (best, worst) = (order[0], order[vocab - 1]);
+        let masks = [
+            ("every id", AllowedTokens::all(vocab)),
+            ("all but the best", AllowedTokens::from_ids(vocab, &order[1..]).unwrap()),
+            ("the worst id", AllowedTokens::from_ids(vocab, &[worst]).unwrap()),
+            (
+                "an exact tie and a worse id",
+                AllowedTokens::from_ids(vocab, &[TIE_HIGH as i32, worst, TIE_LOW as i32]).unwrap(),
+            ),
+            (
+                "every 7th id",
+                AllowedTokens::from_ids(vocab, &(3..vocab as i32).step_by(7).collect::<Vec<_>>()).unwrap(),
+            ),
+        ];
+        for (name, mask) in masks {
+            s.allowed = Some(mask.clone());
+            let call = s.run(&s.caches, step, pos, toks);
+            let what = format!("{label}: {} under `{name}`", if step { "step" } else { "chunk" });
+            let want = mask.argmax(&logits).unwrap();
+            assert_eq!(call.token, want, "{what}: token");
+            match name {
+                "all but the best" => assert_ne!(want, best, "{what}: the mask changed nothing"),
+                "an exact tie and a worse id" if worst != TIE_LOW as i32 => {
+                    assert_eq!(want, TIE_LOW as i32, "{what}: the lower of the tied ids")
+                }
+                _ => {}
+            }
+            let mut masked = logits.clone();
+            mask.mask_logits(&mut masked);
+            let want_top = kv_core::sampling::TopK::of_logits(&masked, k);
+            let (got_logits, got_ids) = call.top_k.clone().expect("top-k results");
+            let finite = want_top.logits().iter().filter(|l| l.is_finite()).count();
+            assert_eq!(&got_ids[..finite], &want_top.ids()[..finite], "{what}: top-k ids");
+            for (g, w) in got_logits.iter().zip(want_top.logits()) {
+                let both_masked = *g == f32::NEG_INFINITY && *w == f32::NEG_INFINITY;
+                assert!(
+                    (g - w).abs() <= 1e-3 || both_masked,
+                    "{what}: top-k logit {g} against {w}"
+                );
+            }
+        }
+    }
+}
+
+/// The allowed-token mask (`allowed`, issue 31) in the NVIDIA Vulkan forms (`head_product`,
+/// `stream_product`, `argmax_width`, `attention_products`): the module of an `ampere` export,
+/// its SPIR-V configurations taken out, compiled for the CPU and run under masks
+/// ([`masks_hold`]), as `graphs.rs` runs contract 1's forms (lavapipe runs no GPU-target module).
+#[test]
+fn allowed_mask_in_nvidia_forms_on_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ampere = Target::Vulkan {
+        target: Some("ampere".into()),
+    };
+    let mut m = tied_export(tmp.path(), "nvidia", vec![ampere], export::WeightFormat::I16);
+    let dir = tmp.path().join("nvidia");
+    let mlir = std::fs::read_to_string(dir.join("gemma.mlir")).unwrap();
+    assert!(
+        mlir.contains("compilation_info"),
+        "an NVIDIA export configures its products"
+    );
+    let mut cpu_text = String::with_capacity(mlir.len());
+    for line in mlir.lines() {
+        match line.find(" attrs = {compilation_info = ") {
+            Some(at) => {
+                let end = at + line[at..].find('}').unwrap() + 1;
+                cpu_text.push_str(&line[..at]);
+                cpu_text.push_str(&line[end..]);
+            }
+            None => cpu_text.push_str(line),
+        }
+        cpu_text.push('\n');
+    }
+    let cpu_mlir = dir.join("gemma-nvidia-forms.mlir");
+    std::fs::write(&cpu_mlir, cpu_text).unwrap();
+    // The same module files, now the CPU's.
+    let (_, modules) = m.modules.pop_first().expect("the export's Vulkan modules");
+    assert!(m.modules.is_empty(), "one target: {:?}", m.modules.keys());
+    for vmfb in modules.values().collect::<BTreeSet<_>>() {
+        let flags = ["--iree-opt-const-expr-hoisting=false".to_string()];
+        export::compile_with(&cpu_mlir, &Target::cpu(), &dir.join(vmfb), &flags).unwrap();
+    }
+    m.modules.insert("llvm-cpu".into(), modules);
+    m.save(&dir).unwrap();
+    masks_hold("NVIDIA forms on the CPU", &dir, "llvm-cpu", "local-task");
+}
+
+/// [`masks_hold`] in the portable staged argmax (lavapipe) and the CPU's maximum-then-index
+/// (`argmax_by_max`), with the exact tie the conformance suites' random masks do not make.
+/// `scripts/test-long.sh export`: the v2 conformance suites run masks on both in CI.
+#[test]
+#[ignore = "run by scripts/test-long.sh: the v2 conformance suites run masks on both paths in CI"]
+fn allowed_mask_on_lavapipe_and_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    tied_export(
+        tmp.path(),
+        "portable",
+        vec![Target::vulkan()],
+        export::WeightFormat::PackedI32,
+    );
+    tied_export(tmp.path(), "cpu", vec![Target::cpu()], export::WeightFormat::I16);
+    masks_hold(
+        "lavapipe, staged argmax",
+        &tmp.path().join("portable"),
+        "vulkan",
+        "vulkan",
+    );
+    masks_hold(
+        "CPU, argmax by maximum",
+        &tmp.path().join("cpu"),
+        "llvm-cpu",
+        "local-task",
+    );
 }

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use iree_runtime::{BufferView, Device, ElementType, Transfer};
+use kv_core::allowed::AllowedTokens;
 use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::{Block, LayerRows};
 use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
@@ -210,7 +211,77 @@ fn from_head_major(
     }
 }
 
+/// The allowed-token mask a v2 session's calls take (`Name::Allowed`, `i32 [ceil(vocab/32)]`).
+pub(crate) struct Mask {
+    /// Every id allowed, uploaded at open: what a session without a grammar passes, so greedy
+    /// decoding pays no upload per call.
+    all: BufferView,
+    /// The restriction set by `set_allowed` and its buffer; `None`: [`Self::all`].
+    set: Option<(AllowedTokens, BufferView)>,
+}
+
+impl Mask {
+    /// The all-allowed mask of a manifest whose graphs take one; `None` for exports made before
+    /// the mask (`allowedMask` absent).
+    pub(crate) fn resident(device: &Device, manifest: &kv_core::Manifest) -> Result<Option<Mask>> {
+        if !manifest.allowed_mask {
+            return Ok(None);
+        }
+        let all = upload_mask(device, &AllowedTokens::all(manifest.spec.vocab_size))?;
+        Ok(Some(Mask { all, set: None }))
+    }
+
+    fn view(&self) -> &BufferView {
+        self.set.as_ref().map_or(&self.all, |(_, view)| view)
+    }
+}
+
+fn upload_mask(device: &Device, allowed: &AllowedTokens) -> Result<BufferView> {
+    // The graphs take the words as i32: the same bits.
+    let words: Vec<i32> = allowed.words().iter().map(|&w| w as i32).collect();
+    BufferView::from_i32(device, &[words.len()], &words).map_err(iree_err("upload the allowed-token mask"))
+}
+
 impl IreeKvBackend {
+    /// [`kv_core::KvBackend::set_allowed`]: see its implementation's doc in `kv.rs`.
+    pub(super) fn v2_set_allowed(&mut self, allowed: Option<&AllowedTokens>) -> Result<()> {
+        let vocab = self.manifest.spec.vocab_size;
+        let restricts = allowed.filter(|a| !a.is_all());
+        let Some(mask) = &mut self.mask else {
+            // Lifting a mask that cannot be set changes nothing.
+            if restricts.is_none() && allowed.is_none_or(|a| a.vocab() == vocab) {
+                return Ok(());
+            }
+            return Err(Error::GraphUnavailable {
+                backend: "iree",
+                op: "set_allowed",
+                reason: match self.manifest.is_v2() {
+                    true => "this contract v2 export predates the allowed-token mask (no `allowedMask` in its manifest): re-export it",
+                    false => "contract 1 graphs take no allowed-token mask: export with contract 2",
+                },
+            });
+        };
+        if let Some(a) = allowed {
+            if a.vocab() != vocab {
+                return Err(Error::BadTokenCount {
+                    op: "set_allowed (mask vocabulary)",
+                    n: a.vocab(),
+                    min: vocab,
+                    max: vocab,
+                });
+            }
+        }
+        match restricts {
+            None => mask.set = None,
+            Some(a) if mask.set.as_ref().is_some_and(|(have, _)| have == a) => {}
+            Some(a) => {
+                let view = upload_mask(&self.device, a)?;
+                mask.set = Some((a.clone(), view));
+            }
+        }
+        Ok(())
+    }
+
     /// v2 has one window rule: the masks are built in the graph with the exact one.
     pub(super) fn v2_check_rule(&self) -> Result<()> {
         match self.options.rule {
@@ -366,6 +437,9 @@ impl IreeKvBackend {
     ) -> Result<()> {
         let spec = &self.manifest.spec;
         inputs.insert(Name::Pos, self.i32_view(&[1], &[position as i32])?);
+        if let Some(mask) = &self.mask {
+            inputs.insert(Name::Allowed, mask.view().clone());
+        }
         for l in 0..spec.n_layers {
             let kind = spec.layer_kind(l);
             let n = spec.span_rows(kind, span);
