@@ -72,25 +72,30 @@ pub enum Error {
 impl Error {
     /// A stable name for the kind of failure (the JNI layer puts it in the Kotlin exception).
     pub fn kind(&self) -> &'static str {
-        use kv_core::Error as K;
         match self {
             Error::Closed(_) => "closed",
             Error::Busy => "busy",
             Error::BadArgument { .. } | Error::Tools(_) => "bad_argument",
             Error::Catalog { .. } => "catalog",
             Error::Model { .. } | Error::Tokenizer(_) => "model",
-            Error::Kv(e) => match e {
-                K::TokenOutOfRange { .. } | K::BadTokenCount { .. } | K::BadSampling { .. } | K::NoTopK { .. } => {
-                    "bad_argument"
-                }
-                K::ContextOverflow { .. } | K::TooLarge { .. } => "context_full",
-                K::SnapshotFile { .. } | K::NonFiniteSnapshot { .. } | K::NotRegularFile { .. } => "catalog",
-                K::Io { .. } => "io",
-                K::Manifest { .. } | K::ManifestParse { .. } | K::Irpa(_) | K::Parameter { .. } => "model",
-                K::Constraint { .. } => "constraint",
-                _ => "backend",
-            },
+            Error::Kv(e) => kv_kind(e),
         }
+    }
+}
+
+/// [`Error::kind`] of a kv-core error.
+pub fn kv_kind(e: &kv_core::Error) -> &'static str {
+    use kv_core::Error as K;
+    match e {
+        K::TokenOutOfRange { .. } | K::BadTokenCount { .. } | K::BadSampling { .. } | K::NoTopK { .. } => {
+            "bad_argument"
+        }
+        K::ContextOverflow { .. } | K::TooLarge { .. } => "context_full",
+        K::SnapshotFile { .. } | K::NonFiniteSnapshot { .. } | K::NotRegularFile { .. } => "catalog",
+        K::Io { .. } => "io",
+        K::Manifest { .. } | K::ManifestParse { .. } | K::Irpa(_) | K::Parameter { .. } => "model",
+        K::Constraint { .. } => "constraint",
+        _ => "backend",
     }
 }
 
@@ -224,6 +229,13 @@ impl<B: PersistSnapshot> Engine<B> {
         let mut decoder = lock(&self.decoder);
         lock(&self.catalogs).clear();
         *decoder = None;
+    }
+
+    /// The graphs' geometry and limits (`maxPositions`: the longest conversation).
+    pub fn spec(&self) -> Result<kv_core::KvSpec> {
+        let session = self.session()?;
+        let decoder = session.as_ref().unwrap_or_else(|| unreachable!("checked by session()"));
+        Ok(decoder.backend().spec().clone())
     }
 
     pub fn is_closed(&self) -> bool {

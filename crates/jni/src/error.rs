@@ -20,6 +20,27 @@ pub enum JniError {
     /// the caller's mistake; the object stays unusable.
     #[error("internal error: {0}")]
     Poisoned(String),
+    /// The app-level API (`Engine`, `Conversation`) refused the call.
+    #[error(transparent)]
+    Engine(#[from] engine::Error),
+    /// A Kotlin listener threw; its exception is pending and propagates as it is.
+    #[error("the listener threw; its exception propagates")]
+    Listener,
+}
+
+impl JniError {
+    /// The `[kind]` of an `EngineException` (see `engine::Error::kind`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            JniError::Kv(e) => engine::kv_kind(e),
+            JniError::Jni(_) => "jni",
+            JniError::Handle(_) => "bad_handle",
+            JniError::Argument(_) => "bad_argument",
+            JniError::Poisoned(_) => "internal",
+            JniError::Engine(e) => e.kind(),
+            JniError::Listener => "listener",
+        }
+    }
 }
 
 pub type JniResult<T> = Result<T, JniError>;

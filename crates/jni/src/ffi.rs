@@ -92,6 +92,102 @@ impl<T: Default> ErrorPolicy<T, JniError> for ThrowIllegalState {
     }
 }
 
+/// Runs a native method of the app-level API (`Engine`, `Conversation`): as [`call`], but a
+/// failure throws `sk.ainet.transformers.iree.android.EngineException` (an
+/// `IllegalStateException`) whose message starts with `[kind]` ([`JniError::kind`]), so Kotlin
+/// tells the kinds apart without parsing prose. An exception the listener threw is left to
+/// propagate as it is.
+pub fn call_engine<'local, T, F>(mut env: EnvUnowned<'local>, method: &'static str, body: F) -> T
+where
+    T: Default,
+    F: FnOnce(&mut Env<'local>) -> JniResult<T>,
+{
+    env.with_env(body).resolve_with::<ThrowEngineException, _>(|| method)
+}
+
+/// The error policy of [`call_engine`].
+pub struct ThrowEngineException;
+
+impl<T: Default> ErrorPolicy<T, JniError> for ThrowEngineException {
+    type Captures<'unowned_env_local: 'native_method, 'native_method> = &'static str;
+
+    fn on_error<'unowned_env_local: 'native_method, 'native_method>(
+        env: &mut Env<'unowned_env_local>,
+        method: &mut &'static str,
+        err: JniError,
+    ) -> jni::errors::Result<T> {
+        if matches!(err, JniError::Listener) && env.exception_check() {
+            crate::log::error(&format!("{method}: {err}"));
+            return Ok(T::default());
+        }
+        let message = format!("[{}] {method}: {err}", err.kind());
+        throw_as(
+            env,
+            jni_str!("sk/ainet/transformers/iree/android/EngineException"),
+            message,
+        )?;
+        Ok(T::default())
+    }
+
+    fn on_panic<'unowned_env_local: 'native_method, 'native_method>(
+        env: &mut Env<'unowned_env_local>,
+        method: &mut &'static str,
+        payload: Box<dyn Any + Send + 'static>,
+    ) -> jni::errors::Result<T> {
+        let message = format!("[internal] {method}: panic: {}", panic_text(payload));
+        throw_as(
+            env,
+            jni_str!("sk/ainet/transformers/iree/android/EngineException"),
+            message,
+        )?;
+        Ok(T::default())
+    }
+
+    fn on_internal_jni_error<'unowned_env_local: 'native_method, 'native_method>(
+        method: &mut &'static str,
+        err: jni::errors::Error,
+    ) -> T {
+        <ThrowIllegalState as ErrorPolicy<T, JniError>>::on_internal_jni_error(method, err)
+    }
+
+    fn on_internal_panic<'unowned_env_local: 'native_method, 'native_method>(
+        method: &mut &'static str,
+        payload: Box<dyn Any + Send + 'static>,
+    ) -> T {
+        <ThrowIllegalState as ErrorPolicy<T, JniError>>::on_internal_panic(method, payload)
+    }
+}
+
+/// Throws `class(message)` after logging it, replacing (and describing) a pending exception.
+fn throw_as(env: &mut Env<'_>, class: &jni::strings::JNIStr, message: String) -> jni::errors::Result<()> {
+    let message = if env.exception_check() {
+        env.exception_describe();
+        env.exception_clear();
+        format!("{message} (a pending Java exception was replaced; see its description on stderr)")
+    } else {
+        message
+    };
+    crate::log::error(&message);
+    match env.throw_new(class, JNIString::from(message)) {
+        Err(jni::errors::Error::JavaException) | Ok(()) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn panic_text(payload: Box<dyn Any + Send + 'static>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => match payload.downcast::<&'static str>() {
+            Ok(s) => (*s).to_string(),
+            // Dropping an unknown payload could panic again; leak it instead.
+            Err(payload) => {
+                std::mem::forget(payload);
+                "non-string panic payload".into()
+            }
+        },
+    }
+}
+
 /// A Java string argument that must not be null.
 pub fn string(env: &Env<'_>, value: &JString<'_>, name: &str) -> JniResult<String> {
     optional_string(env, value)?.ok_or_else(|| JniError::Argument(format!("`{name}` is null")))

@@ -23,6 +23,8 @@ pub enum Kind {
     KvSession = 1,
     KvSnapshot = 2,
     RedecodeSession = 3,
+    Engine = 4,
+    Conversation = 5,
 }
 
 impl Kind {
@@ -31,13 +33,21 @@ impl Kind {
             Kind::KvSession => "IreeKvSession",
             Kind::KvSnapshot => "IreeKvSession snapshot",
             Kind::RedecodeSession => "IreeRedecodeSession",
+            Kind::Engine => "Engine",
+            Kind::Conversation => "Conversation",
         }
     }
 
     fn from_bits(bits: u64) -> Option<Kind> {
-        [Kind::KvSession, Kind::KvSnapshot, Kind::RedecodeSession]
-            .into_iter()
-            .find(|k| *k as u64 == bits)
+        [
+            Kind::KvSession,
+            Kind::KvSnapshot,
+            Kind::RedecodeSession,
+            Kind::Engine,
+            Kind::Conversation,
+        ]
+        .into_iter()
+        .find(|k| *k as u64 == bits)
     }
 }
 

@@ -21,6 +21,7 @@
 /// `jni`, for the expansion of [`java_exports!`] in the cdylib crates.
 pub use jni;
 
+pub mod app;
 pub mod error;
 pub mod ffi;
 pub mod handle;
