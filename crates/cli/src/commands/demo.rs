@@ -43,8 +43,8 @@ pub struct DemoArgs {
     /// the model's context). A real model's prefix is the tool catalog.
     #[arg(long)]
     prefix_tokens: Option<usize>,
-    /// Ids generated per utterance at most (default: 16; 96 on real models, which stop earlier
-    /// at the end of their turn).
+    /// Ids generated per utterance at most (default: 16; on real models 96, which stop earlier
+    /// at the end of their turn, and 256 under the grammar, which stops when the call closes).
     #[arg(long)]
     max_new: Option<usize>,
     #[arg(long, value_enum, default_value = "exact")]
@@ -406,7 +406,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
             args.model
         );
     }
-    let max_new = args.max_new.unwrap_or(if real || offline_tools { 96 } else { 16 });
+    // Under the grammar decoding ends when the call closes: room for the longest call costs
+    // nothing.
+    let chatting = real || offline_tools;
+    let under_grammar = chatting && args.constrain == crate::commands::generate::Constrain::On;
+    let max_new = args.max_new.unwrap_or(match (chatting, under_grammar) {
+        (_, true) => 256,
+        (true, false) => 96,
+        _ => 16,
+    });
     // Tokenize first: a missing chat template fails before an export or a session is paid for.
     if !real && args.system.given() && !offline_tools {
         bail!(

@@ -43,7 +43,7 @@ pub struct ToolEvalArgs {
     system: SystemArgs,
     /// Ids generated per request at most (decoding also stops when a call closes; under the
     /// grammar a call's strings are bounded, and this leaves room for the longest).
-    #[arg(long, default_value_t = 96)]
+    #[arg(long, default_value_t = 256)]
     max_new: usize,
     /// Only the first N requests.
     #[arg(long)]
