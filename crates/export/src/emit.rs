@@ -514,7 +514,7 @@ impl<'a> FuncEmitter<'a> {
                 // Every argmax and top-k form below reads the masked logits, so none of them
                 // needs a masked variant of its own (the NVIDIA head product, the staged argmax).
                 let logits = match args.get(&Name::Allowed) {
-                    Some(allowed) => self.allowed_logits(&logits, allowed),
+                    Some(allowed) => self.b.allowed_logits(&logits, allowed),
                     None => logits,
                 };
                 let token = self.argmax(&logits);
@@ -2005,31 +2005,6 @@ impl<'a> FuncEmitter<'a> {
     fn head_token(&mut self, x: &V, select: Option<&V>) -> V {
         let logits = self.head_logits(x, select);
         self.argmax(&logits)
-    }
-
-    /// `logits [1, vocab]` with every id the mask `allowed [ceil(vocab/32)] i32` does not allow
-    /// (bit `id % 32` of word `id / 32` clear) set to `-inf`, as `AllowedTokens::mask_logits`
-    /// does: an allowed finite logit then beats every masked one in each argmax form, and ties
-    /// among allowed ids keep the lowest-index rule. Elementwise, so IREE fuses the unpacking
-    /// into the first reduction over the logits (no dispatch of its own).
-    fn allowed_logits(&mut self, logits: &V, allowed: &V) -> V {
-        let n = logits.ty.static_dims()[1];
-        let words = allowed.ty.static_dims()[0];
-        let spread = Ty::fixed(&[words, 32], Elem::I32);
-        let w = self.b.broadcast(allowed, &[0], &spread);
-        let bit = self.b.iota(&[words, 32], 1, Elem::I32);
-        let shifted = self.b.binary("shift_right_logical", &w, &bit);
-        let one = self.b.splat_i32(1, &spread);
-        let bits = self.b.binary("and", &shifted, &one);
-        let flat = self.b.reshape_static(&bits, &[1, words * 32]);
-        let bits = match words * 32 > n {
-            true => self.b.slice(&flat, &[(0, 1), (0, n)]),
-            false => flat,
-        };
-        let zero = self.b.splat_i32(0, &bits.ty);
-        let keep = self.b.compare("NE", &bits, &zero);
-        let ninf = self.b.splat_f32(f32::NEG_INFINITY, &logits.ty);
-        self.b.select(&keep, logits, &ninf)
     }
 
     /// The index of each row's largest logit, lowest on ties, in the form the options choose.

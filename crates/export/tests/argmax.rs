@@ -222,3 +222,65 @@ fn tiling_rule() {
     assert_eq!(argmax_tiles(63), 1, "short rows: one reduce");
     assert_eq!(argmax_tiles(151_936), 390, "Qwen2: no divisor near the root, padded");
 }
+
+/// What the allowed-token mask (`Body::allowed_logits`) adds to the CPU's argmax over Gemma 3's
+/// 262,144 logits: the two forms compiled with the v2 CPU flags and timed by
+/// `iree-benchmark-module` on `local-task` (medians of 20 repetitions, printed). A measurement,
+/// for docs/contract-v2.md: `cargo test -p export --test argmax -- --ignored --nocapture mask_cost`.
+#[test]
+#[ignore = "a measurement"]
+fn mask_cost_of_the_cpu_argmax() {
+    let n = 262_144;
+    let words = n / 32;
+    let logits = V {
+        name: "%arg0".into(),
+        ty: Ty::fixed(&[1, n], Elem::F32),
+    };
+    let allowed = V {
+        name: "%arg1".into(),
+        ty: Ty::fixed(&[words], Elem::I32),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for masked in [false, true] {
+        let mut b = Body::new();
+        let (args, x) = match masked {
+            true => (
+                format!("%arg0: {}, %arg1: {}", logits.ty.text(), allowed.ty.text()),
+                b.allowed_logits(&logits, &allowed),
+            ),
+            false => (format!("%arg0: {}", logits.ty.text()), logits.clone()),
+        };
+        let ids = b.argmax_rows_by_max(&x);
+        let text = format!(
+            "module @module {{\n  func.func @argmax({args}) -> {} {{\n{}    return {} : {}\n  }}\n}}\n",
+            ids.ty.text(),
+            b.finish(),
+            ids.name,
+            ids.ty.text()
+        );
+        let mlir = dir.path().join(format!("argmax-{masked}.mlir"));
+        std::fs::write(&mlir, text).unwrap();
+        let vmfb = dir.path().join(format!("argmax-{masked}.vmfb"));
+        let mut flags: Vec<String> = export::CPU_RUNTIME_FLAGS_V2.iter().map(|s| s.to_string()).collect();
+        flags.push("--iree-llvmcpu-target-cpu=host".into());
+        export::compile_with(&mlir, &Target::cpu(), &vmfb, &flags).unwrap();
+        let mut cmd = std::process::Command::new("iree-benchmark-module");
+        cmd.arg(format!("--module={}", vmfb.display()))
+            .arg("--device=local-task")
+            .arg("--function=argmax")
+            .arg(format!("--input=1x{n}xf32=0"))
+            .arg("--benchmark_repetitions=20")
+            .arg("--benchmark_report_aggregates_only=true");
+        if masked {
+            cmd.arg(format!("--input={words}xi32=-1431655766"));
+        }
+        let out = cmd.output().expect("iree-benchmark-module (run scripts/setup.sh)");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for line in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("median"))
+        {
+            println!("mask {masked}: {line}");
+        }
+    }
+}
