@@ -487,10 +487,18 @@ impl<B: PersistSnapshot> Conversation<B> {
             min_p: s.min_p,
             repetition_penalty: s.repetition_penalty,
             seed: s.seed,
-            // As many candidates as the export hands over (kv-core refuses more).
-            candidates: capacity.unwrap_or(DEFAULT_CANDIDATES).max(s.top_k).max(1),
+            // What the export hands over, at most the default unless top_k asks for more
+            // (validate refuses a top_k beyond the export's).
+            candidates: capacity.map_or(DEFAULT_CANDIDATES, |c| c.min(DEFAULT_CANDIDATES.max(s.top_k))),
         };
         sampling.validate()?;
+        if !sampling.is_greedy() && capacity.is_none() {
+            return Err(bad(
+                "sampling",
+                "this export hands over no top-k logits, so it decodes greedily only (temperature 0, \
+                 repetition penalty 1); export it with `--top-k N` to sample",
+            ));
+        }
         let options = DecodeOptions {
             max_new: config.max_new_tokens,
             stop: engine.stops.iter().copied().collect(),

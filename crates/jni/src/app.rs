@@ -33,7 +33,10 @@ pub fn live_counts() -> (usize, usize) {
 /// Opens the export in `dir` on `device`: graphs, tokenizer, chat template and stops as the
 /// export wrote them.
 pub fn open(dir: &Path, device: &str) -> JniResult<Arc<IreeEngine>> {
-    let manifest = Manifest::load(dir)?;
+    let manifest = Manifest::load(dir).map_err(|e| engine::Error::Model {
+        dir: dir.display().to_string(),
+        reason: e.to_string(),
+    })?;
     let tokenizer = engine::load_tokenizer(dir, &manifest)?;
     let name = manifest
         .provenance

@@ -4,17 +4,29 @@
 //! `IreeRedecodeBackend`), and writes `OUTDIR/fixture.properties` for the JVM tests, plus a vmfb
 //! whose result breaks the redecode contract (`nativeStep` must return null for it), the shared
 //! layout's files, the three-archive layout compiled for Vulkan with its ids there, and with-past
-//! archives holding two entries of the embedding's size (`OUTDIR/embeddings/`).
+//! archives holding two entries of the embedding's size (`OUTDIR/embeddings/`), and for the
+//! app-level API (`Engine`, `Conversation`) the tool calls the Rust API (`engine` crate on IREE)
+//! answers the quickstart with, and a catalog file of another model.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend};
+use backend_reference::{ReferenceKv, ReferenceModel};
 use export::{cached_export, cached_export_with, ExportOptions, Layout, Target};
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::{Graph, KvBackend, KvDecoder, Manifest, RedecodeBackend, RedecodeDecoder};
+use kv_core::{Graph, KvBackend, KvDecoder, Manifest, RedecodeBackend, RedecodeDecoder, WindowRule};
 
 const MODEL: &str = "tiny-gemma3:7";
+/// Another model, whose catalog files the engine of MODEL must refuse.
+const OTHER_MODEL: &str = "tiny-gemma3:8";
+/// The quickstart's tools and requests (docs/android.md; `JniEngineTest.kt` runs them).
+const TOOLS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/tools/fixture-tools.json");
+const REQUESTS: [&str; 3] = [
+    "Turn on the kitchen lights.",
+    "Set a timer for ten minutes.",
+    "Dim the bedroom to 30 percent.",
+];
 const MAX_NEW: usize = 6;
 
 fn ids(v: &[i32]) -> String {
@@ -151,6 +163,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(on_v2);
 
+    engine_fixture(&mut p, &out, &v2)?;
+
     // One prefill's first token on its own, for the raw-session test.
     let first = decoder.backend_mut().prefill(&prefix)?;
     p.insert("prefix.firstToken".into(), first.to_string());
@@ -233,4 +247,57 @@ fn mismatch_module(out: &Path, seq: usize) -> Result<PathBuf, Box<dyn std::error
     )?;
     export::compile(&mlir, &Target::cpu(), &vmfb)?;
     Ok(vmfb)
+}
+
+/// `engine.*`: the export `Engine.open` takes (`v2`, the contract v2 export above: it has the
+/// allowed-token mask constrained decoding needs, and no top-k results, so sampling is refused
+/// there), the tools file, the quickstart's calls through the Rust API on that export (the JVM
+/// must reproduce them), and a catalog file of the same system prompt and tools made by another
+/// model (on the reference: no export to pay for), which the engine must refuse.
+fn engine_fixture(p: &mut BTreeMap<String, String>, out: &Path, v2: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    p.insert("engine.dir".into(), v2.display().to_string());
+    let tools = std::fs::canonicalize(TOOLS)?;
+    p.insert("engine.tools".into(), tools.display().to_string());
+    let config = engine::ConversationConfig {
+        system: Some("You control a smart home.".into()),
+        tools_json: Some(std::fs::read_to_string(&tools)?),
+        tool_choice: "required".into(),
+        ..engine::ConversationConfig::default()
+    };
+    let engine = skainet_jni::app::open(v2, "local-task")?;
+    let conversation = engine::Conversation::new(&engine, &config)?;
+    p.insert("engine.requests".into(), REQUESTS.len().to_string());
+    for (i, request) in REQUESTS.iter().enumerate() {
+        let reply = conversation.send(request, |_| true)?;
+        let calls: Vec<String> = reply
+            .tool_calls
+            .iter()
+            .map(|c| format!("{} {}", c.name, serde_json::Value::Object(c.arguments.clone())))
+            .collect();
+        p.insert(format!("engine.request.{i}"), request.to_string());
+        p.insert(format!("engine.expected.{i}"), calls.join(" | "));
+    }
+    engine.close();
+
+    let other_dir = fixtures::materialize(OTHER_MODEL)?;
+    let other_manifest = Manifest::load(&other_dir)?;
+    let other = engine::Engine::new(
+        ReferenceKv::new(ReferenceModel::open(&other_dir)?, WindowRule::Exact),
+        engine::load_tokenizer(&other_dir, &other_manifest)?,
+        OTHER_MODEL,
+    )?;
+    let file = out.join("other-model.skvsnap");
+    if file.exists() {
+        std::fs::remove_file(&file)?;
+    }
+    let with_file = engine::ConversationConfig {
+        catalog_file: Some(file.clone()),
+        ..config
+    };
+    engine::Conversation::new(&other, &with_file)?;
+    p.insert(
+        "engine.otherModelCatalog".into(),
+        std::fs::canonicalize(&file)?.display().to_string(),
+    );
+    Ok(())
 }
