@@ -305,14 +305,7 @@ impl KvBackend for ReferenceKv {
     fn set_allowed(&mut self, allowed: Option<&AllowedTokens>) -> Result<()> {
         let vocab = self.model.spec().vocab_size;
         if let Some(a) = allowed {
-            if a.vocab() != vocab {
-                return Err(Error::BadTokenCount {
-                    op: "set_allowed (mask vocabulary)",
-                    n: a.vocab(),
-                    min: vocab,
-                    max: vocab,
-                });
-            }
+            a.check_vocab(vocab)?;
         }
         self.allowed = allowed.filter(|a| !a.is_all()).map(|a| Arc::new(a.clone()));
         Ok(())

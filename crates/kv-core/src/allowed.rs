@@ -103,6 +103,20 @@ impl AllowedTokens {
         self.vocab
     }
 
+    /// A mask built for another vocabulary than a backend's `vocab` is [`Error::BadTokenCount`]
+    /// (`set_allowed` of every backend checks this before it changes anything).
+    pub fn check_vocab(&self, vocab: usize) -> Result<()> {
+        if self.vocab != vocab {
+            return Err(Error::BadTokenCount {
+                op: "set_allowed (mask vocabulary)",
+                n: self.vocab,
+                min: vocab,
+                max: vocab,
+            });
+        }
+        Ok(())
+    }
+
     /// The packed words (see the module doc for the layout).
     pub fn words(&self) -> &[u32] {
         &self.words

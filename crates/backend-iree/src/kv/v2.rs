@@ -262,14 +262,7 @@ impl IreeKvBackend {
             });
         };
         if let Some(a) = allowed {
-            if a.vocab() != vocab {
-                return Err(Error::BadTokenCount {
-                    op: "set_allowed (mask vocabulary)",
-                    n: a.vocab(),
-                    min: vocab,
-                    max: vocab,
-                });
-            }
+            a.check_vocab(vocab)?;
         }
         match restricts {
             None => mask.set = None,
