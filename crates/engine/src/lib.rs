@@ -474,11 +474,27 @@ impl<B: PersistSnapshot> Conversation<B> {
             ));
         }
         let constrained = config.constrained && !tools.is_empty() && choice != ToolChoice::None;
-        let capacity = lock(&engine.decoder)
-            .as_ref()
-            .ok_or(Error::Closed("the engine"))?
-            .backend()
-            .top_k_capacity();
+        let capacity = {
+            let mut session = engine.session()?;
+            let backend = session
+                .as_mut()
+                .unwrap_or_else(|| unreachable!("checked by session()"))
+                .backend_mut();
+            if constrained {
+                // Asked now, not at the first send: a mask that restricts, then lifted. A backend
+                // without one (contract 1 graphs) refuses the first and keeps none.
+                let vocab = backend.spec().vocab_size;
+                let probe = kv_core::allowed::AllowedTokens::none(vocab);
+                if let Err(e) = backend.set_allowed(Some(&probe)) {
+                    return Err(bad(
+                        "constrained decoding",
+                        format!("{e} (or give constrained = false: calls may then not parse)"),
+                    ));
+                }
+                backend.set_allowed(None)?;
+            }
+            backend.top_k_capacity()
+        };
         let s = &config.sampling;
         let sampling = SamplingConfig {
             temperature: s.temperature,

@@ -163,6 +163,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(on_v2);
 
+    // Contract 1 graphs take no allowed-token mask: Engine must refuse constrained tools there.
+    p.insert("engine.v1Dir".into(), dir.display().to_string());
     engine_fixture(&mut p, &out, &v2)?;
 
     // One prefill's first token on its own, for the raw-session test.

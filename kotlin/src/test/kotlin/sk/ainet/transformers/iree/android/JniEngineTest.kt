@@ -241,6 +241,11 @@ private fun misuse(f: EngineFixture, engine: Engine, filesDir: File) {
         engine.createConversation(config(f, saved).copy(systemPrompt = "You are a pirate."))
     }
     check("a catalog file of this catalog loads", engine.createConversation(config(f, saved)).use { it.catalogSource } == CatalogSource.MEMORY)
+    Engine.open(f["engine.v1Dir"]).use { v1 ->
+        throwsKind("constrained tools on a contract 1 export", "bad_argument", "contract 2") { v1.createConversation(config(f)) }
+        val free = v1.createConversation(config(f).copy(constrained = false, maxNewTokens = 8)).use { it.send(f.requests[0]) }
+        check("unconstrained on a contract 1 export answers", free.tokens in 1..8) { "$free" }
+    }
     throwsKind("bad handle 0", "bad_handle") { Conversation.nativeSend(0L, "hi", null) }
     throwsKind("a never issued handle", "bad_handle") { Conversation.nativeCancel(0x5_0000_0000_0000L or 0xffffffL) }
     throwsKind("a handle of the wrong kind", "bad_handle", "kind `Conversation`") { Engine.nativeInfo(0x5_0000_0000_0001L) }
