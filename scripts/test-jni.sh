@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The JNI libraries (crates/jni) on a real JVM: checks that each .so exports exactly the
-# CONTRACT §5 symbols, exports a fixture model and the Rust API's ids (jni-fixture), compiles the
+# CONTRACT §5 symbols (plus snapshot files and the app-level Engine/Conversation), exports a
+# fixture model and the Rust API's ids and tool calls (jni-fixture), compiles the
 # Kotlin classes and tests with kotlinc (scripts/setup.sh installs it) and the Java test with javac,
 # and runs both against target/debug/libskainet_iree_{kv,redecode}.so, then a 15 s JNI stress test
 # (JniStressTest.java; SKAINET_JNI_STRESS_SECONDS / _THREADS, SKAINET_JNI_STRESS_ONLY=1 runs only it).
@@ -23,7 +24,11 @@ prefix=Java_sk_ainet_transformers_iree_android
 expect_kv=$( (printf "${prefix}_IreeKvSession_%s\n" nativeCreate nativePrefill nativeChunk nativeStep \
     nativeSnapshot nativeRestore nativeReleaseSnapshot nativeReleasePrefill nativePosition nativeDestroy
     # Beside the seed's ABI: snapshot files (IreeKvSnapshotFile), in the same library.
-    printf "${prefix}_IreeKvSnapshotFile_%s\n" nativeSave nativeLoad nativeSnapshotPosition) | sort)
+    printf "${prefix}_IreeKvSnapshotFile_%s\n" nativeSave nativeLoad nativeSnapshotPosition
+    # And the app-level API (Engine, Conversation: docs/android.md).
+    printf "${prefix}_Engine_%s\n" nativeOpen nativeInfo nativeClose
+    printf "${prefix}_Conversation_%s\n" nativeCreate nativeCatalogSource nativeSend nativeCancel \
+        nativeSaveCatalog nativeClose) | sort)
 expect_redecode=$(printf "${prefix}_IreeRedecodeSession_%s\n" nativeCreate nativeCreateWithTopology \
     nativeStep nativeDestroy | sort)
 check_exports() { # lib expected [nm]
@@ -64,6 +69,14 @@ run() {
 if [ -z "${SKAINET_JNI_STRESS_ONLY:-}" ]; then
     run sk.ainet.transformers.iree.android.JniTestKt
     run sk.ainet.transformers.iree.android.JavaInteropTest
+    # The app-level API; its quickstart must be docs/android.md's, line for line.
+    quickstart() { sed -n '/quickstart:begin/,/quickstart:end/p' "$1" | sed '1d;$d'; }
+    if ! diff <(quickstart kotlin/src/test/kotlin/sk/ainet/transformers/iree/android/JniEngineTest.kt) \
+        <(quickstart docs/android.md) >&2; then
+        echo "test-jni: docs/android.md's quickstart differs from the one JniEngineTest.kt runs" >&2
+        exit 1
+    fi
+    run sk.ainet.transformers.iree.android.JniEngineTestKt
 fi
 # 8 threads creating, using, snapshotting, restoring, releasing and destroying sessions at random
 # with wrong handles mixed in (scripts/stress-jni.sh runs it for minutes). A fixed Java heap keeps
