@@ -63,6 +63,13 @@ stage "$target: IREE conformance on local-sync and local-task under qemu"
 # SKAINET_ARM_LONG=1 (scripts/test-long.sh arm) adds the problems CI leaves to local-task.
 SKAINET_IREE_CASES="${SKAINET_IREE_ARM_CASES:-2}" cargo test --target "$target" -p conformance --test iree_arm \
     ${SKAINET_ARM_LONG:+-- --include-ignored}
+# The app-level API's Rust side (crates/jni/tests/app.rs: the quickstart, cancel and a catalog file
+# through skainet_jni::app on the android-arm64 contract 2 export). Long only: building the test
+# (llguidance, the exporter) for aarch64 took 512 s cold on 2 loaded cores; the run took 57 s.
+if [ -n "${SKAINET_ARM_LONG:-}" ]; then
+    stage "$target: the app-level API (Engine, Conversation) under qemu"
+    cargo test --target "$target" -p skainet-jni --features fixture --test app
+fi
 unset CMAKE_TOOLCHAIN_FILE
 
 # 4. Android: no NDK here, so no .so can be linked and the IREE runtime cannot be cross-built;

@@ -3,7 +3,8 @@
 #   - the conformance problems a suite leaves to another suite in CI (`#[ignore]`d there,
 #     `conformance_suite!(.., long: [..])`), here on every suite;
 #   - the IREE conformance suites with many more random cases (SKAINET_IREE_CASES, default 50);
-#   - the ARM tests with every problem on both executors under qemu (scripts/test-arm.sh);
+#   - the ARM tests with every problem on both executors under qemu (scripts/test-arm.sh), and
+#     the app-level API's Rust side (Engine, Conversation) on an android-arm64 export;
 #   - the concurrent cache fills at the bar (20 rounds of 6 processes);
 #   - the binary under random arguments and damaged artifacts (scripts/fuzz-cli.sh);
 #   - a real model's app export (`export --target android-arm64`: SmolLM2-135M compiled for
