@@ -9,18 +9,19 @@
 #   - the binary under random arguments and damaged artifacts (scripts/fuzz-cli.sh);
 #   - a real model's app export (`export --target android-arm64`: SmolLM2-135M compiled for
 #     aarch64, its tokenizer copied and read back; crates/cli/tests/android_export.rs);
+#   - docs/android.md's Kotlin quickstart on SmolLM2-135M's contract 2 export (host JVM);
 #   - the file readers under libFuzzer (scripts/fuzz.sh, 10 minutes a target);
 #   - the allowed-token mask's exact ties on lavapipe and the CPU, and a v2 export made before
 #     the mask (compiled for the test) refusing one.
 # Hours on 2 cores. Each part prints its own seed or figures.
 #
-#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz
+#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/env.sh
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz)
+[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz engine)
 for part in "${parts[@]}"; do
     echo "test-long: $part"
     case "$part" in
@@ -30,11 +31,22 @@ for part in "${parts[@]}"; do
         caches) SKAINET_KV_RACE_ROUNDS="${SKAINET_KV_RACE_ROUNDS:-20}" cargo test -p skainet-kv --test caches ;;
         fuzz-cli) ./scripts/fuzz-cli.sh ;;
         android) cargo test -p skainet-kv --test android_export -- --include-ignored ;;
+        engine)
+            # docs/android.md's quickstart (Kotlin, host JVM) on SmolLM2-135M's contract 2 export
+            # with its tokenizer.gguf: three requests, each the call its words ask for.
+            source scripts/env.sh
+            out="${CARGO_TARGET_DIR:-target}/jni-test"
+            ./scripts/test-jni.sh   # builds the library and the classes the quickstart runs from
+            cargo run -q -p skainet-kv -- export --model smollm2-135m --weights q4 --contract 2 --top-k 40 --targets cpu \
+                --out "$out/smollm2-engine"
+            kotlin=.tools/kotlin/node_modules/kotlin-compiler/lib/kotlin-stdlib.jar
+            java -Xcheck:jni -Djava.library.path="${CARGO_TARGET_DIR:-target}/debug" -cp "$out/classes:$kotlin" \
+                sk.ainet.transformers.iree.android.JniEngineTestKt --real "$out/smollm2-engine" data/tools/phone-assistant.json ;;
         fuzz) ./scripts/fuzz.sh "${SKAINET_FUZZ_SECONDS:-600}" ;;
         masks)
             cargo test -p export --test v2 -- --ignored allowed_mask
             cargo test -p backend-iree --test v2 -- --ignored v2_exports_before_the_mask ;;
-        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz)" >&2; exit 2 ;;
+        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine)" >&2; exit 2 ;;
     esac
 done
 echo "test-long: passed"

@@ -267,10 +267,10 @@ fn engine_fixture(p: &mut BTreeMap<String, String>, out: &Path, v2: &Path) -> Re
         ..engine::ConversationConfig::default()
     };
     let engine = skainet_jni::app::open(v2, "local-task")?;
-    let conversation = engine::Conversation::new(&engine, &config)?;
     p.insert("engine.requests".into(), REQUESTS.len().to_string());
+    // A conversation per request, as the quickstart has it.
     for (i, request) in REQUESTS.iter().enumerate() {
-        let reply = conversation.send(request, |_| true)?;
+        let reply = engine::Conversation::new(&engine, &config)?.send(request, |_| true)?;
         let calls: Vec<String> = reply
             .tool_calls
             .iter()
