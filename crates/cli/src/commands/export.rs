@@ -176,6 +176,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
     };
     let source = match quant {
         Some(w) => Source::Dir(crate::model::resolve_with(&args.model, w)?),
+        // A real model's name is the store's (installed and imported as bf16 on first use), not
+        // a fixture's FAMILY:SEED.
+        None if crate::model::is_real_model(&args.model) => Source::Dir(crate::model::resolve(&args.model)?),
         None => Source::parse(&args.model),
     };
     let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
