@@ -128,6 +128,16 @@ pub struct KvDecoder<B: KvBackend> {
 }
 
 impl<B: KvBackend> KvDecoder<B> {
+    /// The backend's best `needed` logits of its last call, for a sampler; [`Error::NoTopK`]
+    /// where it has fewer (or none).
+    fn candidates(&self, needed: usize) -> Result<crate::sampling::TopK> {
+        self.backend.last_top_k(needed)?.ok_or_else(|| Error::NoTopK {
+            backend: self.backend.name(),
+            needed,
+            available: self.backend.top_k_capacity(),
+        })
+    }
+
     pub fn new(backend: B) -> Self {
         KvDecoder { backend }
     }
@@ -480,12 +490,7 @@ impl<B: KvBackend> KvDecoder<B> {
             return Ok(predicted);
         };
         let t = Instant::now();
-        let needed = sampler.config().candidates;
-        let top = self.backend.last_top_k(needed)?.ok_or_else(|| Error::NoTopK {
-            backend: self.backend.name(),
-            needed,
-            available: self.backend.top_k_capacity(),
-        })?;
+        let top = self.candidates(sampler.config().candidates)?;
         // Masked candidates come last at -inf; they must not be drawn even where rounding
         // leaves the cumulative sum short of the draw.
         let (ids, logits): (Vec<i32>, Vec<f32>) = top
@@ -566,12 +571,7 @@ impl<B: KvBackend> KvDecoder<B> {
             return Ok(predicted);
         };
         let t = Instant::now();
-        let needed = sampler.config().candidates;
-        let top = self.backend.last_top_k(needed)?.ok_or_else(|| Error::NoTopK {
-            backend: self.backend.name(),
-            needed,
-            available: self.backend.top_k_capacity(),
-        })?;
+        let top = self.candidates(sampler.config().candidates)?;
         let id = sampler.sample(&top, history);
         timing.sample += t.elapsed();
         Ok(id)
