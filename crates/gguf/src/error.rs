@@ -48,7 +48,11 @@ pub enum GgufError {
     #[error("gguf: tensor `{0}` is missing")]
     MissingTensor(String),
     /// A tensor type this crate cannot dequantize.
-    #[error("gguf: tensor `{tensor}` has type {ty:?}, which cannot be dequantized here")]
+    #[error(
+        "gguf: tensor `{tensor}` has type {}, which cannot be dequantized here (supported: {})",
+        ty.name(),
+        crate::quant::SUPPORTED.map(|t| t.name()).join(", ")
+    )]
     UnsupportedType { tensor: String, ty: GgmlType },
     /// The checkpoint is valid GGUF but not something the importer maps.
     #[error("gguf: cannot import: {0}")]

@@ -96,12 +96,14 @@ pub const GEMMA3_GLOBAL_LAYER_PERIOD: usize = 6;
 /// The spec and architecture a GGUF file describes, with the caller's graph geometry.
 pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Architecture)> {
     let arch = file.architecture()?.to_string();
+    // Qwen2 and Qwen3 are Llama blocks with Q/K/V biases or per-head Q/K norms; their GGUFs keep
+    // Hugging Face's row order (NEOX RoPE), unlike `llama`'s (see `permuted_heads`).
     let family = match arch.as_str() {
         "gemma3" => Family::Gemma3,
-        "llama" => Family::Llama,
+        "llama" | "qwen2" | "qwen3" => Family::Llama,
         other => {
             return Err(GgufError::import(format!(
-                "architecture `{other}` is not supported (gemma3, llama)"
+                "architecture `{other}` is not supported (gemma3, llama, qwen2, qwen3)"
             )))
         }
     };
@@ -175,6 +177,8 @@ pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Ar
         Family::Gemma3 => Architecture::gemma3(&spec, ffn),
         Family::Llama => Architecture::llama(&spec, ffn),
     };
+    architecture.attn_bias = arch == "qwen2";
+    architecture.qk_norm = family == Family::Gemma3 || arch == "qwen3";
     architecture.rms_eps = eps;
     architecture.tied_output = file.tensor(OUTPUT).is_none();
     spec.validate()?;
@@ -214,9 +218,10 @@ fn move_rows<T: Copy + Default>(
     out
 }
 
-/// The Q/K heads whose rows llama.cpp permuted in parameter `name` (Llama only).
-fn permuted_heads(name: &str, spec: &KvSpec, arch: &Architecture) -> Option<usize> {
-    if arch.family != Family::Llama {
+/// The Q/K heads whose rows llama.cpp permuted in parameter `name`: only its `llama`
+/// architecture's converter permutes (Gemma, Qwen2 and Qwen3 keep split halves).
+fn permuted_heads(file: &GgufFile, name: &str, spec: &KvSpec, arch: &Architecture) -> Option<usize> {
+    if arch.family != Family::Llama || file.architecture().ok() != Some("llama") {
         None
     } else if name.ends_with("attn_q.weight") {
         Some(spec.n_heads)
@@ -268,7 +273,7 @@ fn gguf_blocks(
             }
         }
     }
-    if let Some(heads) = permuted_heads(&info.name, spec, arch) {
+    if let Some(heads) = permuted_heads(file, &info.name, spec, arch) {
         let cols = info.shape[1];
         q = move_rows(&q, heads, cols, |permuted, standard| (permuted, standard));
         scales = move_rows(&scales, heads, cols / BLOCK, |permuted, standard| (permuted, standard));
@@ -295,7 +300,7 @@ pub fn load_parameters(
             )));
         }
         let mut values = file.dequantize(tensor)?;
-        if let Some(heads) = permuted_heads(&info.name, spec, arch) {
+        if let Some(heads) = permuted_heads(file, &info.name, spec, arch) {
             values = unpermute_rows(&values, heads, spec.hidden_size);
         }
         each(&info.name, values)?;

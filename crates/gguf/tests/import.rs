@@ -162,6 +162,66 @@ fn gemma3_import_keeps_q_k_and_norms_as_stored() {
     ReferenceModel::open(out.path()).unwrap();
 }
 
+/// Qwen2 (Q/K/V biases) and Qwen3 (per-head Q/K norms, a head wider than hidden / heads) are
+/// Llama blocks whose GGUFs keep Hugging Face's row order: imported unpermuted, every tensor
+/// as written, the flags set, and the reference opens them.
+#[test]
+fn qwen2_and_qwen3_import_unpermuted_with_their_biases_and_norms() {
+    for name in ["qwen2", "qwen3"] {
+        let mut spec = small_spec();
+        // No sliding layers: the unused sliding base is the global one, as for `llama`.
+        spec.global_rope_base = 1_000_000.0;
+        spec.sliding_rope_base = 1_000_000.0;
+        if name == "qwen3" {
+            spec.head_dim = 12;
+        }
+        let mut arch = Architecture::llama(&spec, 32);
+        arch.attn_bias = name == "qwen2";
+        arch.qk_norm = name == "qwen3";
+        arch.rms_eps = 1e-6;
+        let (w, ours) = checkpoint(name, &spec, &arch);
+        let extra = if name == "qwen2" {
+            "attn_q.bias"
+        } else {
+            "attn_q_norm.weight"
+        };
+        assert!(
+            ours.iter().any(|(n, _)| n.ends_with(extra)),
+            "{name}: the table has the family's extra tensors"
+        );
+        let file = gguf::GgufFile::from_bytes(w.to_bytes()).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let opts = ImportOptions {
+            chunk: 4,
+            seq: 8,
+            max_positions: 16,
+            weights: WeightFormat::F32,
+        };
+        let manifest = gguf::import_file(&file, out.path(), opts).unwrap();
+        assert_eq!(manifest.spec, spec, "{name}");
+        assert_eq!(manifest.architecture.as_ref(), Some(&arch), "{name}");
+        let archive = IrpaArchive::open(out.path().join("model.irpa")).unwrap();
+        for (tensor, v) in &ours {
+            let got = kv_core::bf16::f32_bytes_to_vec(archive.data(tensor).unwrap()).unwrap();
+            assert_eq!(&got, v, "{name} {tensor}: stored as written, not unpermuted");
+        }
+        ReferenceModel::open(out.path()).unwrap();
+    }
+}
+
+/// An architecture the runtime has no graphs for is refused by name, listing what is imported.
+#[test]
+fn an_unsupported_architecture_is_named() {
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::String("phi3".into()));
+    let file = gguf::GgufFile::from_bytes(w.to_bytes()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let err = gguf::import_file(&file, out.path(), ImportOptions::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, GgufError::Import(_)), "{err:?}");
+    assert!(text.contains("`phi3`") && text.contains("qwen2, qwen3"), "{text}");
+}
+
 #[test]
 fn bad_checkpoints_are_errors() {
     let spec = small_spec();
