@@ -20,19 +20,14 @@
 //! graph was compiled with are recorded in `provenance.compileFlags` (when every graph has the
 //! same) and `provenance.graphCompileFlags` (JSON: graph key → flags, when any graph has its own).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, CONTRACT_V2, CONTRACT_VERSION};
-use kv_core::params::{parameter_table, ParamInfo, TOKEN_EMBD};
-use kv_core::quant::{QuantFormat, ScaleType};
+use kv_core::manifest::{CacheType, MatmulInput};
 use kv_core::{Graph, Manifest};
 
-use crate::compile::{compile_with, Target, COMPILER_VERSION};
-use crate::emit::{emit_module, EmitOptions, RowProducts, WeightFormat};
-use crate::encode::{compile_encoded, wants_encoding};
+use crate::compile::Target;
+use crate::emit::WeightFormat;
 use crate::{ExportError, Result};
 
 /// Where the model comes from.
@@ -67,7 +62,7 @@ impl Source {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Source::Dir(d) => d.display().to_string(),
             Source::Fixture(name) => name.clone(),
@@ -227,7 +222,7 @@ pub const QUANTIZED_COMPILE_FLAGS: &[&str] = &["--iree-opt-const-expr-hoisting=f
 
 /// Whether `iree-compile` with `flags` fuses aggressively (on from `--iree-opt-level=O2`, unless
 /// turned off), which fusing a dequantization into a many-row matmul needs.
-fn aggressive_fusion(flags: &[String]) -> bool {
+pub(crate) fn aggressive_fusion(flags: &[String]) -> bool {
     let level = flags
         .iter()
         .rev()
@@ -243,7 +238,11 @@ fn aggressive_fusion(flags: &[String]) -> bool {
 }
 
 /// `graphs` in groups of equal [`ExportOptions::flags_of`], in first-appearance order.
-fn flag_groups(graphs: &[Graph], options: &ExportOptions, quantized: bool) -> Vec<(Vec<Graph>, Vec<String>)> {
+pub(crate) fn flag_groups(
+    graphs: &[Graph],
+    options: &ExportOptions,
+    quantized: bool,
+) -> Vec<(Vec<Graph>, Vec<String>)> {
     let mut groups: Vec<(Vec<Graph>, Vec<String>)> = Vec::new();
     for &g in graphs {
         let flags = options.flags_for(g, quantized);
@@ -255,507 +254,16 @@ fn flag_groups(graphs: &[Graph], options: &ExportOptions, quantized: bool) -> Ve
     groups
 }
 
-/// One module to write and compile.
-struct ModulePlan {
-    stem: String,
-    graphs: Vec<Graph>,
-    /// Every `iree-compile` flag of this module.
-    flags: Vec<String>,
-    archive: String,
-    /// canonical name → archive key (`None` = identity).
-    keys: Option<BTreeMap<String, String>>,
-}
-
-/// Writes the artifacts of `source` into `out_dir` and returns the manifest written there.
+/// Writes the artifacts of `source` into `out_dir` and returns the manifest written there:
+/// [`ExportPlan::new`], then [`ExportPlan::write`].
 pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions) -> Result<Manifest> {
-    if options.contract != CONTRACT_VERSION && options.contract != CONTRACT_V2 {
-        return Err(ExportError::Unsupported(format!(
-            "contract {}: the exporter writes contracts {CONTRACT_VERSION} and {CONTRACT_V2}",
-            options.contract
-        )));
-    }
-    let v2 = options.contract == CONTRACT_V2;
-    let mut graphs = options.graphs.clone();
-    let src_dir = source.dir()?;
-    let src = Manifest::load(&src_dir)?;
-    let arch = src.require_architecture()?.clone();
-    let weights_name = src
-        .weights_file()
-        .ok_or_else(|| kv_core::Error::manifest("parameters", "the source manifest names no weights archive"))?;
-    let archive = IrpaArchive::open(src_dir.join(weights_name)).map_err(kv_core::Error::from)?;
-
-    let mut m = src.clone();
-    if let Some(c) = options.chunk {
-        m.spec.chunk = c;
-    }
-    // v2's prefill graph is a chunk graph (`prefillChunk` rows); its `seq` only bounds prompts.
-    if let (Some(s), false) = (options.prefill_seq, v2) {
-        m.spec.seq = s;
-    }
-    let prefix = options
-        .prefix
-        .clone()
-        .unwrap_or_else(|| arch.family.default_prefix().to_string());
-    // v2's sliding layers keep a ring of rows, not `maxPositions` (`docs/contract-v2.md`).
-    m.spec.sliding_cache_rows = if v2 { m.spec.ring_rows(options.ring_slack) } else { 0 };
-    m.spec.prefill_chunk = if v2 && graphs.contains(&Graph::Prefill) {
-        m.spec.prefill_chunk_rows(options.prefill_seq)
-    } else {
-        0
-    };
-    if v2 && m.spec.prefill_chunk == 0 {
-        graphs.retain(|&g| g != Graph::Prefill);
-    }
-    // A prefill's calls read only the rows they can see (`KvSpec::prefill_span`).
-    let (span, spans) = m.spec.default_prefill_spans();
-    m.spec.prefill_span = span;
-    m.spec.prefill_spans = options.prefill_spans.clone().unwrap_or(spans);
-    if m.spec.prefill_chunk == 0 {
-        m.spec.prefill_spans.clear();
-    }
-    if v2 {
-        // v2's argument lists are its own (the source's, if reordered, are v1 lists): canonical
-        // ones, with what the source says beyond the graphs kept.
-        let mut fresh = Manifest::new(m.spec.clone(), Some(arch.clone()), &prefix).into_v2();
-        fresh.parameter_scope = m.parameter_scope.clone();
-        fresh.provenance = m.provenance.clone();
-        fresh.quantization = m.quantization.clone();
-        m = fresh;
-    }
-    m.set_top_k((options.top_k > 0).then_some(options.top_k));
-    // Every v2 export takes the allowed-token mask: a session without a grammar passes one
-    // resident all-ones buffer (no upload per call); the unpacking costs the argmax ~0.3 ms
-    // over Gemma 3's vocabulary on the CPU (`Body::allowed_logits`), within a step's noise.
-    m.set_allowed_mask(v2);
-    m.matmul_input = if options.weights == WeightFormat::Bf16 && m.quantization.is_none() {
-        options.matmul_input
-    } else {
-        MatmulInput::F32
-    };
-    let cpu_only = options.targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
-    m.cache_type = if v2 && cpu_only {
-        options.cache_type
-    } else {
-        CacheType::F32
-    };
-    if !v2 {
-        m.functions = Functions::with_prefix(&prefix);
-    }
-    // Greedy decoding on an async device feeds each step's token to the next on the device
-    // (`Manifest::embed_function`): exports for Vulkan whose LM head is the embedding table,
-    // so the function costs no second copy of the table on the device.
-    let async_target = options.targets.iter().any(|t| matches!(t, Target::Vulkan { .. }));
-    m.embed_function = (async_target && arch.tied_output && graphs.contains(&Graph::Step))
-        .then(|| format!("module.{prefix}_embed_token"));
-    m.modules.clear();
-    m.encoded_parameters.clear();
-    // The options' sizes, now in the manifest, are checked against `kv_core::limits` here
-    // (`chunk` beyond `maxPositions` was accepted, and a session then asked for 40 GB).
-    m.validate()?;
-    if let Some(seq) = options.redecode_seq {
-        kv_core::limits::check_redecode_seq("export option redecode_seq", &m.spec, seq)?;
-    }
-
-    let table = parameter_table(&m.spec, &arch);
-    let mut quantization = src.quantization.clone();
-    let quantized = quantization.is_some();
-    // The source's scale type, and the export's: the Vulkan weight formats give the SPIR-V code
-    // generator no 16-bit type, so their archives hold the f16 scales widened to f32 (exactly).
-    let (from, to) = match quantization.as_mut() {
-        Some(q) => {
-            let from = q.scale_type;
-            if options.weights != WeightFormat::Bf16 {
-                q.scale_type = ScaleType::F32;
-            }
-            (from, q.scale_type)
-        }
-        None => (ScaleType::default(), ScaleType::default()),
-    };
-    let mut data: BTreeMap<String, Cow<[u8]>> = BTreeMap::new();
-    // Scales of the quantized parameters, by the parameter's canonical name.
-    let mut scales: BTreeMap<String, Cow<[u8]>> = BTreeMap::new();
-    for p in &table {
-        if let Some(format) = quantization.as_ref().and_then(|q| q.format_of(&p.name)) {
-            let (values, s) = kv_core::quant::entries(&archive, &p.name)?;
-            kv_core::quant::check_sizes(format, from, &p.name, p.numel(), values.len(), s.len())?;
-            data.insert(p.name.clone(), Cow::Borrowed(values));
-            let s = if from == to {
-                Cow::Borrowed(s)
-            } else {
-                Cow::Owned(kv_core::quant::scales_to_bytes(
-                    &kv_core::quant::scales_from_bytes(s, from),
-                    to,
-                ))
-            };
-            scales.insert(p.name.clone(), s);
-            continue;
-        }
-        let bytes = archive
-            .data(&p.name)
-            .map_err(|e| kv_core::Error::parameter(&p.name, e.to_string()))?;
-        if bytes.len() != p.numel() * 2 {
-            return Err(kv_core::Error::parameter(
-                &p.name,
-                format!("{} bytes, expected {} (bf16 {:?})", bytes.len(), p.numel() * 2, p.shape),
-            )
-            .into());
-        }
-        data.insert(p.name.clone(), Cow::Borrowed(bytes));
-    }
-    // Each fused parameter's rows are its parts' one after the other: the values' and the
-    // scales' bytes alike (both row-major over the output rows).
-    let (table, fused) = if options.fuse_projections {
-        kv_core::params::fuse_projections(&table, m.spec.n_layers, quantization.as_ref())
-    } else {
-        (table, Vec::new())
-    };
-    for f in &fused {
-        let join = |map: &mut BTreeMap<String, Cow<[u8]>>| -> Option<Cow<'static, [u8]>> {
-            let parts: Vec<Cow<[u8]>> = f.parts.iter().map(|p| map.remove(&p.name)).collect::<Option<_>>()?;
-            Some(Cow::Owned(parts.concat()))
-        };
-        let values = join(&mut data).unwrap_or_else(|| kv_core::error::invariant("every part was read above"));
-        data.insert(f.name.clone(), values);
-        if let Some(s) = join(&mut scales) {
-            scales.insert(f.name.clone(), s);
-        }
-    }
-    if let Some(q) = quantization.as_mut() {
-        q.fuse(&fused);
-    }
-    m.quantization = quantization.clone();
-    m.fused_projections = !fused.is_empty();
-
-    std::fs::create_dir_all(out_dir).map_err(ExportError::io("creating", out_dir))?;
-    let kv: Vec<Graph> = graphs.iter().copied().filter(|g| Graph::KV.contains(g)).collect();
-    let redecode: Vec<Graph> = graphs.iter().copied().filter(|g| !Graph::KV.contains(g)).collect();
-    let mut plans = Vec::new();
-    let mut key_maps: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    match options.layout {
-        Layout::Shared => {
-            let groups = flag_groups(&graphs, options, quantized);
-            let split = groups.len() > 1;
-            for (graphs, flags) in groups {
-                plans.push(ModulePlan {
-                    stem: if split {
-                        format!("{prefix}-{}", graphs[0].key())
-                    } else {
-                        prefix.clone()
-                    },
-                    graphs,
-                    flags,
-                    archive: "model.irpa".into(),
-                    keys: None,
-                });
-            }
-            m.parameters = Some(Parameters::Shared("model.irpa".into()));
-            m.embedding_parameter = Some(TOKEN_EMBD.into());
-        }
-        Layout::Three => {
-            let mut files = BTreeMap::new();
-            for (i, &g) in kv.iter().enumerate() {
-                let keys = numbered_keys(&table, i);
-                key_maps.insert(
-                    g.key().into(),
-                    keys.iter().map(|(c, k)| (k.clone(), c.clone())).collect(),
-                );
-                let archive = format!("{prefix}-{}.irpa", g.key());
-                files.insert(g.key().to_string(), archive.clone());
-                if g == Graph::Step {
-                    m.embedding_parameter = Some(keys[TOKEN_EMBD].clone());
-                }
-                plans.push(ModulePlan {
-                    stem: format!("{prefix}-{}", g.key()),
-                    graphs: vec![g],
-                    flags: options.flags_for(g, quantized),
-                    archive,
-                    keys: Some(keys),
-                });
-            }
-            files.insert("weights".into(), "weights.irpa".into());
-            for &g in &redecode {
-                files.insert(g.key().into(), "weights.irpa".into());
-            }
-            let groups = flag_groups(&redecode, options, quantized);
-            let split = groups.len() > 1;
-            for (graphs, flags) in groups {
-                plans.push(ModulePlan {
-                    stem: if split {
-                        format!("{prefix}-{}", graphs[0].key())
-                    } else {
-                        format!("{prefix}-redecode")
-                    },
-                    graphs,
-                    flags,
-                    archive: "weights.irpa".into(),
-                    keys: None,
-                });
-            }
-            write_archive(&table, &data, &scales, None, &out_dir.join("weights.irpa"))?;
-            m.parameters = Some(Parameters::PerGraph(files));
-            if !kv.contains(&Graph::Step) {
-                m.embedding_parameter = Some(TOKEN_EMBD.into());
-            }
-        }
-    }
-
-    // IREE 3.13 does not compile v2's tiled softmax with `--iree-global-opt-data-tiling` ("expected
-    // type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules compiled with it
-    // do not need the tiles (EmitOptions::tiled_softmax), so those get the one-row form.
-    let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
-    // Our q4 kernel (`kernels::KernelIsa::for_export`): on x86-64 for exports to this very CPU
-    // only (the module then runs nowhere without AVX-512, as any `--cpu host` module), on any
-    // aarch64 triple. CPU-only exports: the module text serves every target.
-    let triple = options
-        .compile_flags
-        .iter()
-        .chain(options.graph_flags.values().flatten())
-        .find_map(|f| f.strip_prefix("--iree-llvmcpu-target-triple="));
-    let cpus: Option<Vec<&str>> = options
-        .targets
-        .iter()
-        .map(|t| match t {
-            Target::Cpu { cpu } => Some(cpu.as_str()),
-            _ => None,
-        })
-        .collect();
-    let q4_kernel = crate::kernels::q4_kernel_allowed()?
-        && cpus.is_some_and(|cpus| crate::kernels::KernelIsa::for_export(triple, &cpus).is_some())
-        && quantization
-            .as_ref()
-            .is_some_and(|q| q.scale_type == ScaleType::F16 && q.tensors.values().any(|f| *f == QuantFormat::Q4));
-    if q4_kernel {
-        crate::kernels::build_objects(out_dir)?;
-    }
-    // IREE's SPIR-V default gives each output row of the LM head a workgroup of its own; 4 rows
-    // a 64-thread workgroup (a subgroup a row) measured best on the H200 (docs/journal,
-    // session 16). Only where every target has 32-wide subgroups.
-    let head_product = options
-        .targets
-        .iter()
-        .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
-        .then_some(RowProducts { workgroup: 64, rows: 4 });
-    // The products as wide as the residual stream (output and down projections) writing it out
-    // as well: a workgroup a row, as IREE configures them alone (docs/journal, session 19).
-    let stream_product = head_product.map(|_| crate::emit::StreamProducts { per_thread: 16 });
-    // The same GPUs: the argmax in stages of 16 values (docs/journal, session 17).
-    let argmax_width = head_product.map(|_| 16);
-    // And contract v2's one-row attention products over the caches: IREE's own choice, matmuls
-    // of 2 to 5 workgroups, took 15 of the step's 19.5 ms of GPU time; a subgroup per output,
-    // 4 outputs a 64-thread workgroup, 0.9 (docs/journal, session 17).
-    let attention_products = head_product.map(|_| crate::emit::AttentionProducts {
-        workgroup: 64,
-        keys: 4,
-        outputs: 4,
-    });
-    // One module text serves every target of the export: forms only the CPU compiles need an
-    // export for the CPU alone.
-    let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
-    let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
-        weights: options.weights,
-        redecode_seq: options.redecode_seq,
-        keys: keys.clone(),
-        tiled_softmax: !data_tiling(flags),
-        quantization: quantization.clone(),
-        fused_dequant: aggressive_fusion(flags),
-        bf16_matmul_inputs,
-        argmax_by_max: cpu_only,
-        q4_kernel,
-        head_product,
-        stream_product,
-        argmax_width,
-        attention_products,
-    };
-    let targets: Vec<Target> = options
-        .targets
-        .iter()
-        .map(|t| match t {
-            Target::Vulkan { target: None } if options.vulkan_target.is_some() => Target::Vulkan {
-                target: options.vulkan_target.clone(),
-            },
-            other => other.clone(),
-        })
-        .collect();
-    let mut jobs = Vec::new();
-    let mut written = std::collections::BTreeSet::new();
-    for plan in &plans {
-        let text = emit_module(&m, &plan.graphs, &emit_opts(&plan.keys, &plan.flags))?;
-        let mlir = out_dir.join(format!("{}.mlir", plan.stem));
-        std::fs::write(&mlir, text).map_err(ExportError::io("writing", &mlir))?;
-        let archive_path = out_dir.join(&plan.archive);
-        // Each archive once per export (a shared `model.irpa` serves several modules when their
-        // flags differ); the three layout's `weights.irpa` is written above.
-        if plan.keys.is_some() || (options.layout == Layout::Shared && written.insert(plan.archive.clone())) {
-            write_archive(&table, &data, &scales, plan.keys.as_ref(), &archive_path)?;
-        }
-        for target in &targets {
-            let file = format!("{}.{}.vmfb", plan.stem, target.key());
-            let encoded = wants_encoding(target, &plan.flags).then(|| {
-                let encoded = format!("{}.{}.irpa", plan.stem, target.key());
-                m.encoded_parameters.insert(file.clone(), encoded.clone());
-                (archive_path.clone(), out_dir.join(encoded))
-            });
-            jobs.push(CompileJob {
-                mlir: mlir.clone(),
-                target: target.clone(),
-                out: out_dir.join(&file),
-                flags: plan.flags.clone(),
-                encoded,
-                objects: q4_kernel.then(|| out_dir.to_path_buf()),
-            });
-            let entry = m.modules.entry(target.key()).or_default();
-            for g in &plan.graphs {
-                entry.insert(g.key().to_string(), file.clone());
-            }
-        }
-    }
-    compile_all(&jobs, &m.parameter_scope)?;
-
-    let source_name = src.provenance.source.clone().unwrap_or_else(|| source.describe());
-    let p = &mut m.provenance;
-    p.compiler = Some(COMPILER_VERSION.into());
-    p.targets = Some(targets.iter().map(Target::key).collect::<Vec<_>>().join(","));
-    p.source = Some(source_name);
-    p.weight_format = Some(format!("{:?}", options.weights));
-    p.layout = Some(format!("{:?}", options.layout));
-    p.redecode_seq = Some(options.redecode_seq.unwrap_or(m.spec.seq));
-    p.devices = Some(
-        targets
-            .iter()
-            .map(|t| format!("{}={}", t.key(), t.device()))
-            .collect::<Vec<_>>()
-            .join(","),
-    );
-    let per_graph: BTreeMap<String, String> = graphs
-        .iter()
-        .map(|&g| (g.key().to_string(), options.flags_for(g, quantized).join(" ")))
-        .collect();
-    let distinct: Vec<&String> = per_graph
-        .values()
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    match distinct.as_slice() {
-        [one] if one.is_empty() => {}
-        [one] => p.compile_flags = Some(one.to_string()),
-        _ => p.graph_compile_flags = Some(per_graph),
-    }
-    if !key_maps.is_empty() {
-        p.parameter_keys = Some(key_maps);
-    }
-    crate::binding::record_source(p, &src_dir, weights_name)?;
-    m.validate()?;
-    m.save(out_dir)?;
-    // Last: the digests cover the manifest as saved and every module and archive written.
-    kv_core::digests::Digests::write(out_dir)?;
-    Ok(m)
-}
-
-/// One `iree-compile` of a module for a target.
-struct CompileJob {
-    mlir: PathBuf,
-    target: Target,
-    out: PathBuf,
-    flags: Vec<String>,
-    /// (model archive, encoded archive to write) when the module reads encoded weights
-    /// ([`crate::encode`]).
-    encoded: Option<(PathBuf, PathBuf)>,
-    /// Where the object files of our kernels are ([`crate::kernels`]), when the module calls them.
-    objects: Option<PathBuf>,
-}
-
-impl CompileJob {
-    fn run(&self, scope: &str) -> Result<()> {
-        let mut flags = self.flags.clone();
-        if let Some(dir) = &self.objects {
-            flags.push(format!("--iree-hal-executable-object-search-path={}", dir.display()));
-        }
-        match &self.encoded {
-            None => compile_with(&self.mlir, &self.target, &self.out, &flags),
-            Some((archive, encoded)) => {
-                compile_encoded(&self.mlir, &self.target, &self.out, &flags, archive, scope, encoded).map(|_| ())
-            }
-        }
-    }
-}
-
-/// Runs the compilations on as many threads as the machine has cores; the first failure (in job
-/// order) is the error.
-fn compile_all(jobs: &[CompileJob], scope: &str) -> Result<()> {
-    let width = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .max(1);
-    for batch in jobs.chunks(width) {
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch.iter().map(|job| s.spawn(move || job.run(scope))).collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| kv_core::error::invariant("compile thread panicked"))
-                })
-                .collect()
-        });
-        results.into_iter().collect::<Result<Vec<()>>>()?;
-    }
-    Ok(())
-}
-
-/// `p0..pN` over the parameters in an order of graph `index`'s own: graph 0 in table order,
-/// graph 1 reversed, graph 2 rotated by half, so no two archives share a numbering (as the seed's).
-fn numbered_keys(table: &[ParamInfo], index: usize) -> BTreeMap<String, String> {
-    let mut order: Vec<&ParamInfo> = table.iter().collect();
-    match index % 3 {
-        0 => {}
-        1 => order.reverse(),
-        _ => order.rotate_left(table.len() / 2),
-    }
-    order
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.name.clone(), format!("p{i}")))
-        .collect()
-}
-
-/// The archive of `table` under `keys` (canonical names when `None`); a quantized parameter's
-/// scales (in `scales`) follow as `KEY.scale` (`kv_core::quant::scale_name`).
-fn write_archive(
-    table: &[ParamInfo],
-    data: &BTreeMap<String, Cow<[u8]>>,
-    scales: &BTreeMap<String, Cow<[u8]>>,
-    keys: Option<&BTreeMap<String, String>>,
-    path: &Path,
-) -> Result<()> {
-    let mut entries: Vec<(String, &[u8])> = Vec::new();
-    for p in table {
-        let key = keys.map(|k| k[&p.name].clone()).unwrap_or_else(|| p.name.clone());
-        if let Some(s) = scales.get(&p.name) {
-            entries.push((kv_core::quant::scale_name(&key), s.as_ref()));
-        }
-        entries.push((key, data[&p.name].as_ref()));
-    }
-    if keys.is_some() {
-        entries.sort_by_key(|(k, _)| {
-            k[1..]
-                .split('.')
-                .next()
-                .and_then(|n| n.parse::<usize>().ok())
-                .unwrap_or(usize::MAX)
-        });
-    }
-    let mut w = IrpaWriter::new();
-    for (k, bytes) in entries {
-        w.add_data(k, bytes.to_vec()).map_err(kv_core::Error::from)?;
-    }
-    w.write(path).map_err(kv_core::Error::from)?;
-    Ok(())
+    crate::plan::ExportPlan::new(source, options)?.write(out_dir)
 }
 
 /// Whether `target` is Vulkan for one of IREE 3.13's NVIDIA targets (`default` stands in for a
 /// target that names none): GPUs whose subgroups are 32 wide, which [`RowProducts`]' workgroups
 /// assume. (IREE's names: architectures, `sm_NN`, and products such as `rtx4090`.)
-fn nvidia_vulkan(target: &Target, default: Option<&str>) -> bool {
+pub(crate) fn nvidia_vulkan(target: &Target, default: Option<&str>) -> bool {
     let Target::Vulkan { target: named } = target else {
         return false;
     };

@@ -8,93 +8,12 @@ use kv_core::manifest::{CacheType, MatmulInput, CONTRACT_VERSION, MANIFEST_FILE}
 
 use sha2::{Digest, Sha256};
 
-use crate::{export_artifacts, ExportError, ExportOptions, Layout, Result, Source, Target, WeightFormat};
+use crate::{ExportError, ExportOptions, ExportPlan, Layout, Result, Source, Target, WeightFormat};
 
-/// Beside a cached export: what it was made from, so a changed model (or a fixture whose
-/// definition changed) is exported again instead of silently reused.
+/// Beside a cached export: the key of what it was made from ([`crate::ExportPlan::key`]: the
+/// emitted text, flags, compiler, kernels and source), so a change of any is exported again
+/// instead of silently reused.
 const FINGERPRINT_FILE: &str = "source.fingerprint";
-
-/// The emitter's own version: bump when the graphs it writes change, so caches are refreshed.
-/// 6: the argmax in three stages over large vocabularies; i16 weights widened inside the
-/// many-row graphs' contractions. 7: exports for the CPU alone take the argmax as a maximum then
-/// the lowest index holding it (`Body::argmax_rows_by_max`). 8: Gemma's Q/K norms and the
-/// rotation as one dispatch each in calls of up to 128 rows (`FuncEmitter::norm_rope`), the
-/// rotation's half swap a `reverse` (was slices and a `concatenate`). 9: Vulkan modules' functions
-/// are async (`--iree-execution-model=async-external`). 10: Q/K/V projections fused in the archive
-/// (`fusedProjections`) with Gemma's Q/K norms over the fused product
-/// (`FuncEmitter::qkv_norm_rope`); a single KV head's decode step attends its returned cache
-/// (`FuncEmitter::single_row_attention`). 11: exports for NVIDIA Vulkan targets compute the LM
-/// head in a configured one-row form (`EmitOptions::head_product`). 12: v1 exports for Vulkan
-/// of tied models add the step module's `embed_token` function (`Manifest::embed_function`).
-/// 13: NVIDIA Vulkan exports reduce the argmax in stages of 16 (`EmitOptions::argmax_width`).
-/// 14: their contract v2 step configures its attention products (`EmitOptions::attention_products`).
-/// 15: their step's gate and up projections are one configured dispatch (`Body::normed_row_products_i16`).
-/// 16: their step's post-norms carried into the next products (`emit::Residual`).
-/// 17: packed (`i32` pairs) products of up to 32 rows read the words in place, in runs, and
-/// their RMS norms sum in two parallel reductions (`Body::contract_pairs_split`,
-/// `FuncEmitter::rms_factor_parallel`): the default Vulkan export's step and chunk graphs.
-const EMITTER_REVISION: u32 = 17;
-
-/// The revision of the contract v2 graphs alone (part of v2 entries' fingerprints only, so a
-/// change there leaves v1 entries valid). 2: the softmax over the cache reduced in tiles.
-/// 3: data-tiled CPU modules read their packed weights from an encoded archive (`encode`).
-/// 5: sliding layers keep a ring of rows (`slidingCacheRows`, `kv_core::ring`), not
-/// `maxPositions` (4, a view of a linear cache, was never released). 6: the step
-/// multiplies-and-reduces over the caches instead of `dot_general` (`FuncEmitter::attention_v2`).
-/// 7: the prefill graph reads `prefillSpan` rows of each cache, beside token-less variants
-/// over `prefillSpans`. 8: the configured step's softmax and values in one dispatch
-/// (`FuncEmitter::attention_row`). 9: Vulkan exports of tied models add the step module's
-/// `embed_token` (`Manifest::embed_function`), as contract 1's. 10: the configured step's
-/// attention maximum in one dispatch (`Body::configured_row_max`). 11: the prefill, chunk and
-/// step graphs take the allowed-token mask (`Manifest::allowed_mask`, `Name::Allowed`).
-const EMITTER_REVISION_V2: u32 = 11;
-
-/// The revision of the graphs and compile flags of block-quantized sources (part of their
-/// entries' fingerprints only). 3: the dequantization inside the contraction for one-row
-/// projections and wherever aggressive fusion is off, hoisting off; 4: i32 words with packed
-/// weights (Vulkan); 5: words with i16 weights too (named Vulkan targets); 6: many-row
-/// projections as a `dot_general` over the blocks (CPU data tiling: mmt4d ukernels); 7: q8 only
-/// (q4's chunk calls were slower so); 8: one-row q4 products on x86-64 CPUs with AVX-512 call
-/// our kernel (`export::kernels`); 9: aarch64 ones too (the NEON twin).
-const QUANTIZED_REVISION: u32 = 9;
-
-/// A sha256 of the emitter and compiler versions and of the source manifest and weights
-/// (contents up to 64 MiB, length and mtime beyond), as hex.
-fn source_fingerprint(model: &str) -> Result<String> {
-    let dir = Source::parse(model).dir()?;
-    let manifest = kv_core::Manifest::load(&dir)?;
-    let mut hasher = Sha256::new();
-    hasher.update(format!(
-        "emitter {EMITTER_REVISION}\ncompiler {}\n",
-        crate::COMPILER_VERSION
-    ));
-    if manifest.quantization.is_some() {
-        // Quantized sources' graphs and flags have a revision of their own, so a change there
-        // leaves every bf16 entry valid.
-        hasher.update(format!("quantized graphs {QUANTIZED_REVISION}\n"));
-        // and our kernels' source: an edit of it exports again.
-        for isa in crate::kernels::KernelIsa::ALL {
-            hasher.update(isa.source().as_bytes());
-        }
-    }
-    let mut files = vec![dir.join(MANIFEST_FILE)];
-    files.extend(manifest.weights_file().map(|w| dir.join(w)));
-    for file in files {
-        let meta = std::fs::metadata(&file).map_err(ExportError::io("reading", &file))?;
-        hasher.update(meta.len().to_le_bytes());
-        if meta.len() <= 64 << 20 {
-            hasher.update(std::fs::read(&file).map_err(ExportError::io("reading", &file))?);
-        } else {
-            let mtime_ns = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos());
-            hasher.update(mtime_ns.to_le_bytes());
-        }
-    }
-    Ok(hex(&hasher.finalize()))
-}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -294,8 +213,9 @@ pub fn cached_export_in(root: &Path, model: &str, options: &ExportOptions) -> Re
 /// The entry is filled through [`kv_paths::fill_entry`]: one process exports while the others
 /// wait on the entry's lock, then reuse it (without the lock the second would rename its copy
 /// over an entry the first has already opened, which the first's sessions see as archives
-/// replaced under them). An entry is reused only while its source fingerprint matches and its
-/// files match their digests ([`kv_core::digests`]: modules in full, archives by stamp), so a
+/// replaced under them). An entry is reused only while the key of what it would be made of
+/// matches ([`crate::ExportPlan::key`]: planning emits every module, which is cheap, and
+/// compiles nothing) and its files match their digests ([`kv_core::digests`]: modules in full, archives by stamp), so a
 /// damaged entry is exported again, under the lock, rather than run or failing on every run.
 pub fn cached_export_noting_in(
     root: &Path,
@@ -309,7 +229,7 @@ pub fn cached_export_noting_in(
     let _one = EXPORTS.lock().unwrap_or_else(|e| e.into_inner());
     let entry = Entry::of(root, model, options)?;
     let build = |tmp: &Path| -> Result<()> {
-        export_artifacts(&Source::parse(model), tmp, options)?;
+        entry.plan.write(tmp)?;
         let stamp = tmp.join(FINGERPRINT_FILE);
         std::fs::write(&stamp, &entry.fingerprint).map_err(ExportError::io("writing fingerprint", &stamp))
     };
@@ -322,15 +242,16 @@ pub fn is_cached(model: &str, options: &ExportOptions) -> Result<bool> {
     Ok(Entry::of(&cache_root()?, model, options)?.is_fresh())
 }
 
-/// Where an export lives in the cache and what must match for it to be reused.
+/// Where an export lives in the cache, what must match for it to be reused, and how to make it.
 struct Entry {
     dir: PathBuf,
     fingerprint: String,
+    plan: ExportPlan,
 }
 
 /// What identifies this machine's CPU for `--iree-llvmcpu-target-cpu=host` code: the model name
 /// and feature flags the kernel reports (LLVM derives `host` from the same), else the architecture.
-fn host_cpu() -> String {
+pub(crate) fn host_cpu() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |key: &str| {
         cpuinfo
@@ -475,19 +396,16 @@ pub fn entry_name(model: &str, options: &ExportOptions) -> String {
 }
 
 impl Entry {
+    /// Plans the export (emitting every module, which is cheap) to key it by what it would
+    /// compile; nothing is compiled here.
     fn of(root: &Path, model: &str, options: &ExportOptions) -> Result<Entry> {
         // Refused here too, not only where an export starts: a cached entry would hide the typo.
         crate::kernels::q4_kernel_allowed()?;
+        let plan = ExportPlan::new(&Source::parse(model), options)?;
         Ok(Entry {
             dir: root.join(entry_name(model, options)),
-            fingerprint: match options.contract {
-                1 => format!("{}\n{}\n", source_fingerprint(model)?, canonical(&settings(options))),
-                _ => format!(
-                    "{}\nv2 emitter {EMITTER_REVISION_V2}\n{}\n",
-                    source_fingerprint(model)?,
-                    canonical(&settings(options))
-                ),
-            },
+            fingerprint: format!("{}\n", plan.key()?),
+            plan,
         })
     }
 

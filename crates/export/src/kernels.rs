@@ -69,7 +69,7 @@ impl KernelIsa {
 
     /// clang's target and code-generation flags: IREE's embedded ELF is freestanding (no libc,
     /// no stack protector's guard symbol), position independent.
-    fn clang_args(self) -> &'static [&'static str] {
+    pub(crate) fn clang_args(self) -> &'static [&'static str] {
         match self {
             KernelIsa::X86_64Avx512 => &[
                 "-target",

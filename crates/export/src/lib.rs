@@ -35,7 +35,9 @@ mod emit;
 pub mod encode;
 pub mod kernels;
 pub mod mlir;
+mod plan;
 pub mod presets;
+pub mod quantized;
 
 pub use artifacts::{
     export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS,
@@ -48,6 +50,7 @@ pub use cache::{
 };
 pub use compile::{compile, compile_with, find_compiler, Target, COMPILER_VERSION};
 pub use emit::{emit, emit_module, EmitOptions, RowProducts, StreamProducts, WeightFormat};
+pub use plan::ExportPlan;
 
 use std::path::PathBuf;
 
