@@ -49,6 +49,9 @@ enum Command {
     /// Save a prefilled prefix to a file (`save`), describe one (`info`); load it with
     /// `--prefix-snapshot` on `generate` and `bench`.
     Snapshot(commands::snapshot::SnapshotArgs),
+    /// An OpenAI-compatible local server (/v1/chat/completions with streaming and tools,
+    /// /v1/completions, /v1/models, /health, /metrics) with automatic prefix caching.
+    Serve(commands::serve::ServeArgs),
     /// A request set with expected tool calls on a real model: parse-and-validate, correct
     /// function and exact-argument rates, time from request to parsed call (unconstrained).
     ToolEval(commands::tool_eval::ToolEvalArgs),
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Snapshot(args) => commands::snapshot::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::ToolEval(args) => commands::tool_eval::run(args),
         Command::Verify(args) => commands::verify::run(args),
     };

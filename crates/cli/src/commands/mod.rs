@@ -6,6 +6,7 @@ pub mod export;
 pub mod generate;
 pub mod inspect;
 pub mod redecode;
+pub mod serve;
 pub mod snapshot;
 pub mod tokenize;
 pub mod tool_eval;
