@@ -60,6 +60,19 @@ pub struct ToolEvalArgs {
     /// One JSON object with every request's outcome.
     #[arg(long)]
     json: bool,
+    /// Print the ids each request is fed (the catalog prefix once, then each request's ids
+    /// after it) and the stop ids as one JSON object, and run nothing: what another runtime
+    /// needs to answer the same requests from the same tokens (scripts/bench-tool-calls.sh).
+    #[arg(long, conflicts_with_all = ["explain_against", "json"])]
+    print_ids: bool,
+    /// Another run's `--json` report (another backend's tool-eval, or llama.cpp's driver in
+    /// scripts/llamacpp/): for every request whose answer ids differ from this run's, replay
+    /// this run's answer up to the first differing id and judge that pick by this backend's
+    /// logits under the grammar's mask (the gap between the best two allowed ids, and how far
+    /// the other run's id lies below the best). Needs a backend that exposes its logits (the
+    /// reference) and the grammar (`--constrain on`).
+    #[arg(long)]
+    explain_against: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +91,45 @@ struct RequestSet {
 struct Case {
     request: String,
     expected: Option<Expected>,
+}
+
+/// The part of another run's report `--explain-against` reads.
+#[derive(Deserialize)]
+struct OtherReport {
+    outcomes: Vec<OtherOutcome>,
+}
+
+#[derive(Deserialize)]
+struct OtherOutcome {
+    request: String,
+    ids: Vec<i32>,
+}
+
+/// Where this run's answer and another run's part, judged by this backend's logits.
+#[derive(Serialize)]
+struct Divergence {
+    /// Index (in the answer's ids) of the first id that differs.
+    at: usize,
+    this_id: i32,
+    other_id: i32,
+    this_piece: String,
+    other_piece: String,
+    /// Ids the grammar allowed there.
+    allowed: usize,
+    /// This backend's masked argmax on the replay equals this run's pick (a replay fed the
+    /// answer so far in chunk calls, where the run made steps: a mismatch says the two paths'
+    /// arithmetic differs at this position, and the gaps below are the replay's).
+    replay_matches: bool,
+    /// The best allowed logit minus the second best.
+    top_two_gap: f32,
+    /// The best allowed logit minus the other run's pick's logit (0 where the other pick is
+    /// the best on the replay).
+    other_below_top: f32,
+    /// The other run's pick's rank among the allowed ids (0 = best).
+    other_rank: usize,
+    /// `other_below_top` under `kv_core::diverge::NEAR_TIE_GAP` (reordered f32 arithmetic's
+    /// reach): a near-tie.
+    near_tie: bool,
 }
 
 #[derive(Clone, Deserialize, Serialize)]
@@ -167,6 +219,11 @@ struct Outcome {
     tokens: usize,
     /// The answer opens a call (its delimiter is in the output).
     tried_call: bool,
+    /// The answer's ids (forced ids included, the stop token not).
+    ids: Vec<i32>,
+    /// With `--explain-against`: where the other run's answer parts from this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    divergence: Option<Divergence>,
     /// Calls made after the utterance's chunk calls (steps, and chunk calls carrying forced ids).
     decode_calls: usize,
     forced_tokens: usize,
@@ -270,6 +327,40 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
             Ok(split.request)
         })
         .collect::<Result<Vec<_>>>()?;
+    if args.print_ids {
+        let style = constrain::call_style(&tok)?;
+        let value = serde_json::json!({
+            "model": args.model,
+            "format": format.name(),
+            // What the grammar writes, for a runtime that builds its own grammar of the same calls.
+            "call_style": format!("{style:?}"),
+            "tool_choice": args.tool_choice,
+            "lark": constrain::grammar::lark(style, &tools, &choice).map_err(anyhow::Error::msg)?,
+            "system": system,
+            "prefix_ids": prefix,
+            "stop_ids": conversation::stops(&tok, Some(format)),
+            "requests": cases.iter().zip(&inputs).map(|(c, ids)| serde_json::json!({
+                "request": c.request,
+                "expected": c.expected,
+                "ids": ids,
+            })).collect::<Vec<_>>(),
+        });
+        crate::outln!("{}", serde_json::to_string(&value)?)?;
+        return Ok(());
+    }
+    let other = match &args.explain_against {
+        Some(path) => {
+            if args.constrain != EvalConstrain::On {
+                bail!("--explain-against judges picks under the grammar: it needs --constrain on");
+            }
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --explain-against {}", path.display()))?;
+            let report: OtherReport =
+                serde_json::from_str(&text).with_context(|| format!("--explain-against {}", path.display()))?;
+            Some(report)
+        }
+        None => None,
+    };
     let passes: &[bool] = match args.constrain {
         EvalConstrain::On => &[true],
         EvalConstrain::Off => &[false],
@@ -339,11 +430,22 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
                         }
                     )?;
                 }
+                let divergence = match (&other, &grammar) {
+                    (Some(o), Some(g)) => {
+                        let theirs = o.outcomes.iter().find(|x| x.request == case.request).with_context(|| {
+                            format!("--explain-against has no answer to {:?}", case.request)
+                        })?;
+                        explain(&mut decoder, &snapshot, ids, &a.generation.ids, &theirs.ids, g, &tok)?
+                    }
+                    _ => None,
+                };
                 let timing = &a.generation.timing;
                 outcomes.push(Outcome {
                     request: case.request.clone(),
                     expected: case.expected.clone(),
                     tried_call: output.contains(open),
+                    ids: a.generation.ids.clone(),
+                    divergence,
                     output,
                     text: a.answer.text.clone(),
                     tool_calls: a.answer.tool_calls.clone(),
@@ -375,6 +477,64 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
         print_summary(report)?;
     }
     Ok(())
+}
+
+/// Replays `ours` up to its first id that differs from `theirs` and judges that pick by the
+/// backend's logits under the grammar's mask there; `None` where the answers agree (or one is a
+/// prefix of the other: no pick differs).
+fn explain<B: KvBackend>(
+    decoder: &mut KvDecoder<B>,
+    prefix: &B::Snapshot,
+    request: &[i32],
+    ours: &[i32],
+    theirs: &[i32],
+    grammar: &constrain::Constraint,
+    tok: &Tokenizer,
+) -> Result<Option<Divergence>> {
+    let Some(at) = ours.iter().zip(theirs).position(|(a, b)| a != b) else {
+        return Ok(None);
+    };
+    let mut g = grammar.clone();
+    for &id in &ours[..at] {
+        g.commit(id)?;
+    }
+    let allowed = g.allowed()?;
+    let b = decoder.backend_mut();
+    b.restore(prefix)?;
+    let fed: Vec<i32> = request.iter().chain(&ours[..at]).copied().collect();
+    for piece in fed.chunks(b.spec().chunk.max(1)) {
+        b.chunk(piece)?;
+    }
+    let logits = b.last_logits().with_context(|| {
+        format!(
+            "--explain-against needs this backend's logits, and {} exposes none (use --backend reference)",
+            b.name()
+        )
+    })?;
+    let mut ranked: Vec<(i32, f32)> = allowed.ids().map(|id| (id, logits[id as usize])).collect();
+    // Best first, the lowest id first among equals (the graphs' tie rule).
+    ranked.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
+    let (this_id, other_id) = (ours[at], theirs[at]);
+    let top = ranked.first().map_or(f32::NAN, |r| r.1);
+    let other_rank = ranked.iter().position(|r| r.0 == other_id).unwrap_or(ranked.len());
+    let other_logit = ranked.get(other_rank).map_or(f32::NEG_INFINITY, |r| r.1);
+    let other_below_top = top - other_logit;
+    Ok(Some(Divergence {
+        at,
+        this_id,
+        other_id,
+        this_piece: tok.decode_with(&[this_id], true),
+        other_piece: tok.decode_with(&[other_id], true),
+        allowed: ranked.len(),
+        replay_matches: ranked.first().is_some_and(|r| r.0 == this_id),
+        top_two_gap: match &ranked[..] {
+            [a, b, ..] => a.1 - b.1,
+            _ => f32::INFINITY,
+        },
+        other_below_top,
+        other_rank,
+        near_tie: other_below_top < kv_core::diverge::NEAR_TIE_GAP,
+    }))
 }
 
 fn summarize(
@@ -469,6 +629,35 @@ fn print_summary(report: &EvalReport) -> Result<()> {
         report.outcomes.iter().filter(|o| o.call_ms.is_some()).count(),
         report.total_ms_median
     )?;
+    let parted: Vec<&Divergence> = report.outcomes.iter().filter_map(|o| o.divergence.as_ref()).collect();
+    if !parted.is_empty() {
+        crate::outln!(
+            "  answers that part from the other run's: {}, at a near-tie of this backend's logits: {}",
+            parted.len(),
+            parted.iter().filter(|d| d.near_tie).count()
+        )?;
+        for (o, d) in report
+            .outcomes
+            .iter()
+            .filter_map(|o| o.divergence.as_ref().map(|d| (o, d)))
+        {
+            crate::outln!(
+                "    {:?}: id {} {:?} here, {:?} there: {:.4} below the best allowed (rank {}), top two {:.4} apart{}",
+                o.request,
+                d.at,
+                d.this_piece,
+                d.other_piece,
+                d.other_below_top,
+                d.other_rank,
+                d.top_two_gap,
+                if d.replay_matches {
+                    ""
+                } else {
+                    " (the replay picks another id)"
+                }
+            )?;
+        }
+    }
     Ok(())
 }
 
