@@ -569,6 +569,56 @@ impl<B: PersistSnapshot> Conversation<B> {
         self.engine.save_catalog(&self.digest, path)
     }
 
+    /// The system text (the catalog's), if any.
+    pub fn system(&self) -> Option<&str> {
+        self.system.as_deref()
+    }
+
+    /// The turns so far, after the system message: each answered message and its answer (with
+    /// its calls), and any turns set by [`Self::set_history`]. Waits for a send in progress.
+    pub fn history(&self) -> Vec<Message> {
+        lock(&self.turns).clone()
+    }
+
+    /// Replaces the turns after the system message: a saved conversation continued, or none to
+    /// start over (the catalog stays). The turns are rendered with a probe message first, so a
+    /// list the chat template refuses (a role it does not know, a second system message) is
+    /// refused here, naming why, and the conversation keeps the turns it had.
+    pub fn set_history(&self, turns: Vec<Message>) -> Result<()> {
+        self.check_open()?;
+        if let Some(m) = turns.iter().find(|m| m.role == "system" || m.role == "developer") {
+            return Err(bad(
+                "history",
+                format!(
+                    "a `{}` message: the system text is the conversation's own (start another conversation for another)",
+                    m.role
+                ),
+            ));
+        }
+        let mut current = match self.turns.try_lock() {
+            Ok(t) => t,
+            Err(TryLockError::WouldBlock) => return Err(Error::Busy),
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        if !turns.is_empty() {
+            let tools = if self.choice == ToolChoice::None {
+                &[][..]
+            } else {
+                &self.tools[..]
+            };
+            let probe: Vec<Message> = self
+                .system
+                .iter()
+                .map(|s| Message::system(s.clone()))
+                .chain(turns.iter().cloned())
+                .chain([Message::user("-")])
+                .collect();
+            self.engine.tokenizer.split_chat(&probe, tools)?;
+        }
+        *current = turns;
+        Ok(())
+    }
+
     /// Stops the send running now after the id being decoded; does nothing when none runs.
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::SeqCst);

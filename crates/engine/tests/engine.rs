@@ -215,3 +215,38 @@ fn sampling_draws_calls_that_still_parse() {
         assert_eq!(reply.tool_calls.len(), 1, "{reply:?}");
     }
 }
+
+/// A conversation's turns carried to another (what `chat`'s /save and /load do): the second
+/// answers the next request exactly as the first does; `[]` starts over like a fresh one; a
+/// system message in the turns is refused and the turns stay.
+#[test]
+fn history_moves_between_conversations_and_bad_history_is_refused() {
+    let engine = open("tiny-gemma3:7");
+    let first = Conversation::new(&engine, &config()).unwrap();
+    first.send(REQUESTS[0], |_| true).unwrap();
+    first.send(REQUESTS[1], |_| true).unwrap();
+    let history = first.history();
+    assert_eq!(history.len(), 4, "{history:?}");
+    assert_eq!(first.system(), Some("You control a smart home."));
+
+    let second = Conversation::new(&engine, &config()).unwrap();
+    second.set_history(history.clone()).unwrap();
+    assert_eq!(second.history(), history);
+    let a = first.send(REQUESTS[2], |_| true).unwrap();
+    let b = second.send(REQUESTS[2], |_| true).unwrap();
+    assert_eq!((a.tool_calls, a.tokens), (b.tool_calls, b.tokens));
+
+    let fresh = Conversation::new(&engine, &config())
+        .unwrap()
+        .send(REQUESTS[1], |_| true)
+        .unwrap();
+    second.set_history(Vec::new()).unwrap();
+    let again = second.send(REQUESTS[1], |_| true).unwrap();
+    assert_eq!((again.tool_calls, again.tokens), (fresh.tool_calls, fresh.tokens));
+
+    let kept = second.history();
+    let system = vec![tokenizer::Message::system("another"), tokenizer::Message::user("hi")];
+    let err = second.set_history(system).unwrap_err();
+    assert_eq!(err.kind(), "bad_argument", "{err}");
+    assert_eq!(second.history(), kept, "a refused history leaves the turns");
+}
