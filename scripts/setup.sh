@@ -62,6 +62,14 @@ if [ "$(.tools/venv/bin/pip show gguf 2>/dev/null | awk '/^Version/{print $2}')"
     .tools/venv/bin/pip install -q --disable-pip-version-check "gguf==$GGUF_PY_VERSION"
 fi
 
+# The real client of `skainet-kv serve`: OpenAI's Python package drives the server in
+# crates/server/tests/openai_client.rs (scripts/openai-client-test.py).
+OPENAI_PY_VERSION=3.51.0
+if [ "$(.tools/venv/bin/pip show openai 2>/dev/null | awk '/^Version/{print $2}')" != "$OPENAI_PY_VERSION" ]; then
+    echo "setup: pip install openai==$OPENAI_PY_VERSION"
+    .tools/venv/bin/pip install -q --disable-pip-version-check "openai==$OPENAI_PY_VERSION"
+fi
+
 # Fuzzing (scripts/fuzz.sh): cargo-fuzz from crates.io into .tools/cargo (it runs on the stable
 # toolchain with RUSTC_BOOTSTRAP=1; the sanitizer runtimes ship with the stable std).
 CARGO_FUZZ_VERSION=0.13.2
