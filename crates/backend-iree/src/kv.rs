@@ -16,7 +16,7 @@ use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
     Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result,
-    SessionId, StepPhases, TopK, WindowRule,
+    SessionId, StepPhases, TopK, V2Spec, WindowRule,
 };
 
 use crate::convert::{contract_err, iree_err};
@@ -93,7 +93,7 @@ pub struct IreeKvBackend {
     /// Each session's parameter archive as it was at open (checked before each call).
     archives: Vec<Vec<FileStamp>>,
     functions: HashMap<Graph, (usize, Function)>,
-    /// Contract v2: the prefill graph's token-less variants by span (`KvSpec::prefill_spans`),
+    /// Contract v2: the prefill graph's token-less variants by span (`V2Spec::prefill_spans`),
     /// in the prefill graph's session.
     spans: Vec<(usize, Function)>,
     args: HashMap<Graph, Vec<Name>>,
@@ -169,7 +169,8 @@ impl IreeKvBackend {
                         ),
                     ));
                 }
-                manifest = manifest.into_v2();
+                // The ring's rows are learned below; the seed's ABI has no prefill graph.
+                manifest = manifest.into_v2(V2Spec::default());
                 let rows_of = |layer: usize, manifest: &Manifest| -> Result<usize> {
                     match declared(&opened, Graph::Step, Name::K(layer), manifest) {
                         Some((_, Some((dims, _)))) => match dims.as_slice() {
@@ -213,7 +214,9 @@ impl IreeKvBackend {
                     Some(l) => rows_of(l, &manifest)?,
                     None => capacity,
                 };
-                manifest.spec.sliding_cache_rows = if sliding == capacity { 0 } else { sliding };
+                if let Some(layout) = manifest.contract.v2_mut() {
+                    layout.sliding_cache_rows = if sliding == capacity { 0 } else { sliding };
+                }
                 manifest.spec.max_positions = capacity;
                 manifest.spec.seq = capacity;
                 // Exports with the allowed-token mask take it last (`allowedMask`); the seed's
@@ -388,7 +391,7 @@ impl IreeKvBackend {
     }
 
     /// [`Self::call`] of `graph`'s own function, or with `span` of the prefill graph's
-    /// token-less variant over that span (`KvSpec::prefill_spans`): its results are the
+    /// token-less variant over that span (`V2Spec::prefill_spans`): its results are the
     /// prefill's but the token and top-k.
     fn call_variant(
         &mut self,

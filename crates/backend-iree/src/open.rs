@@ -98,7 +98,7 @@ pub(crate) struct Opened {
     pub archives: Vec<Vec<FileStamp>>,
     /// Graph → (index into `sessions`, function).
     pub functions: HashMap<Graph, (usize, Function)>,
-    /// The prefill graph's token-less variants by span (`KvSpec::prefill_spans`), in its
+    /// The prefill graph's token-less variants by span (`V2Spec::prefill_spans`), in its
     /// session; empty without a prefill graph.
     pub spans: Vec<(usize, Function)>,
     pub target: String,
@@ -326,7 +326,7 @@ pub(crate) fn open_sessions(
         let session = sessions[*index]
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("session just opened"));
-        for &span in &manifest.spec.prefill_spans {
+        for &span in manifest.v2().map_or(&[][..], |v2| &v2.prefill_spans) {
             let Some(name) = manifest.functions.prefill_span(span) else {
                 kv_core::error::invariant("a validated manifest with prefill spans names its prefill graph")
             };

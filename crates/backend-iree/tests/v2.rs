@@ -225,10 +225,6 @@ fn learns_v2_from_the_signatures(dir: PathBuf) {
             max_positions: kv_core::limits::MAX_POSITIONS,
             // Kotlin's IreeKvSpec knows none of these: the ring comes from the declared cache
             // shapes, and the seed's ABI has no prefill graph for v2 (nor its spans).
-            sliding_cache_rows: 0,
-            prefill_chunk: 0,
-            prefill_span: 0,
-            prefill_spans: Vec::new(),
             ..real.spec.clone()
         };
         let mut m = kv_core::Manifest::new(spec, None, "jni");
@@ -263,8 +259,9 @@ fn learns_v2_from_the_signatures(dir: PathBuf) {
     // The caches' element type, from their declared type.
     assert_eq!(s.manifest().cache_type, real.cache_type);
     // The sliding layers' views, from their declared cache shape.
-    assert!(real.spec.sliding_cache_rows > 0);
-    assert_eq!(s.spec().sliding_cache_rows, real.spec.sliding_cache_rows);
+    let ring = |m: &kv_core::Manifest| m.v2().map(|v2| v2.sliding_cache_rows);
+    assert!(ring(&real).is_some_and(|rows| rows > 0));
+    assert_eq!(ring(s.manifest()), ring(&real));
     // The allowed-token mask, from the step's declared last argument (`allowedMask`).
     assert_eq!(s.manifest().allowed_mask, real.allowed_mask);
     let mut want = open(&dir);
@@ -296,7 +293,8 @@ fn ring_wraps_and_forks_only_past_its_slack() {
     let (mut one, mut two) = (open(&v1()), open(&dir));
     // The prefill graph: a chunk graph of the ring's 16 rows, run while more than two chunk
     // calls are left (45 = 16 + 16 + 8 + 5); a session on chunk calls alone agrees.
-    assert_eq!((two.spec().sliding_cache_rows, two.spec().prefill_chunk), (16, 16));
+    let layout = two.manifest().v2().unwrap();
+    assert_eq!((layout.sliding_cache_rows, layout.prefill_chunk), (16, 16));
     let mut chunks_only = IreeKvBackend::open(
         &dir,
         IreeOptions {
@@ -485,7 +483,7 @@ fn f16_caches_match_a_reference_that_rounds_the_same() {
 }
 
 /// The prefill graph and its token-less variants read only the rows their calls see
-/// (`KvSpec::prefill_spans`): a prefill through every variant (ring of 16 rows, calls of 16:
+/// (`V2Spec::prefill_spans`): a prefill through every variant (ring of 16 rows, calls of 16:
 /// ending by 32, 64 and 128, then past them) answers and caches as v1 and as an export
 /// without variants do; a manifest naming a variant its module lacks fails at open.
 #[test]
@@ -503,8 +501,9 @@ fn prefill_spans_read_what_their_calls_see() {
     };
     let (spanned, plain) = (export(vec![32, 64, 128]), export(vec![]));
     let (mut one, mut two, mut three) = (open(&v1()), open(&spanned), open(&plain));
-    assert_eq!(two.spec().prefill_spans, [32, 64, 128]);
-    assert_eq!((two.spec().prefill_span, three.spec().prefill_span), (256, 256));
+    let layout = |s: &IreeKvBackend| s.manifest().v2().unwrap().clone();
+    assert_eq!(layout(&two).prefill_spans, [32, 64, 128]);
+    assert_eq!((layout(&two).prefill_span, layout(&three).prefill_span), (256, 256));
     // 150 = 9 calls of 16 (ending at 16, 32 | 48, 64 | 80 … 128 | 144) and one chunk call.
     let prefix = prompt(150);
     let token = one.prefill(&prefix).unwrap();
@@ -526,7 +525,7 @@ fn prefill_spans_read_what_their_calls_see() {
         std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }
     let mut manifest = kv_core::Manifest::load(dir.path()).unwrap();
-    manifest.spec.prefill_spans = vec![64];
+    manifest.contract.v2_mut().unwrap().prefill_spans = vec![64];
     manifest.save(dir.path()).unwrap();
     match IreeKvBackend::open(dir.path(), IreeOptions::new("local-task")) {
         Err(e) => assert!(e.to_string().contains("prefillSpans"), "{e}"),

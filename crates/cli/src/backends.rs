@@ -306,7 +306,7 @@ impl ModelSource {
             && kv_core::Manifest::load(&dir).is_ok_and(|m| {
                 m.modules.contains_key(&target.key())
                     && m.top_k.unwrap_or(0) >= self.top_k
-                    && m.contract_version == contract
+                    && m.contract.version() == contract
             })
         {
             return Ok(dir);

@@ -105,7 +105,7 @@ fn main() {
             "--seq" => m.spec.seq = value.parse().expect("--seq N"),
             "--contract" => {
                 if value.as_str() == "2" {
-                    m = m.into_v2();
+                    m = m.into_v2(kv_core::V2Spec::default());
                 }
             }
             "--redecode-seq" => options.redecode_seq = Some(value.parse().expect("--redecode-seq N")),

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use kv_core::manifest::{CacheType, Name};
+use kv_core::manifest::{CacheType, Name, V2Spec};
 use kv_core::params::{archive_table, layer_param, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use kv_core::quant::{scale_name, QuantFormat, ScaleType, BLOCK};
 use kv_core::rope::RopeTable;
@@ -208,9 +208,9 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
         // v2's prefill graph reads `prefillSpan` rows of each cache, its token-less variants
         // their own spans (`KvSpec::prefill_spans`).
         let mut variants = vec![(qualified.clone(), 0, true)];
-        if graph == Graph::Prefill && manifest.is_v2() {
-            variants[0].1 = spec.prefill_span;
-            for &s in &spec.prefill_spans {
+        if let (Graph::Prefill, Some(v2)) = (graph, manifest.v2()) {
+            variants[0].1 = v2.prefill_span;
+            for &s in &v2.prefill_spans {
                 variants.push((format!("{qualified}_span{s}"), s, false));
             }
         }
@@ -225,9 +225,24 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 }
                 _ => {}
             }
-            let spanned = if span == 0 { spec.clone() } else { spec.spanned(span) };
-            let fuse_widening = rows_of(&spec, graph, options) == 1;
-            let mut f = FuncEmitter::new(&spanned, &arch, options, &table, manifest, fuse_widening, &mut globals);
+            let (spanned, layout) = match manifest.v2() {
+                Some(v2) if span != 0 => {
+                    let (spec, layout) = v2.spanned(&spec, span);
+                    (spec, Some(layout))
+                }
+                v2 => (spec.clone(), v2.cloned()),
+            };
+            let fuse_widening = rows_of(&spec, manifest.v2(), graph, options) == 1;
+            let mut f = FuncEmitter::new(
+                &spanned,
+                layout.as_ref(),
+                &arch,
+                options,
+                &table,
+                manifest,
+                fuse_widening,
+                &mut globals,
+            );
             let text = f.function(manifest, graph, func, token)?;
             funcs.push_str(&text);
         }
@@ -239,7 +254,7 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 "embedFunction `{qualified}`: a function of the step graph's module"
             )));
         }
-        let mut f = FuncEmitter::new(&spec, &arch, options, &table, manifest, true, &mut globals);
+        let mut f = FuncEmitter::new(&spec, manifest.v2(), &arch, options, &table, manifest, true, &mut globals);
         funcs.push_str(&f.embed_function(func));
     }
     let mut out = String::new();
@@ -253,10 +268,16 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
 }
 
 /// The sequence length of a graph's fixed-size token axis (rows `R`).
-fn rows_of(spec: &KvSpec, graph: Graph, options: &EmitOptions) -> usize {
+fn rows_of(spec: &KvSpec, v2: Option<&V2Spec>, graph: Graph, options: &EmitOptions) -> usize {
+    match (graph, v2) {
+        // Contract v2's prefill is a chunk graph of `prefillChunk` rows.
+        (Graph::Prefill, Some(v2)) if v2.prefill_chunk > 0 => v2.prefill_chunk,
+        _ => rows_of_v1(spec, graph, options),
+    }
+}
+
+fn rows_of_v1(spec: &KvSpec, graph: Graph, options: &EmitOptions) -> usize {
     match graph {
-        // Contract v2's prefill is a chunk graph of `prefillChunk` rows (0 under v1).
-        Graph::Prefill if spec.prefill_chunk > 0 => spec.prefill_chunk,
         Graph::Prefill => spec.seq,
         Graph::Chunk => spec.chunk,
         Graph::Step => 1,
@@ -269,15 +290,26 @@ fn dyn_dim() -> Dim {
 }
 
 /// The type of a named argument of `graph` (CONTRACT §2, §3; `docs/contract-v2.md` when `v2`).
-/// `spec`: the manifest's, or the geometry of a graph reading a span of each cache
-/// ([`KvSpec::spanned`]).
-fn arg_type(manifest: &Manifest, spec: &KvSpec, graph: Graph, name: Name, rows: usize) -> Result<Ty, ExportError> {
-    let v2 = manifest.is_v2();
+/// `spec` and `layout`: the manifest's, or the geometry and layout of a graph reading a span of
+/// each cache ([`V2Spec::spanned`]).
+fn arg_type(
+    manifest: &Manifest,
+    spec: &KvSpec,
+    layout: Option<&V2Spec>,
+    graph: Graph,
+    name: Name,
+    rows: usize,
+) -> Result<Ty, ExportError> {
+    let v2 = layout.is_some();
     let (h, d, nkv) = (spec.hidden_size, spec.head_dim, spec.n_kv_heads);
     let ty = match name {
         Name::Pos if v2 => Ty::fixed(&[1], Elem::I32),
         Name::K(l) | Name::V(l) if v2 => Ty::fixed(
-            &[spec.cache_rows(spec.layer_kind(l)), nkv, d],
+            &[
+                layout.map_or(spec.max_positions, |v| v.cache_rows(spec, spec.layer_kind(l))),
+                nkv,
+                d,
+            ],
             cache_elem(manifest.cache_type),
         ),
         Name::Tokens if graph == Graph::Redecode || graph == Graph::RedecodeAt => Ty::fixed(&[1, rows], Elem::I32),
@@ -372,6 +404,8 @@ impl Residual {
 
 struct FuncEmitter<'a> {
     spec: &'a KvSpec,
+    /// Contract v2's cache layout of the graph being emitted (spanned as `spec` is); `None`: v1.
+    v2: Option<&'a V2Spec>,
     arch: &'a Architecture,
     options: &'a EmitOptions,
     table: &'a HashMap<String, ParamInfo>,
@@ -398,8 +432,10 @@ fn symbol(name: &str) -> String {
 
 impl<'a> FuncEmitter<'a> {
     /// An emitter of one function of the module whose parameter globals are `globals`.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &'a KvSpec,
+        v2: Option<&'a V2Spec>,
         arch: &'a Architecture,
         options: &'a EmitOptions,
         table: &'a HashMap<String, ParamInfo>,
@@ -409,6 +445,7 @@ impl<'a> FuncEmitter<'a> {
     ) -> Self {
         FuncEmitter {
             spec,
+            v2,
             arch,
             options,
             table,
@@ -425,7 +462,7 @@ impl<'a> FuncEmitter<'a> {
     fn function(&mut self, manifest: &Manifest, graph: Graph, func: &str, token: bool) -> Result<String, ExportError> {
         let spec = self.spec;
         let v2 = manifest.is_v2();
-        if v2 && graph == Graph::Prefill && spec.prefill_chunk == 0 {
+        if graph == Graph::Prefill && self.v2.is_some_and(|l| l.prefill_chunk == 0) {
             return Err(ExportError::Unsupported(
                 "this contract v2 spec has no prefill graph (no prefillChunk: a prefill is chunk calls from position 0)".into(),
             ));
@@ -437,7 +474,7 @@ impl<'a> FuncEmitter<'a> {
                 "nHeads == 1: IREE 3.13 cannot compile the unit-batch attention over a dynamic past".into(),
             ));
         }
-        let rows = rows_of(spec, graph, self.options);
+        let rows = rows_of(spec, self.v2, graph, self.options);
         let arg_names = manifest.args_or_canonical(graph);
         let mut out_names = manifest.outputs_or_canonical(graph);
         if !token {
@@ -446,7 +483,7 @@ impl<'a> FuncEmitter<'a> {
         let mut args: HashMap<Name, V> = HashMap::new();
         let mut sig = Vec::new();
         for (i, name) in arg_names.iter().enumerate() {
-            let ty = arg_type(manifest, spec, graph, *name, rows)?;
+            let ty = arg_type(manifest, spec, self.v2, graph, *name, rows)?;
             sig.push(format!("%arg{i}: {}", ty.text()));
             let v = V {
                 name: format!("%arg{i}"),
@@ -1345,13 +1382,16 @@ impl<'a> FuncEmitter<'a> {
     fn v2_masks(&mut self, pos: &V, r: usize, kind: LayerKind) -> (V, V) {
         let window = self.spec.window(kind);
         let group = self.spec.n_heads / self.spec.n_kv_heads;
-        let p = self.spec.cache_rows(kind);
+        let layout = self
+            .v2
+            .unwrap_or_else(|| kv_core::error::invariant("contract v2's masks in a v1 graph"));
+        let p = layout.cache_rows(self.spec, kind);
         let cache_dims = [group, r, p];
         let at = self.b.reshape_static(pos, &[]);
         let at = self.b.broadcast(&at, &[], &Ty::fixed(&cache_dims, Elem::I32));
         let row = self.b.iota(&cache_dims, 1, Elem::I32);
         let mut key = self.b.iota(&cache_dims, 2, Elem::I32);
-        let mut cache = if self.spec.is_ring(kind) {
+        let mut cache = if layout.is_ring(self.spec, kind) {
             // key = pos - 1 - ((pos - 1 - k + n) mod n); the dividend is never negative (k < n).
             let one = self.b.splat_i32(1, &key.ty);
             let n = self.b.splat_i32(p as i32, &key.ty);

@@ -100,8 +100,9 @@ impl V2Session {
         // would, and a row holding none keeps the garbage of the linear row k.
         let view = |l: usize, cache: &[f32]| {
             let kind = spec.layer_kind(l);
-            let rows = spec.cache_rows(kind);
-            if !spec.is_ring(kind) {
+            let layout = self.g.m.v2().expect("a v2 manifest");
+            let rows = layout.cache_rows(spec, kind);
+            if !layout.is_ring(spec, kind) {
                 return Array::F32(vec![rows, nkv, d], cache.to_vec());
             }
             let row = nkv * d;
@@ -338,7 +339,7 @@ fn tiny_gemma3_small_window() {
     assert_eq!((m.spec.n_kv_heads, m.spec.sliding_window, m.spec.chunk), (1, 5, 8));
     // Sliding layers keep a ring of the window and 3 rows more (the chunk's 8 then, at least):
     // the calls below wrap it twice.
-    assert_eq!(m.spec.sliding_cache_rows, 8);
+    assert_eq!(m.v2().map(|v2| v2.sliding_cache_rows), Some(8));
     assert_eq!(m.functions.prefill, None);
     assert_eq!((&m.prefill_args, &m.prefill_outputs), (&None, &None));
     for modules in m.modules.values() {
@@ -578,7 +579,7 @@ fn bf16_matmul_inputs_only_where_they_apply() {
 fn f16_caches_only_where_they_apply() {
     use kv_core::manifest::CacheType;
     let dir = fixture_source("tiny-gemma3:7").dir().unwrap();
-    let mut m = kv_core::Manifest::load(&dir).unwrap().into_v2();
+    let mut m = kv_core::Manifest::load(&dir).unwrap().into_v2(kv_core::V2Spec::default());
     m.cache_type = CacheType::F16;
     let text = export::emit(&m, Graph::Step, &export::EmitOptions::default()).unwrap();
     let signature = text.lines().find(|l| l.contains("func.func")).unwrap();

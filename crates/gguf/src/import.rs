@@ -168,10 +168,6 @@ pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Ar
         sliding_rope_base: sliding_base,
         global_rope_base: rope_base,
         mask_heads: 0,
-        sliding_cache_rows: 0,
-        prefill_chunk: 0,
-        prefill_span: 0,
-        prefill_spans: Vec::new(),
     };
     let mut architecture = match family {
         Family::Gemma3 => Architecture::gemma3(&spec, ffn),

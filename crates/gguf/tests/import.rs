@@ -69,10 +69,6 @@ fn small_spec() -> KvSpec {
         sliding_rope_base: 10_000.0,
         global_rope_base: 10_000.0,
         mask_heads: 0,
-        sliding_cache_rows: 0,
-        prefill_chunk: 0,
-        prefill_span: 0,
-        prefill_spans: Vec::new(),
     }
 }
 

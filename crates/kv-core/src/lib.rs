@@ -53,6 +53,7 @@
 pub mod allowed;
 pub mod backend;
 pub mod bf16;
+pub mod contract;
 pub mod decoder;
 pub mod digests;
 pub mod diverge;
@@ -71,6 +72,7 @@ pub mod spec;
 pub mod tolerance;
 pub mod window;
 
+pub use contract::{Contract, V2Spec};
 pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId, StepPhases};
 pub use decoder::{DecodeOptions, Generation, KvDecoder, RedecodeDecoder, StageTiming};
 pub use error::{Error, Result};

@@ -118,16 +118,9 @@ pub fn check_spec(spec: &KvSpec) -> Result<()> {
         ("seq", spec.seq),
         ("chunk", spec.chunk),
         ("slidingWindow", spec.sliding_window),
-        ("slidingCacheRows", spec.sliding_cache_rows),
-        ("prefillChunk", spec.prefill_chunk),
-        ("prefillSpan", spec.prefill_span),
         ("globalLayerPeriod", spec.global_layer_period),
-        ("prefillSpans", spec.prefill_spans.len()),
     ] {
         check_positions(key(k), value)?;
-    }
-    for &s in &spec.prefill_spans {
-        check_positions(key("prefillSpans"), s)?;
     }
     // A chunk call holds `chunk` new positions: more than the context can never be fed (the
     // other counts' relations to maxPositions are `KvSpec::validate`'s).

@@ -7,13 +7,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::contract::{Contract, V2Spec};
 use crate::error::{Error, Result};
 use crate::spec::{Architecture, KvSpec, LayerKind};
 
-pub const CONTRACT_VERSION: u32 = 1;
-/// Contract v2 (`docs/contract-v2.md`): static-shape chunk and step graphs over fixed-capacity
-/// caches that the runtime owns; the graphs take the position and return only the new rows.
-pub const CONTRACT_V2: u32 = 2;
+/// The number contract v1 is stored as ([`Contract::V1`]).
+pub const CONTRACT_VERSION: u32 = crate::contract::V1_VERSION;
+/// The number contract v2 (`docs/contract-v2.md`: static-shape chunk and step graphs over
+/// fixed-capacity caches that the runtime owns; the graphs take the position and return only
+/// the new rows) is stored as ([`Contract::V2`]).
+pub const CONTRACT_V2: u32 = crate::contract::V2_VERSION;
 pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// The graphs of the contract.
@@ -97,7 +100,7 @@ pub enum Name {
 
 impl Name {
     /// Whether the LM head computes this result (`token`, top-k): what a prefill graph's
-    /// token-less variants (`KvSpec::prefill_spans`) do not return.
+    /// token-less variants (`V2Spec::prefill_spans`) do not return.
     pub fn from_head(self) -> bool {
         matches!(self, Name::Token | Name::TopKLogits | Name::TopKIds)
     }
@@ -229,9 +232,9 @@ pub fn canonical_args(graph: Graph, spec: &KvSpec) -> Vec<Name> {
 /// and step graphs take `pos` after the embedding rows, each layer's whole cache (no masks: they
 /// are built in the graph from `pos`), and the chunk graph its `select` last. v2 has no prefill
 /// graph (a prefill is chunk calls from position 0) and the redecode graphs are v1's.
-pub fn canonical_args_v2(graph: Graph, spec: &KvSpec) -> Vec<Name> {
+pub fn canonical_args_v2(graph: Graph, spec: &KvSpec, v2: &V2Spec) -> Vec<Name> {
     match graph {
-        Graph::Prefill if spec.prefill_chunk == 0 => Vec::new(),
+        Graph::Prefill if v2.prefill_chunk == 0 => Vec::new(),
         Graph::Prefill | Graph::Chunk | Graph::Step => {
             let mut args = vec![
                 if graph != Graph::Step {
@@ -303,7 +306,7 @@ impl Functions {
     }
 
     /// The prefill graph's token-less variant reading `span` rows of each cache
-    /// (`KvSpec::prefill_spans`): `<prefill>_span<span>`, in the prefill graph's module.
+    /// (`V2Spec::prefill_spans`): `<prefill>_span<span>`, in the prefill graph's module.
     pub fn prefill_span(&self, span: usize) -> Option<String> {
         self.prefill.as_ref().map(|p| format!("{p}_span{span}"))
     }
@@ -350,76 +353,55 @@ pub enum Parameters {
 /// assert!(bad.and_then(|m| m.validate()).is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(into = "wire::Manifest", try_from = "wire::Manifest")]
 pub struct Manifest {
-    #[serde(default = "default_contract_version")]
-    pub contract_version: u32,
-    #[serde(flatten)]
+    /// `contractVersion`, and under v2 the cache layout (`slidingCacheRows`, `prefillChunk`,
+    /// `prefillSpan`, `prefillSpans`, stored beside the geometry).
+    pub contract: Contract,
     pub spec: KvSpec,
-    #[serde(default)]
     pub functions: Functions,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_args: Option<Vec<Name>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_outputs: Option<Vec<Name>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_with_past_args: Option<Vec<Name>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_with_past_outputs: Option<Vec<Name>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub with_past_args: Option<Vec<Name>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub with_past_outputs: Option<Vec<Name>>,
-    #[serde(default = "default_scope")]
     pub parameter_scope: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Parameters>,
     /// Archive entry of the `vocab × hidden` bf16 embedding table.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding_parameter: Option<String>,
     /// Ours (contracts 1 and 2): a function of the step graph's module, `token [1] i32 → emb [1, hidden]
     /// f32`, that gathers the embedding row the host would (the same values): greedy decoding
     /// then feeds a step's token to the next step on the device, without a host read between
     /// them (`KvBackend::step_greedy`). Absent: every step's row is gathered on the host.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embed_function: Option<String>,
     /// Ours: the prefill, chunk and step graphs also return [`Name::TopKLogits`] and [`Name::TopKIds`]
     /// of this many entries (for sampling); absent = they do not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
     /// Ours, contract v2: the prefill, chunk and step graphs take [`Name::Allowed`] as their last
     /// argument and predict only allowed ids (`KvBackend::set_allowed`); absent: v2 exports made
     /// before the mask, which take no mask (re-export to constrain them).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allowed_mask: bool,
     /// Ours: what a forward (the reference, the exporter) needs beyond the geometry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<Architecture>,
     /// Ours: which parameters of the archive are block-quantized (`crate::quant`); absent: all bf16.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<crate::quant::Quantization>,
     /// Ours: the type each projection's input (and the LM head's) is rounded to before its
     /// matmul ([`MatmulInput`]); absent: f32, no rounding.
-    #[serde(default, skip_serializing_if = "MatmulInput::is_f32")]
     pub matmul_input: MatmulInput,
     /// Ours, contract v2: the element type of the KV caches and of the rows the graphs return
     /// for them ([`CacheType`]); absent: f32.
-    #[serde(default, skip_serializing_if = "CacheType::is_f32")]
     pub cache_type: CacheType,
     /// Ours: the archive stores the projections that read one input as one matrix each
     /// ([`crate::params::FUSED_PROJECTIONS`], where their parts' formats agree); absent: apart.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fused_projections: bool,
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
     /// Ours: `.vmfb file → .irpa file` of the modules that read some weights already in the
     /// layout their kernels want (IREE's parameter encoder ran at export), under the scope
     /// [`ENCODED_SCOPE`], beside the archive of [`Self::parameters`] under [`Self::parameter_scope`].
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub encoded_parameters: BTreeMap<String, String>,
     /// Ours: where the artifacts come from (compiler version, source checkpoint, ...).
-    #[serde(default, skip_serializing_if = "Provenance::is_empty")]
     pub provenance: Provenance,
 }
 
@@ -690,6 +672,213 @@ mod decimal_text {
     }
 }
 
+/// The manifest as stored: `contractVersion` a number and contract v2's layout keys among the
+/// geometry's (their order and spellings are what this runtime has always written, so a
+/// manifest read and saved again keeps its bytes). [`super::Manifest`] converts from it, which
+/// refuses a v2 key in a v1 manifest and a version this runtime does not speak.
+mod wire {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::{
+        default_contract_version, default_scope, Architecture, CacheType, Functions, MatmulInput, Name, Parameters,
+        Provenance,
+    };
+    use crate::contract::{Contract, V2Spec};
+    use crate::spec::KvSpec;
+
+    #[derive(Clone, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub(super) struct Manifest {
+        #[serde(default = "default_contract_version")]
+        pub(super) contract_version: u32,
+        #[serde(flatten)]
+        pub(super) spec: KvSpec,
+        #[serde(flatten)]
+        pub(super) v2: V2Spec,
+        #[serde(default)]
+        pub(super) functions: Functions,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) prefill_args: Option<Vec<Name>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) prefill_outputs: Option<Vec<Name>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) prefill_with_past_args: Option<Vec<Name>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) prefill_with_past_outputs: Option<Vec<Name>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) with_past_args: Option<Vec<Name>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) with_past_outputs: Option<Vec<Name>>,
+        #[serde(default = "default_scope")]
+        pub(super) parameter_scope: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) parameters: Option<Parameters>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) embedding_parameter: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) embed_function: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) top_k: Option<usize>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub(super) allowed_mask: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) architecture: Option<Architecture>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) quantization: Option<crate::quant::Quantization>,
+        #[serde(default, skip_serializing_if = "MatmulInput::is_f32")]
+        pub(super) matmul_input: MatmulInput,
+        #[serde(default, skip_serializing_if = "CacheType::is_f32")]
+        pub(super) cache_type: CacheType,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub(super) fused_projections: bool,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub(super) modules: BTreeMap<String, BTreeMap<String, String>>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub(super) encoded_parameters: BTreeMap<String, String>,
+        #[serde(default, skip_serializing_if = "Provenance::is_empty")]
+        pub(super) provenance: Provenance,
+    }
+
+    impl From<super::Manifest> for Manifest {
+        fn from(m: super::Manifest) -> Self {
+            let super::Manifest {
+                contract,
+                spec,
+                functions,
+                prefill_args,
+                prefill_outputs,
+                prefill_with_past_args,
+                prefill_with_past_outputs,
+                with_past_args,
+                with_past_outputs,
+                parameter_scope,
+                parameters,
+                embedding_parameter,
+                embed_function,
+                top_k,
+                allowed_mask,
+                architecture,
+                quantization,
+                matmul_input,
+                cache_type,
+                fused_projections,
+                modules,
+                encoded_parameters,
+                provenance,
+            } = m;
+            Manifest {
+                contract_version: contract.version(),
+                spec,
+                v2: contract.v2().cloned().unwrap_or_default(),
+                functions,
+                prefill_args,
+                prefill_outputs,
+                prefill_with_past_args,
+                prefill_with_past_outputs,
+                with_past_args,
+                with_past_outputs,
+                parameter_scope,
+                parameters,
+                embedding_parameter,
+                embed_function,
+                top_k,
+                allowed_mask,
+                architecture,
+                quantization,
+                matmul_input,
+                cache_type,
+                fused_projections,
+                modules,
+                encoded_parameters,
+                provenance,
+            }
+        }
+    }
+
+    impl TryFrom<Manifest> for super::Manifest {
+        type Error = crate::Error;
+
+        /// The version and the v2 keys become a [`Contract`]; everything else moves as it is.
+        fn try_from(m: Manifest) -> crate::Result<Self> {
+            let Manifest {
+                contract_version,
+                spec,
+                v2,
+                functions,
+                prefill_args,
+                prefill_outputs,
+                prefill_with_past_args,
+                prefill_with_past_outputs,
+                with_past_args,
+                with_past_outputs,
+                parameter_scope,
+                parameters,
+                embedding_parameter,
+                embed_function,
+                top_k,
+                allowed_mask,
+                architecture,
+                quantization,
+                matmul_input,
+                cache_type,
+                fused_projections,
+                modules,
+                encoded_parameters,
+                provenance,
+            } = m;
+            let contract = match contract_version {
+                super::CONTRACT_VERSION => match v2.first_key_set() {
+                    None => Contract::V1,
+                    Some(key) => {
+                        return Err(crate::Error::manifest(
+                            key,
+                            "contract v2's (contract v1 graphs take the rows a call needs: no ring, no prefill chunk or spans)",
+                        ))
+                    }
+                },
+                super::CONTRACT_V2 => Contract::V2(v2),
+                other => {
+                    return Err(crate::Error::manifest(
+                        "contractVersion",
+                        format!(
+                            "{other} is not supported (this runtime speaks {} and {})",
+                            super::CONTRACT_VERSION,
+                            super::CONTRACT_V2
+                        ),
+                    ))
+                }
+            };
+            Ok(super::Manifest {
+                contract,
+                spec,
+                functions,
+                prefill_args,
+                prefill_outputs,
+                prefill_with_past_args,
+                prefill_with_past_outputs,
+                with_past_args,
+                with_past_outputs,
+                parameter_scope,
+                parameters,
+                embedding_parameter,
+                embed_function,
+                top_k,
+                allowed_mask,
+                architecture,
+                quantization,
+                matmul_input,
+                cache_type,
+                fused_projections,
+                modules,
+                encoded_parameters,
+                provenance,
+            })
+        }
+    }
+}
+
 fn default_contract_version() -> u32 {
     CONTRACT_VERSION
 }
@@ -705,7 +894,7 @@ impl Manifest {
         let (prefill_with_past_args, prefill_with_past_outputs) = lists(Graph::Chunk);
         let (with_past_args, with_past_outputs) = lists(Graph::Step);
         Manifest {
-            contract_version: CONTRACT_VERSION,
+            contract: Contract::V1,
             spec,
             functions: Functions::with_prefix(prefix),
             prefill_args,
@@ -762,60 +951,47 @@ impl Manifest {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if self.contract_version != CONTRACT_VERSION && self.contract_version != CONTRACT_V2 {
-            return Err(Error::manifest(
-                "contractVersion",
-                format!(
-                    "{} is not supported (this runtime speaks {CONTRACT_VERSION} and {CONTRACT_V2})",
-                    self.contract_version
-                ),
-            ));
-        }
-        if self.is_v2()
-            && self.spec.prefill_chunk == 0
-            && (self.functions.prefill.is_some() || self.prefill_args.is_some() || self.prefill_outputs.is_some())
-        {
-            return Err(Error::manifest(
-                "functions.prefill",
-                "this contract v2 manifest has no prefill graph (no prefillChunk: a prefill is chunk calls from position 0)",
-            ));
-        }
-        if !self.is_v2() && !self.cache_type.is_f32() && !self.modules.is_empty() {
-            return Err(Error::manifest(
-                "cacheType",
-                "contract v2's (the caches of contract v1 graphs are f32 inputs and outputs)",
-            ));
-        }
-        if !self.is_v2() && self.spec.prefill_chunk != 0 {
-            return Err(Error::manifest(
-                "prefillChunk",
-                "contract v2's (contract v1's prefill graph has `seq` rows)",
-            ));
-        }
-        if !self.spec.prefill_spans.is_empty() && self.functions.prefill.is_none() {
-            return Err(Error::manifest(
-                "prefillSpans",
-                "variants of a prefill graph this manifest does not name (functions.prefill)",
-            ));
-        }
         self.spec.validate()?;
-        if !self.is_v2() && self.spec.sliding_cache_rows != 0 {
-            return Err(Error::manifest(
-                "slidingCacheRows",
-                "rings are contract v2's (contract v1 graphs take the rows a call needs)",
-            ));
+        match &self.contract {
+            Contract::V1 => {
+                if !self.cache_type.is_f32() && !self.modules.is_empty() {
+                    return Err(Error::manifest(
+                        "cacheType",
+                        "contract v2's (the caches of contract v1 graphs are f32 inputs and outputs)",
+                    ));
+                }
+                if self.allowed_mask {
+                    return Err(Error::manifest(
+                        "allowedMask",
+                        "contract v2's (contract v1 graphs take no allowed-token mask)",
+                    ));
+                }
+            }
+            Contract::V2(v2) => {
+                if v2.prefill_chunk == 0
+                    && (self.functions.prefill.is_some()
+                        || self.prefill_args.is_some()
+                        || self.prefill_outputs.is_some())
+                {
+                    return Err(Error::manifest(
+                        "functions.prefill",
+                        "this contract v2 manifest has no prefill graph (no prefillChunk: a prefill is chunk calls from position 0)",
+                    ));
+                }
+                if !v2.prefill_spans.is_empty() && self.functions.prefill.is_none() {
+                    return Err(Error::manifest(
+                        "prefillSpans",
+                        "variants of a prefill graph this manifest does not name (functions.prefill)",
+                    ));
+                }
+                v2.validate(&self.spec)?;
+            }
         }
         if let Some(q) = &self.quantization {
             q.validate()?;
         }
         if let Some(arch) = &self.architecture {
             arch.validate()?;
-        }
-        if self.allowed_mask && !self.is_v2() {
-            return Err(Error::manifest(
-                "allowedMask",
-                "contract v2's (contract v1 graphs take no allowed-token mask)",
-            ));
         }
         if let Some(k) = self.top_k {
             if k == 0 || k > self.spec.vocab_size {
@@ -864,38 +1040,44 @@ impl Manifest {
 
     /// Whether the graphs follow contract v2 (`docs/contract-v2.md`).
     pub fn is_v2(&self) -> bool {
-        self.contract_version == CONTRACT_V2
+        matches!(self.contract, Contract::V2(_))
+    }
+
+    /// Contract v2's cache layout; `None` under v1.
+    pub fn v2(&self) -> Option<&V2Spec> {
+        self.contract.v2()
     }
 
     /// The KV graphs of this manifest's contract: v1 has a prefill graph, v2 one only with a
     /// `prefillChunk` (a chunk graph of that many rows).
     pub fn kv_graphs(&self) -> &'static [Graph] {
-        if self.is_v2() && self.spec.prefill_chunk == 0 {
-            &[Graph::Chunk, Graph::Step]
-        } else {
-            &Graph::KV
+        match &self.contract {
+            Contract::V2(v2) if v2.prefill_chunk == 0 => &[Graph::Chunk, Graph::Step],
+            _ => &Graph::KV,
         }
     }
 
     /// The canonical argument names of a graph under this manifest's contract.
     pub fn canonical_args(&self, graph: Graph) -> Vec<Name> {
-        if self.is_v2() {
-            let mut args = canonical_args_v2(graph, &self.spec);
-            if self.allowed_mask && !args.is_empty() && Graph::KV.contains(&graph) {
-                args.push(Name::Allowed);
+        match &self.contract {
+            Contract::V1 => canonical_args(graph, &self.spec),
+            Contract::V2(v2) => {
+                let mut args = canonical_args_v2(graph, &self.spec, v2);
+                if self.allowed_mask && !args.is_empty() && Graph::KV.contains(&graph) {
+                    args.push(Name::Allowed);
+                }
+                args
             }
-            args
-        } else {
-            canonical_args(graph, &self.spec)
         }
     }
 
-    /// This manifest turned into contract v2: the v2 argument lists (outputs keep their names:
-    /// v2 returns the new rows under the cache names), and no prefill function or lists unless
-    /// the spec has a `prefillChunk`.
-    pub fn into_v2(mut self) -> Self {
-        self.contract_version = CONTRACT_V2;
-        if self.spec.prefill_chunk == 0 {
+    /// This manifest turned into contract v2 with the layout `v2`: the v2 argument lists
+    /// (outputs keep their names: v2 returns the new rows under the cache names), and no
+    /// prefill function or lists unless the layout has a `prefillChunk`.
+    pub fn into_v2(mut self, v2: V2Spec) -> Self {
+        let prefill = v2.prefill_chunk != 0;
+        self.contract = Contract::V2(v2);
+        if !prefill {
             self.functions.prefill = None;
             self.prefill_args = None;
         } else {
@@ -1031,7 +1213,9 @@ fn parse(text: &str, origin: &str) -> Result<Manifest> {
     // The geometry is flattened into the manifest, where serde forgets the key of a type error:
     // read it on its own first so the error names the key.
     serde_path_to_error::deserialize::<_, KvSpec>(&value).map_err(keyed)?;
-    let manifest: Manifest = serde_path_to_error::deserialize(&value).map_err(keyed)?;
+    serde_path_to_error::deserialize::<_, V2Spec>(&value).map_err(keyed)?;
+    let stored: wire::Manifest = serde_path_to_error::deserialize(&value).map_err(keyed)?;
+    let manifest = Manifest::try_from(stored)?;
     manifest.validate()?;
     Ok(manifest)
 }

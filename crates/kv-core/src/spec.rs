@@ -24,7 +24,8 @@ impl LayerKind {
     }
 }
 
-/// The geometry of a KV-cache graph set, as stored in `manifest.json`.
+/// The geometry of a KV-cache graph set, as stored in `manifest.json`. Contract v2's cache
+/// layout (ring rows, prefill graph) is [`crate::contract::V2Spec`], beside it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct KvSpec {
@@ -46,46 +47,12 @@ pub struct KvSpec {
     pub global_rope_base: f32,
     /// Head dimension of the chunk mask: 0 = `nHeads`, 1 = broadcast over heads.
     pub mask_heads: usize,
-    /// Contract v2: a sliding layer's cache is a ring of this many rows (position `p` in row
-    /// `p mod rows`, [`crate::ring`]); 0 = a linear cache of `maxPositions` rows like a global
-    /// layer's.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub sliding_cache_rows: usize,
-    /// Contract v2: the rows of its prefill graph, a chunk graph that long prefills run in
-    /// pieces of this size before the chunk graph takes the rest; 0 = none (a prefill is chunk
-    /// calls only).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub prefill_chunk: usize,
-    /// Contract v2: the rows of each cache the prefill graph reads, from row 0
-    /// ([`Self::span_rows`]); 0 = every row. The prefill graph runs only in a prefill, whose
-    /// calls start at position 0 and end at or before `seq` rounded up to `prefillChunk`, so
-    /// the rows after that hold no position any of its calls sees (checked per call).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub prefill_span: usize,
-    /// Contract v2: ascending spans of the prefill graph's token-less variants
-    /// (`<prefill function>_span<S>`, the new K/V rows only): a prefill call other than its
-    /// last, ending at or before `S`, runs the smallest that holds it and so reads `S` rows of
-    /// each cache (not all of them) and skips the LM head.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub prefill_spans: Vec<usize>,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 /// Rows a default ring holds beyond the window (before rounding up to 64): how far a session may
 /// write past a snapshot before it must copy the ring (an utterance and its answer, for
 /// FunctionGemma's tool calls).
 pub const DEFAULT_RING_SLACK: usize = 128;
-
-/// Rows of contract v2's prefill graph by default: per row, a call of 128 rows costs 0.7× one of
-/// 32 on the CPU (the weights are read once per call), and 256 no less (`docs/journal`, session 8).
-pub const DEFAULT_PREFILL_CHUNK: usize = 128;
-
-/// Token-less prefill variants an export makes at most ([`KvSpec::default_prefill_spans`]):
-/// the largest spans are kept, as they serve most calls of a long prefill.
-pub const MAX_PREFILL_SPANS: usize = 2;
 
 impl Default for KvSpec {
     /// FunctionGemma-270M, the seed's model.
@@ -105,10 +72,6 @@ impl Default for KvSpec {
             sliding_rope_base: 10_000.0,
             global_rope_base: 1_000_000.0,
             mask_heads: 0,
-            sliding_cache_rows: 0,
-            prefill_chunk: 0,
-            prefill_span: 0,
-            prefill_spans: Vec::new(),
         }
     }
 }
@@ -179,142 +142,7 @@ impl KvSpec {
         if self.vocab_size > i32::MAX as usize {
             return Err(Error::manifest("vocabSize", "exceeds the i32 token range"));
         }
-        self.validate_ring()?;
-        let rows = self.prefill_chunk;
-        if rows != 0
-            && (rows <= self.chunk
-                || rows > self.max_positions
-                || (self.sliding_cache_rows != 0 && rows > self.sliding_cache_rows))
-        {
-            return Err(Error::manifest(
-                "prefillChunk",
-                format!(
-                    "{rows} rows must exceed chunk {} and fit maxPositions {} and a sliding ring ({} rows)",
-                    self.chunk, self.max_positions, self.sliding_cache_rows
-                ),
-            ));
-        }
-        self.validate_spans()
-    }
-
-    fn validate_spans(&self) -> Result<()> {
-        let rows = self.prefill_chunk;
-        let span = self.prefill_span;
-        if span != 0 {
-            let needed = self.seq.div_ceil(rows.max(1)) * rows;
-            if rows == 0 || span < needed || span >= self.max_positions {
-                return Err(Error::manifest(
-                    "prefillSpan",
-                    format!(
-                        "{span} must hold a prefill of seq {} in calls of prefillChunk {rows} ({needed} rows) and stay below maxPositions {}",
-                        self.seq, self.max_positions
-                    ),
-                ));
-            }
-        }
-        let top = self.prefill_graph_span();
-        let mut below = 0;
-        for &s in &self.prefill_spans {
-            if rows == 0 || s < rows || s <= below || s >= top {
-                return Err(Error::manifest(
-                    "prefillSpans",
-                    format!(
-                        "{:?}: ascending spans of at least prefillChunk {rows}, each below the prefill graph's span {top}",
-                        self.prefill_spans
-                    ),
-                ));
-            }
-            below = s;
-        }
         Ok(())
-    }
-
-    /// Contract v2: the span of the prefill graph itself (`prefillSpan`, or `maxPositions`).
-    pub fn prefill_graph_span(&self) -> usize {
-        match self.prefill_span {
-            0 => self.max_positions,
-            span => span,
-        }
-    }
-
-    /// Contract v2: the rows of a layer kind's cache that a graph reading `span` rows takes
-    /// (its first `span` rows, or all of a smaller cache).
-    pub fn span_rows(&self, kind: LayerKind, span: usize) -> usize {
-        self.cache_rows(kind).min(span)
-    }
-
-    /// The geometry a graph reading `span` rows of each cache sees, for calls that end at or
-    /// before position `span`: every cache has [`Self::span_rows`] rows, and a ring of at
-    /// least `span` rows reads as a linear cache (no call so far has wrapped it, so row `k`
-    /// holds position `k`, which the linear masks say too). A smaller ring stays a ring of its
-    /// own rows. `span` at or above `maxPositions` changes nothing.
-    pub fn spanned(&self, span: usize) -> KvSpec {
-        let mut spec = self.clone();
-        if span < self.max_positions {
-            spec.max_positions = span;
-            if spec.sliding_cache_rows >= span {
-                spec.sliding_cache_rows = 0;
-            }
-        }
-        spec.prefill_span = 0;
-        spec.prefill_spans.clear();
-        spec
-    }
-
-    /// The spans an export gives the prefill graph by default: the graph's own (`seq` rounded
-    /// up to `prefillChunk`, if below `maxPositions`) and token-less variants at twice
-    /// `prefillChunk`, doubling, below it (at most [`MAX_PREFILL_SPANS`] of them: each is one
-    /// more function to compile). `(0, [])` without a prefill graph.
-    pub fn default_prefill_spans(&self) -> (usize, Vec<usize>) {
-        let rows = self.prefill_chunk;
-        if rows == 0 {
-            return (0, Vec::new());
-        }
-        let needed = self.seq.div_ceil(rows) * rows;
-        let span = if needed < self.max_positions { needed } else { 0 };
-        let top = if span == 0 { self.max_positions } else { span };
-        let mut spans: Vec<usize> = std::iter::successors(Some(2 * rows), |s| Some(s * 2))
-            .take_while(|&s| s < top)
-            .collect();
-        let extra = spans.len().saturating_sub(MAX_PREFILL_SPANS);
-        spans.drain(..extra);
-        (span, spans)
-    }
-
-    /// The rows contract v2's prefill graph would have for `rows` requested (`None`:
-    /// [`DEFAULT_PREFILL_CHUNK`]): at most the sliding ring, 0 (none) when that is not more than
-    /// a chunk.
-    pub fn prefill_chunk_rows(&self, rows: Option<usize>) -> usize {
-        let mut rows = rows.unwrap_or(DEFAULT_PREFILL_CHUNK).min(self.max_positions);
-        if self.sliding_cache_rows != 0 {
-            rows = rows.min(self.sliding_cache_rows);
-        }
-        if rows > self.chunk {
-            rows
-        } else {
-            0
-        }
-    }
-
-    fn validate_ring(&self) -> Result<()> {
-        let rows = self.sliding_cache_rows;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (w, c, p) = (self.sliding_window, self.chunk, self.max_positions);
-        let problem = if w == 0 {
-            Some("set without a sliding window".to_string())
-        } else if rows <= w || rows < c || rows >= p {
-            Some(format!(
-                "a ring of {rows} rows must exceed slidingWindow {w}, hold a chunk ({c}) and stay below maxPositions {p}"
-            ))
-        } else {
-            None
-        };
-        match problem {
-            Some(problem) => Err(Error::manifest("slidingCacheRows", problem)),
-            None => Ok(()),
-        }
     }
 
     /// The `slidingCacheRows` of a ring holding the window and `slack` rows more (`None`:
@@ -334,19 +162,6 @@ impl KvSpec {
         } else {
             0
         }
-    }
-
-    /// Contract v2: the rows of a layer kind's cache (`[rows, nKV, d]`).
-    pub fn cache_rows(&self, kind: LayerKind) -> usize {
-        match kind {
-            LayerKind::Sliding if self.sliding_cache_rows > 0 => self.sliding_cache_rows,
-            _ => self.max_positions,
-        }
-    }
-
-    /// Contract v2: whether a layer kind's cache is a ring ([`crate::ring`]).
-    pub fn is_ring(&self, kind: LayerKind) -> bool {
-        self.cache_rows(kind) != self.max_positions
     }
 
     /// Layer `l` is global iff `l % period == period - 1`; without a window every layer is global.

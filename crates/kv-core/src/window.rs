@@ -156,23 +156,29 @@ pub fn plan_chunk(spec: &KvSpec, position: usize, tokens: &[i32]) -> Result<Chun
 /// then costs `ceil(n / C)` chunk calls instead of one call over all `SEQ` rows. Every piece is
 /// planned (and so validated) before the caller runs any.
 pub fn plan_chunked_prefill(spec: &KvSpec, tokens: &[i32]) -> Result<Vec<ChunkPlan>> {
-    plan_pieces(spec, tokens, |_| false)
+    plan_pieces(spec, 0, tokens, |_| false)
 }
 
 /// Contract v2's prefill from position 0: while `big(remaining tokens)` says so, pieces of
-/// `prefillChunk` rows (the last padded), the rest chunk calls. A plan of `prefillChunk` rows
-/// is one for the prefill graph (more rows than a chunk: `KvSpec::validate`).
-pub fn plan_pieces(spec: &KvSpec, tokens: &[i32], big: impl Fn(usize) -> bool) -> Result<Vec<ChunkPlan>> {
+/// `prefill_chunk` rows (`V2Spec::prefill_chunk`; the last padded), the rest chunk calls. A
+/// plan of `prefill_chunk` rows is one for the prefill graph (more rows than a chunk:
+/// `V2Spec::validate`); 0 = chunk calls only.
+pub fn plan_pieces(
+    spec: &KvSpec,
+    prefill_chunk: usize,
+    tokens: &[i32],
+    big: impl Fn(usize) -> bool,
+) -> Result<Vec<ChunkPlan>> {
     plan_prefill(spec, tokens)?;
     let wide = KvSpec {
-        chunk: spec.prefill_chunk,
+        chunk: prefill_chunk,
         ..spec.clone()
     };
     let mut plans = Vec::new();
     let mut at = 0;
     while at < tokens.len() {
         let left = tokens.len() - at;
-        let spec = if spec.prefill_chunk > 0 && big(left) {
+        let spec = if prefill_chunk > 0 && big(left) {
             &wide
         } else {
             spec

@@ -1,4 +1,4 @@
-use kv_core::manifest::{canonical_args, Graph, Manifest, Name, Provenance, UnknownName};
+use kv_core::manifest::{canonical_args, Graph, Manifest, Name, Provenance, UnknownName, V2Spec};
 use kv_core::LayerKind;
 use kv_core::{Error, KvSpec};
 use proptest::prelude::*;
@@ -46,7 +46,7 @@ fn canonical_chunk_args_follow_the_contract() {
 
 #[test]
 fn v2_lists_take_pos_and_no_masks_and_have_no_prefill() {
-    let m = Manifest::new(small(), None, "gemma").into_v2();
+    let m = Manifest::new(small(), None, "gemma").into_v2(V2Spec::default());
     assert!(m.is_v2());
     assert_eq!(m.kv_graphs(), [Graph::Chunk, Graph::Step]);
     assert!(m.functions.prefill.is_none() && m.args(Graph::Prefill).is_none());
@@ -187,7 +187,7 @@ fn top_k_outputs_are_the_one_optional_extra() {
 
 #[test]
 fn the_allowed_mask_is_v2s_last_argument() {
-    let plain = Manifest::new(small(), None, "gemma").into_v2();
+    let plain = Manifest::new(small(), None, "gemma").into_v2(V2Spec::default());
     assert!(
         !plain.to_json().contains("allowed"),
         "a v2 manifest without the mask changed"
@@ -204,7 +204,7 @@ fn the_allowed_mask_is_v2s_last_argument() {
     // A manifest made v2 with the key set lists it too.
     let mut v1 = Manifest::new(small(), None, "gemma");
     v1.allowed_mask = true;
-    let v2 = v1.into_v2();
+    let v2 = v1.into_v2(V2Spec::default());
     assert_eq!(v2.with_past_args.as_ref().unwrap().last(), Some(&Name::Allowed));
     m.set_allowed_mask(false);
     assert_eq!(m, plain);
@@ -373,14 +373,16 @@ fn encoded_parameters_must_name_a_module() {
 /// Contract v2's ring and prefill graph: the prefill graph takes the chunk graph's arguments
 /// and round-trips; each key is refused by name where it does not fit (a v1 manifest, a prefill
 /// graph no wider than a chunk or wider than the ring, a v2 prefill list without `prefillChunk`).
+/// A v1 manifest cannot hold the layout in Rust ([`Contract::V1`] has none), so it is refused
+/// where it is read: from a file that says contract 1 beside v2 keys.
 #[test]
 fn v2_ring_and_prefill_chunk_are_checked_by_key() {
-    let spec = KvSpec {
+    let layout = V2Spec {
         sliding_cache_rows: 40,
         prefill_chunk: 40,
-        ..small()
+        ..V2Spec::default()
     };
-    let m = Manifest::new(spec.clone(), None, "gemma").into_v2();
+    let m = Manifest::new(small(), None, "gemma").into_v2(layout.clone());
     m.validate().unwrap();
     assert_eq!(m.kv_graphs(), Graph::KV);
     assert_eq!(m.args_or_canonical(Graph::Prefill), m.args_or_canonical(Graph::Chunk));
@@ -389,32 +391,38 @@ fn v2_ring_and_prefill_chunk_are_checked_by_key() {
         Err(Error::Manifest { key, .. }) => key,
         other => panic!("{other:?}"),
     };
-    assert_eq!(key_of(&Manifest::new(spec.clone(), None, "gemma")), "prefillChunk");
-    let v1_ring = KvSpec {
-        prefill_chunk: 0,
-        ..spec.clone()
+    let read_key = |json: &str| match Manifest::from_json(json) {
+        Err(Error::Manifest { key, .. }) => key,
+        other => panic!("{other:?}"),
     };
-    assert_eq!(key_of(&Manifest::new(v1_ring, None, "gemma")), "slidingCacheRows");
-    for rows in [spec.chunk, 41] {
-        let bad = KvSpec {
+    let as_v1 = |m: &Manifest| m.to_json().replace("\"contractVersion\": 2", "\"contractVersion\": 1");
+    assert!(as_v1(&m).contains("\"contractVersion\": 1"));
+    assert_eq!(read_key(&as_v1(&m)), "slidingCacheRows");
+    let chunk_only = V2Spec {
+        sliding_cache_rows: 0,
+        ..layout.clone()
+    };
+    let v1_chunk = as_v1(&Manifest::new(small(), None, "gemma").into_v2(chunk_only));
+    assert_eq!(read_key(&v1_chunk), "prefillChunk");
+    assert_eq!(
+        read_key(&m.to_json().replace("\"contractVersion\": 2", "\"contractVersion\": 3")),
+        "contractVersion"
+    );
+    for rows in [small().chunk, 41] {
+        let bad = V2Spec {
             prefill_chunk: rows,
-            ..spec.clone()
+            ..layout.clone()
         };
         assert_eq!(
-            key_of(&Manifest::new(bad, None, "gemma").into_v2()),
+            key_of(&Manifest::new(small(), None, "gemma").into_v2(bad)),
             "prefillChunk",
             "{rows} rows"
         );
     }
-    let mut stray = Manifest::new(
-        KvSpec {
-            prefill_chunk: 0,
-            ..spec
-        },
-        None,
-        "gemma",
-    )
-    .into_v2();
+    let mut stray = Manifest::new(small(), None, "gemma").into_v2(V2Spec {
+        prefill_chunk: 0,
+        ..layout
+    });
     stray.functions.prefill = Some("module.gemma_prefill_at".into());
     assert_eq!(key_of(&stray), "functions.prefill");
 }
@@ -425,7 +433,7 @@ fn v2_ring_and_prefill_chunk_are_checked_by_key() {
 #[test]
 fn cache_type_round_trips_and_is_v2s() {
     use kv_core::manifest::{CacheType, Rounding};
-    let plain = Manifest::new(small(), None, "gemma").into_v2();
+    let plain = Manifest::new(small(), None, "gemma").into_v2(V2Spec::default());
     assert!(!plain.to_json().contains("cacheType"));
     assert_eq!(
         Manifest::from_json(&plain.to_json()).unwrap().cache_type,
@@ -541,5 +549,57 @@ fn sizes_beyond_the_limits_are_refused_naming_the_key() {
             )
         }
         other => panic!("expected TooLarge, got {other:?}"),
+    }
+}
+
+/// The manifest stores contract v2's layout among the geometry's keys, as before [`V2Spec`]
+/// existed: a stored v2 manifest reads into `Contract::V2` and is written back byte for byte
+/// (the key order included), and a v1 manifest writes none of the v2 keys.
+#[test]
+fn the_stored_contract_keeps_its_bytes() {
+    let stored = r#"{
+  "contractVersion": 2,
+  "nLayers": 4,
+  "headDim": 256,
+  "nHeads": 4,
+  "nKvHeads": 1,
+  "hiddenSize": 640,
+  "vocabSize": 262144,
+  "slidingWindow": 8,
+  "globalLayerPeriod": 2,
+  "chunk": 32,
+  "seq": 64,
+  "maxPositions": 2048,
+  "slidingRopeBase": 10000.0,
+  "globalRopeBase": 1000000.0,
+  "maskHeads": 0,
+  "slidingCacheRows": 64,
+  "prefillChunk": 64,
+  "prefillSpan": 128,
+  "prefillSpans": [
+    64
+  ],
+  "functions": {
+    "prefill": "module.gemma_prefill_at"
+  },
+  "parameterScope": "model"
+}"#;
+    let m = Manifest::from_json(stored).unwrap();
+    assert_eq!(
+        m.contract,
+        kv_core::Contract::V2(V2Spec {
+            sliding_cache_rows: 64,
+            prefill_chunk: 64,
+            prefill_span: 128,
+            prefill_spans: vec![64],
+        })
+    );
+    assert_eq!(m.to_json(), stored);
+    let v1 = Manifest::new(small(), None, "gemma");
+    assert_eq!(v1.contract, kv_core::Contract::V1);
+    let text = v1.to_json();
+    assert!(text.starts_with("{\n  \"contractVersion\": 1,\n  \"nLayers\": 4,"), "{text}");
+    for key in ["slidingCacheRows", "prefillChunk", "prefillSpan"] {
+        assert!(!text.contains(key), "{key} in a v1 manifest");
     }
 }

@@ -2,7 +2,7 @@
 
 use kv_core::mask::{attends, chunk_mask, MASKED};
 use kv_core::window::{past_rows, plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, step_keys, PastCall};
-use kv_core::{ring, Error, KvSpec, LayerKind, WindowRule};
+use kv_core::{ring, Error, KvSpec, LayerKind, V2Spec, WindowRule};
 use proptest::prelude::*;
 
 fn spec(window: usize) -> KvSpec {
@@ -21,10 +21,6 @@ fn spec(window: usize) -> KvSpec {
         sliding_rope_base: 10_000.0,
         global_rope_base: 1_000_000.0,
         mask_heads: 0,
-        sliding_cache_rows: 0,
-        prefill_chunk: 0,
-        prefill_span: 0,
-        prefill_spans: Vec::new(),
     }
 }
 
@@ -180,25 +176,28 @@ fn ring_rows_and_their_checks() {
     assert_eq!(s.ring_rows(Some(0)), 5);
     assert_eq!(spec(0).ring_rows(Some(3)), 0);
     assert_eq!(KvSpec::default().ring_rows(None), 640);
-    let v = KvSpec {
+    let v = V2Spec {
         sliding_cache_rows: 7,
-        ..s.clone()
+        ..V2Spec::default()
     };
-    v.validate().unwrap();
+    v.validate(&s).unwrap();
     assert_eq!(
-        (v.cache_rows(LayerKind::Sliding), v.cache_rows(LayerKind::Global)),
+        (v.cache_rows(&s, LayerKind::Sliding), v.cache_rows(&s, LayerKind::Global)),
         (7, 20)
     );
-    assert!(v.is_ring(LayerKind::Sliding) && !v.is_ring(LayerKind::Global));
+    assert!(v.is_ring(&s, LayerKind::Sliding) && !v.is_ring(&s, LayerKind::Global));
     // No more rows than the window, fewer than a chunk, not below maxPositions, no window.
     for (rows, window, chunk) in [(4, 4, 4), (5, 4, 6), (20, 4, 4), (7, 0, 4)] {
-        let bad = KvSpec {
-            sliding_cache_rows: rows,
+        let geometry = KvSpec {
             sliding_window: window,
             chunk,
             ..s.clone()
         };
-        match bad.validate() {
+        let bad = V2Spec {
+            sliding_cache_rows: rows,
+            ..V2Spec::default()
+        };
+        match bad.validate(&geometry) {
             Err(Error::Manifest { key, .. }) => assert_eq!(key, "slidingCacheRows", "rows {rows}"),
             other => panic!("rows {rows}, window {window}: {other:?}"),
         }
@@ -262,10 +261,11 @@ proptest! {
     }
 }
 
-/// What a cache row holds before a call at `position` in `spec`'s geometry for `kind`.
-fn held(spec: &KvSpec, kind: LayerKind, position: usize, row: usize) -> Option<usize> {
-    if spec.is_ring(kind) {
-        ring::position_of(spec.cache_rows(kind), position, row)
+/// What a cache row holds before a call at `position` in `spec`'s geometry and `v2`'s layout
+/// for `kind`.
+fn held(spec: &KvSpec, v2: &V2Spec, kind: LayerKind, position: usize, row: usize) -> Option<usize> {
+    if v2.is_ring(spec, kind) {
+        ring::position_of(v2.cache_rows(spec, kind), position, row)
     } else {
         (row < position).then_some(row)
     }
@@ -276,33 +276,39 @@ fn held(spec: &KvSpec, kind: LayerKind, position: usize, row: usize) -> Option<u
 #[test]
 fn prefill_spans_and_their_checks() {
     let s = KvSpec {
-        sliding_cache_rows: 7,
-        prefill_chunk: 5,
         max_positions: 40,
         seq: 12,
         ..spec(4)
     };
+    let v = V2Spec {
+        sliding_cache_rows: 7,
+        prefill_chunk: 5,
+        ..V2Spec::default()
+    };
     // seq 12 in calls of 5 ends by 15; variants at 10 (twice 5), below 15.
-    assert_eq!(s.default_prefill_spans(), (15, vec![10]));
+    assert_eq!(v.default_prefill_spans(&s), (15, vec![10]));
     let long = KvSpec { seq: 40, ..s.clone() };
     // A prefill may reach maxPositions: the graph reads every row; the two largest of 10, 20.
-    assert_eq!(long.default_prefill_spans(), (0, vec![10, 20]));
-    assert_eq!(spec(4).default_prefill_spans(), (0, vec![]));
-    let ok = KvSpec {
+    assert_eq!(v.default_prefill_spans(&long), (0, vec![10, 20]));
+    assert_eq!(V2Spec::default().default_prefill_spans(&spec(4)), (0, vec![]));
+    let ok = V2Spec {
         prefill_span: 15,
         prefill_spans: vec![5, 10],
-        ..s.clone()
+        ..v.clone()
     };
-    ok.validate().unwrap();
-    assert_eq!(ok.prefill_graph_span(), 15);
+    ok.validate(&s).unwrap();
+    assert_eq!(ok.prefill_graph_span(&s), 15);
     assert_eq!(
-        (ok.span_rows(LayerKind::Sliding, 5), ok.span_rows(LayerKind::Global, 5)),
+        (
+            ok.span_rows(&s, LayerKind::Sliding, 5),
+            ok.span_rows(&s, LayerKind::Global, 5)
+        ),
         (5, 5)
     );
     assert_eq!(
         (
-            ok.span_rows(LayerKind::Sliding, 15),
-            ok.span_rows(LayerKind::Global, 15)
+            ok.span_rows(&s, LayerKind::Sliding, 15),
+            ok.span_rows(&s, LayerKind::Global, 15)
         ),
         (7, 15)
     );
@@ -314,26 +320,26 @@ fn prefill_spans_and_their_checks() {
         (15, vec![15], "prefillSpans"), // not below the graph's own
         (0, vec![40], "prefillSpans"),
     ] {
-        let bad = KvSpec {
+        let bad = V2Spec {
             prefill_span: span,
             prefill_spans: spans.clone(),
-            ..s.clone()
+            ..v.clone()
         };
-        match bad.validate() {
+        match bad.validate(&s) {
             Err(Error::Manifest { key: k, .. }) => assert_eq!(k, key, "{span} {spans:?}"),
             other => panic!("{span} {spans:?}: {other:?}"),
         }
     }
-    let none = KvSpec {
+    let none = V2Spec {
         prefill_chunk: 0,
         prefill_spans: vec![10],
-        ..s.clone()
+        ..v.clone()
     };
-    assert!(matches!(none.validate(), Err(Error::Manifest { key, .. }) if key == "prefillSpans"));
+    assert!(matches!(none.validate(&s), Err(Error::Manifest { key, .. }) if key == "prefillSpans"));
 }
 
 proptest! {
-    /// A call of `rows` at `position` ending by `span` sees through [`KvSpec::spanned`] the
+    /// A call of `rows` at `position` ending by `span` sees through [`V2Spec::spanned`] the
     /// same keys in the same rows as through the whole caches: every row holding a key one of
     /// its queries attends lies within the span, and holds there the position the spanned
     /// geometry (linear, or a smaller ring) says.
@@ -349,27 +355,30 @@ proptest! {
         let ring_rows = window + slack;
         let s = KvSpec {
             sliding_window: window,
-            sliding_cache_rows: ring_rows,
             chunk: 1,
             max_positions: ring_rows + extra,
             seq: 1,
             ..spec(window)
         };
+        let v = V2Spec {
+            sliding_cache_rows: ring_rows,
+            ..V2Spec::default()
+        };
         let span = position + rows + beyond;
         prop_assume!(span <= s.max_positions);
-        let spanned = s.spanned(span);
+        let (spanned, spanned_v2) = v.spanned(&s, span);
         for kind in [LayerKind::Sliding, LayerKind::Global] {
-            let n = s.span_rows(kind, span);
-            prop_assert_eq!(spanned.cache_rows(kind), n);
-            for row in 0..s.cache_rows(kind) {
-                let full = held(&s, kind, position, row);
+            let n = v.span_rows(&s, kind, span);
+            prop_assert_eq!(spanned_v2.cache_rows(&spanned, kind), n);
+            for row in 0..v.cache_rows(&s, kind) {
+                let full = held(&s, &v, kind, position, row);
                 let seen = |p: Option<usize>| {
                     p.filter(|&p| (0..rows).any(|i| attends(position + i, p, s.window(kind))))
                 };
                 if row >= n {
                     prop_assert_eq!(seen(full), None, "row {} past the span {}", row, n);
                 } else {
-                    prop_assert_eq!(seen(full), seen(held(&spanned, kind, position, row)), "row {}", row);
+                    prop_assert_eq!(seen(full), seen(held(&spanned, &spanned_v2, kind, position, row)), "row {}", row);
                 }
             }
         }
@@ -382,10 +391,7 @@ proptest! {
 #[test]
 fn plan_pieces_takes_prefill_chunk_rows_while_big() {
     use kv_core::window::plan_pieces;
-    let v2 = KvSpec {
-        prefill_chunk: 6,
-        ..spec(3)
-    };
+    let v2 = spec(3);
     let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
     let shape = |plans: &[kv_core::window::ChunkPlan]| {
         plans
@@ -393,13 +399,13 @@ fn plan_pieces_takes_prefill_chunk_rows_while_big() {
             .map(|p| (p.position, p.n, p.tokens.len()))
             .collect::<Vec<_>>()
     };
-    let wide = plan_pieces(&v2, &tokens, |left| left >= 6).unwrap();
+    let wide = plan_pieces(&v2, 6, &tokens, |left| left >= 6).unwrap();
     assert_eq!(shape(&wide), [(0, 6, 6), (6, 2, 4)]);
     assert_eq!(wide[0].tokens, [1, 2, 3, 4, 5, 6]);
     assert_eq!(wide[1].tokens, [7, 8, 0, 0]);
-    let narrow = plan_pieces(&v2, &tokens, |_| false).unwrap();
+    let narrow = plan_pieces(&v2, 6, &tokens, |_| false).unwrap();
     assert_eq!(shape(&narrow), [(0, 4, 4), (4, 4, 4)]);
     // Without a prefill chunk the spec has no wide pieces, whatever `big` says.
-    let none = plan_pieces(&spec(3), &tokens, |_| true).unwrap();
+    let none = plan_pieces(&spec(3), 0, &tokens, |_| true).unwrap();
     assert_eq!(shape(&none), [(0, 4, 4), (4, 4, 4)]);
 }

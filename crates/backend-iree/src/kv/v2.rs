@@ -20,13 +20,13 @@ use kv_core::allowed::AllowedTokens;
 use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::{Block, LayerRows};
 use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
-use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, WindowRule};
+use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, V2Spec, WindowRule};
 
 use super::{IreeKvBackend, IreeSnapshot};
 use crate::convert::{contract_err, iree_err};
 use crate::PrefillRoute;
 
-/// What a call reads of the caches: the first `span` rows of each (`KvSpec::span_rows`; at
+/// What a call reads of the caches: the first `span` rows of each (`V2Spec::span_rows`; at
 /// least `maxPositions` = all of them), through the graph's own function or (`variant`) the
 /// prefill graph's token-less variant over that span.
 #[derive(Clone, Copy)]
@@ -36,7 +36,7 @@ struct Reads {
 }
 
 /// Every layer's K and V buffer, `[rows, nKV, d]` of the manifest's `cacheType`
-/// (`KvSpec::cache_rows`), on one device.
+/// (`V2Spec::cache_rows`), on one device.
 pub(crate) struct CacheSet {
     ty: CacheType,
     k: Vec<BufferView>,
@@ -76,8 +76,8 @@ fn element(ty: CacheType) -> ElementType {
 impl CacheSet {
     /// A set of zeros (rows a call does not read must still be finite: a masked score has
     /// weight 0, and 0 × NaN would poison the sum).
-    fn zeroed(device: &Device, spec: &KvSpec, ty: CacheType) -> Result<Arc<CacheSet>> {
-        let set = Self::allocate(device, spec, ty, vec![0; spec.n_layers])?;
+    fn zeroed(device: &Device, spec: &KvSpec, layout: &V2Spec, ty: CacheType) -> Result<Arc<CacheSet>> {
+        let set = Self::allocate(device, spec, layout, ty, vec![0; spec.n_layers])?;
         let ops: Vec<Transfer<'_>> = set
             .buffers()
             .map(|target| Transfer::Zero {
@@ -90,9 +90,15 @@ impl CacheSet {
         Ok(Arc::new(set))
     }
 
-    fn allocate(device: &Device, spec: &KvSpec, ty: CacheType, first: Vec<usize>) -> Result<CacheSet> {
+    fn allocate(
+        device: &Device,
+        spec: &KvSpec,
+        layout: &V2Spec,
+        ty: CacheType,
+        first: Vec<usize>,
+    ) -> Result<CacheSet> {
         let buffers = |l: usize| {
-            let shape = [spec.cache_rows(spec.layer_kind(l)), spec.n_kv_heads, spec.head_dim];
+            let shape = [layout.cache_rows(spec, spec.layer_kind(l)), spec.n_kv_heads, spec.head_dim];
             BufferView::allocate(device, &shape, element(ty)).map_err(iree_err("allocate a v2 cache"))
         };
         Ok(CacheSet {
@@ -122,15 +128,15 @@ impl CacheSet {
     /// Whether writing positions `writes` would overwrite a position a live snapshot keeps:
     /// on global layers every position before the snapshot's, on ring layers its window
     /// (`ring::kept`).
-    fn overwritten_by(&self, spec: &KvSpec, writes: std::ops::Range<usize>) -> bool {
+    fn overwritten_by(&self, spec: &KvSpec, layout: &V2Spec, writes: std::ops::Range<usize>) -> bool {
         let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
         pins.retain(|p| p.strong_count() > 0);
         let kinds = spec.kinds_present();
         pins.iter().filter_map(Weak::upgrade).any(|p| {
             kinds.iter().any(|&kind| {
-                if spec.is_ring(kind) {
+                if layout.is_ring(spec, kind) {
                     let kept = ring::kept(spec.sliding_window, *p);
-                    ring::overwrites(spec.cache_rows(kind), kept, writes.clone())
+                    ring::overwrites(layout.cache_rows(spec, kind), kept, writes.clone())
                 } else {
                     *p > writes.start
                 }
@@ -140,11 +146,11 @@ impl CacheSet {
 
     /// One layer's rows in the host layout `[nKV, rows, d]`: positions `first..position` of a
     /// global layer, of a ring the window before `position` (what snapshots keep of it).
-    fn layer_to_host(&self, spec: &KvSpec, layer: usize, position: usize) -> Result<LayerKv> {
+    fn layer_to_host(&self, spec: &KvSpec, layout: &V2Spec, layer: usize, position: usize) -> Result<LayerKv> {
         let kind = spec.layer_kind(layer);
         let mut first = self.first[layer].min(position);
         let row = row_elems(spec);
-        let ring_rows = spec.is_ring(kind).then(|| spec.cache_rows(kind));
+        let ring_rows = layout.is_ring(spec, kind).then(|| layout.cache_rows(spec, kind));
         if ring_rows.is_some() {
             first = first.max(ring::kept(spec.sliding_window, position).start);
         }
@@ -275,6 +281,13 @@ impl IreeKvBackend {
         Ok(())
     }
 
+    /// The session's contract v2 layout; only v2 paths ask.
+    pub(super) fn layout(&self) -> &V2Spec {
+        self.manifest
+            .v2()
+            .unwrap_or_else(|| kv_core::error::invariant("a contract v2 path in a v1 session"))
+    }
+
     /// v2 has one window rule: the masks are built in the graph with the exact one.
     pub(super) fn v2_check_rule(&self) -> Result<()> {
         match self.options.rule {
@@ -305,8 +318,8 @@ impl IreeKvBackend {
                 PrefillRoute::ChunksUpTo(_) => left > 2 * spec.chunk,
             }
         };
-        let plans = plan_pieces(&spec, tokens, big)?;
-        let fresh = CacheSet::zeroed(&self.device, &spec, self.manifest.cache_type)?;
+        let plans = plan_pieces(&spec, self.layout().prefill_chunk, tokens, big)?;
+        let fresh = CacheSet::zeroed(&self.device, &spec, self.layout(), self.manifest.cache_type)?;
         let before = (self.v2.replace(fresh), self.position, self.last_top_k.clone());
         self.position = 0;
         let last = plans.len() - 1;
@@ -328,7 +341,7 @@ impl IreeKvBackend {
 
     /// One piece of a prefill: a chunk call, or a call of the prefill graph over the rows of
     /// each cache its span holds; a piece before the prefill's `last` runs the smallest
-    /// token-less variant whose span holds it, if any (`KvSpec::prefill_spans`), and returns
+    /// token-less variant whose span holds it, if any (`V2Spec::prefill_spans`), and returns
     /// no token.
     fn v2_run_piece(&mut self, plan: &ChunkPlan, last: bool) -> Result<Option<i32>> {
         let inputs = self.chunk_inputs(plan)?;
@@ -340,9 +353,9 @@ impl IreeKvBackend {
         let end = self.position + rows;
         let variant = match last {
             true => None,
-            false => spec.prefill_spans.iter().copied().find(|&s| end <= s),
+            false => self.layout().prefill_spans.iter().copied().find(|&s| end <= s),
         };
-        let span = variant.unwrap_or_else(|| spec.prefill_graph_span());
+        let span = variant.unwrap_or_else(|| self.layout().prefill_graph_span(spec));
         if end > span {
             return Err(contract_err(
                 "prefill",
@@ -420,7 +433,7 @@ impl IreeKvBackend {
     }
 
     /// The position and the caches a call at `position` reads: the first `span` rows of each of
-    /// `set`'s buffers (`KvSpec::span_rows`).
+    /// `set`'s buffers (`V2Spec::span_rows`).
     pub(super) fn v2_cache_inputs(
         &self,
         inputs: &mut HashMap<Name, BufferView>,
@@ -435,9 +448,9 @@ impl IreeKvBackend {
         }
         for l in 0..spec.n_layers {
             let kind = spec.layer_kind(l);
-            let n = spec.span_rows(kind, span);
+            let n = self.layout().span_rows(spec, kind, span);
             for (name, cache) in [(Name::K(l), &set.k[l]), (Name::V(l), &set.v[l])] {
-                let view = match n == spec.cache_rows(kind) {
+                let view = match n == self.layout().cache_rows(spec, kind) {
                     true => cache.clone(),
                     false => cache.leading(n).map_err(iree_err("take the rows a span reads"))?,
                 };
@@ -468,10 +481,10 @@ impl IreeKvBackend {
     /// `set` keeps what they would overwrite (filled by [`Self::v2_row_writes`]).
     pub(super) fn v2_fork_for(&self, set: &CacheSet, writes: std::ops::Range<usize>) -> Result<Option<Arc<CacheSet>>> {
         let spec = &self.manifest.spec;
-        if !set.overwritten_by(spec, writes) {
+        if !set.overwritten_by(spec, self.layout(), writes) {
             return Ok(None);
         }
-        CacheSet::allocate(&self.device, spec, set.ty, set.first.clone()).map(|fork| Some(Arc::new(fork)))
+        CacheSet::allocate(&self.device, spec, self.layout(), set.ty, set.first.clone()).map(|fork| Some(Arc::new(fork)))
     }
 
     /// The transfers that write the new rows of `results` at positions `writes` into `set`, or
@@ -489,9 +502,10 @@ impl IreeKvBackend {
         let mut ops = Vec::with_capacity(6 * spec.n_layers);
         for l in 0..spec.n_layers {
             let kind = spec.layer_kind(l);
-            let rows = spec.cache_rows(kind);
+            let rows = self.layout().cache_rows(spec, kind);
+            let is_ring = self.layout().is_ring(spec, kind);
             // Where the new rows go: one run, or two where a ring wraps.
-            let runs = if spec.is_ring(kind) {
+            let runs = if is_ring {
                 ring::runs(rows, writes.clone())
             } else {
                 vec![writes.clone()]
@@ -516,7 +530,7 @@ impl IreeKvBackend {
                 }
                 // The fork: a linear cache's rows before the position copied, those after it
                 // zeroed; a ring's rows the write leaves copied. No row is written twice.
-                if spec.is_ring(kind) {
+                if is_ring {
                     for keep in ring::complement(rows, &runs) {
                         ops.push(Transfer::Copy {
                             source: old,
@@ -570,7 +584,7 @@ impl IreeKvBackend {
     ) -> Result<LayerKv> {
         let spec = &self.manifest.spec;
         match pin_set {
-            Some(set) if position > 0 => set.layer_to_host(spec, layer, position),
+            Some(set) if position > 0 => set.layer_to_host(spec, self.layout(), layer, position),
             _ => Ok(LayerKv::empty(spec)),
         }
     }
@@ -595,8 +609,8 @@ impl IreeKvBackend {
                     return Err(contract_err("load snapshot", "a layer's rows end past maxPositions"));
                 }
                 let kind = spec.layer_kind(index);
-                let rows = spec.cache_rows(kind);
-                let ring = spec.is_ring(kind);
+                let rows = self.layout().cache_rows(spec, kind);
+                let ring = self.layout().is_ring(spec, kind);
                 // A ring keeps the file's last rows that fit it (at least the window).
                 let skip = if ring { l.rows.saturating_sub(rows) } else { 0 };
                 let start = l.first_position + skip;
