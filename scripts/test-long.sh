@@ -12,16 +12,18 @@
 #   - docs/android.md's Kotlin quickstart on SmolLM2-135M's contract 2 export (host JVM);
 #   - the file readers under libFuzzer (scripts/fuzz.sh, 10 minutes a target);
 #   - the allowed-token mask's exact ties on lavapipe and the CPU, and a v2 export made before
-#     the mask (compiled for the test) refusing one.
+#     the mask (compiled for the test) refusing one;
+#   - `serve` under load (scripts/bench-serve.sh: the fixture and SmolLM2-135M, with and without
+#     prefix caching; figures in docs/server.md).
 # Hours on 2 cores. Each part prints its own seed or figures.
 #
-#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine
+#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine | serve
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/env.sh
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz engine)
+[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz engine serve)
 for part in "${parts[@]}"; do
     echo "test-long: $part"
     case "$part" in
@@ -46,7 +48,14 @@ for part in "${parts[@]}"; do
         masks)
             cargo test -p export --test v2 -- --ignored allowed_mask
             cargo test -p backend-iree --test v2 -- --ignored v2_exports_before_the_mask ;;
-        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine)" >&2; exit 2 ;;
+        serve)
+            # Bounded: 100 requests on the fixture, 40 on SmolLM2-135M (IREE CPU), each with and
+            # without the prefix cache; fails on any request that is not answered 200.
+            out=$(REQUESTS=100 ./scripts/bench-serve.sh tiny-gemma3:7 | tee /dev/stderr)
+            [ "$(grep -c '"statuses":{"200":100}' <<<"$out")" = 4 ]
+            out=$(REQUESTS=40 MAX_TOKENS=32 ./scripts/bench-serve.sh smollm2-135m | tee /dev/stderr)
+            [ "$(grep -c '"statuses":{"200":40}' <<<"$out")" = 4 ] ;;
+        *) echo "test-long: unknown part $part (conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine | serve)" >&2; exit 2 ;;
     esac
 done
 echo "test-long: passed"
