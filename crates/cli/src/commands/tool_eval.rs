@@ -693,6 +693,81 @@ mod tests {
         }
     }
 
+    /// The tiny fixture on the reference, offline: an answer under the grammar, then the same
+    /// answer with its first free pick replaced by the second-best allowed id. `explain` must
+    /// find that position, replay it to the reference's own pick, and measure the replaced id
+    /// exactly as far below the best as the best two are apart; identical answers part nowhere.
+    #[test]
+    fn explain_judges_the_first_differing_pick_by_the_masked_logits() {
+        let source = ModelSource::new("tiny-gemma3:7", None);
+        let (backend, _) = backends::open_kv(BackendChoice::Reference, &source, RuleChoice::Exact).unwrap();
+        let crate::backends::AnyKv::Reference(b) = backend else {
+            panic!("the reference was asked for")
+        };
+        let tok = constrain::fixture::tokenizer(b.spec().vocab_size).unwrap();
+        let tools = conversation::read_catalog(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../data/tools/fixture-tools.json"
+        )))
+        .unwrap();
+        let grammar = constrain::Constrainer::new(&tok)
+            .unwrap()
+            .constraint(&tools, &ToolChoice::Required)
+            .unwrap()
+            .unwrap();
+        let system = Some("You are a phone.".to_string());
+        let (prefix, _) = conversation::prefix(&tok, system.clone(), tools.clone()).unwrap();
+        let conv = Conversation::new(system, tools.clone(), vec![Message::user("Turn on the kitchen lights")]).unwrap();
+        let request = conv.split(&tok).unwrap().request;
+        let mut decoder = KvDecoder::new(b);
+        let snapshot = decoder.prefill_prefix(&prefix).unwrap();
+        let mut c = grammar.clone();
+        let options = DecodeOptions::greedy(64, conversation::stops(&tok, Some(ToolFormat::FunctionGemma)));
+        let ours = decoder
+            .generate_constrained(&snapshot, &request, &options, &mut c, |_| true)
+            .unwrap()
+            .ids;
+        assert!(explain(&mut decoder, &snapshot, &request, &ours, &ours, &grammar, &tok)
+            .unwrap()
+            .is_none());
+        // The first pick the grammar leaves open (more than one id allowed).
+        let mut g = grammar.clone();
+        let mut at = None;
+        for (i, &id) in ours.iter().enumerate() {
+            if g.allowed().unwrap().count() > 1 {
+                at = Some(i);
+                break;
+            }
+            g.commit(id).unwrap();
+        }
+        let at = at.expect("the fixture's answer has a free pick");
+        let allowed = g.allowed().unwrap();
+        decoder.backend_mut().restore(&snapshot).unwrap();
+        let fed: Vec<i32> = request.iter().chain(&ours[..at]).copied().collect();
+        let chunk = decoder.backend().spec().chunk;
+        for piece in fed.chunks(chunk) {
+            decoder.backend_mut().chunk(piece).unwrap();
+        }
+        let logits = decoder.backend().last_logits().unwrap().to_vec();
+        let mut ranked: Vec<i32> = allowed.ids().collect();
+        ranked.sort_by(|x, y| logits[*y as usize].total_cmp(&logits[*x as usize]).then(x.cmp(y)));
+        assert_eq!(ranked[0], ours[at], "the replay picks what the run picked");
+        let mut theirs = ours[..at].to_vec();
+        theirs.push(ranked[1]);
+        let d = explain(&mut decoder, &snapshot, &request, &ours, &theirs, &grammar, &tok)
+            .unwrap()
+            .expect("the answers part");
+        assert_eq!(
+            (d.at, d.this_id, d.other_id, d.other_rank),
+            (at, ours[at], ranked[1], 1)
+        );
+        assert!(d.replay_matches);
+        assert_eq!(d.allowed, allowed.count());
+        let gap = logits[ranked[0] as usize] - logits[ranked[1] as usize];
+        assert_eq!((d.top_two_gap, d.other_below_top), (gap, gap));
+        assert_eq!(d.near_tie, gap < kv_core::diverge::NEAR_TIE_GAP);
+    }
+
     #[test]
     fn arguments_compare_exactly_but_for_case_and_spaces() {
         assert!(same(
