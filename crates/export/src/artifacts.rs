@@ -184,7 +184,76 @@ impl Default for ExportOptions {
     }
 }
 
+/// A combination of [`ExportOptions`] the exporter refuses, and why. [`crate::ExportPlan::new`]
+/// checks the options ([`ExportOptions::check`]) against the source before anything is emitted,
+/// so every caller (the CLI, the JNI side, tests) gets the same rules.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("contract {0}: the exporter writes contracts 1 and 2")]
+    Contract(u32),
+    #[error(
+        "bf16 weights with a Vulkan target: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; \
+         Vulkan takes packed (any GPU) or i16 (a named GPU target) weights"
+    )]
+    Bf16OnVulkan,
+    #[error(
+        "i16 weights for IREE's portable Vulkan target: its 16-bit loads are emulated and read the wrong elements; \
+         name a GPU target with 16-bit storage (ampere, valhall, adreno, ...) or take packed weights"
+    )]
+    I16OnPortableVulkan,
+    #[error(
+        "q4 weights for Vulkan target `{0}`: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
+         tokens on the H200 (docs/quantized-weights.md); export Vulkan q4 for IREE's portable target, or q8"
+    )]
+    Q4OnNamedVulkan(String),
+    #[error("bf16 matmul inputs need bf16 weights and CPU targets only (the bf16 matmuls read the weights as bf16)")]
+    Bf16MatmulInputs,
+    #[error("prefill spans need contract 2 (contract 1's prefill graph reads no caches)")]
+    PrefillSpansNeedContract2,
+    #[error("f16 caches need contract 2 and CPU targets only (IREE's portable Vulkan target has no 16-bit storage)")]
+    F16Caches,
+}
+
 impl ExportOptions {
+    /// Whether the exporter writes these options for a source quantized as `quantization`
+    /// (`None`: bf16): see [`OptionsError`]. bf16 matmul inputs over a block-quantized source
+    /// are not refused but take no effect (the manifest then says f32): `runtime_options_for`
+    /// asks for them on every `host` CPU with bf16 dot products, whatever the source.
+    pub fn check(&self, quantization: Option<&kv_core::quant::Quantization>) -> Result<(), OptionsError> {
+        use crate::profile::{ExportProfile, GpuFamily, TargetProfile};
+        if self.contract != kv_core::manifest::CONTRACT_VERSION && self.contract != kv_core::manifest::CONTRACT_V2 {
+            return Err(OptionsError::Contract(self.contract));
+        }
+        let profile = ExportProfile::resolve(self);
+        let gpus = || {
+            profile.targets.iter().filter_map(|t| match t {
+                TargetProfile::Vulkan { target, family } => Some((target.as_deref(), *family)),
+                _ => None,
+            })
+        };
+        if self.weights == WeightFormat::Bf16 && profile.has_vulkan() {
+            return Err(OptionsError::Bf16OnVulkan);
+        }
+        if self.weights == WeightFormat::I16 && gpus().any(|(_, family)| family == GpuFamily::Portable) {
+            return Err(OptionsError::I16OnPortableVulkan);
+        }
+        let q4 = quantization.is_some_and(|q| q.tensors.values().any(|f| *f == kv_core::quant::QuantFormat::Q4));
+        if let Some((Some(target), _)) = gpus().find(|(target, _)| q4 && target.is_some()) {
+            return Err(OptionsError::Q4OnNamedVulkan(target.to_string()));
+        }
+        if self.matmul_input == MatmulInput::Bf16 && !(self.weights == WeightFormat::Bf16 && profile.cpu_only()) {
+            return Err(OptionsError::Bf16MatmulInputs);
+        }
+        let v2 = self.contract == kv_core::manifest::CONTRACT_V2;
+        if self.prefill_spans.is_some() && !v2 {
+            return Err(OptionsError::PrefillSpansNeedContract2);
+        }
+        if self.cache_type == CacheType::F16 && !(v2 && profile.cpu_only()) {
+            return Err(OptionsError::F16Caches);
+        }
+        Ok(())
+    }
+
     /// Every `iree-compile` flag of `graph`'s module: the weight format's, then
     /// [`Self::compile_flags`], then `graph`'s own.
     pub fn flags_of(&self, graph: Graph) -> Vec<String> {
@@ -220,23 +289,6 @@ impl ExportOptions {
 /// weight, i.e. an f32 copy of the model beside the archive.
 pub const QUANTIZED_COMPILE_FLAGS: &[&str] = &["--iree-opt-const-expr-hoisting=false"];
 
-/// Whether `iree-compile` with `flags` fuses aggressively (on from `--iree-opt-level=O2`, unless
-/// turned off), which fusing a dequantization into a many-row matmul needs.
-pub(crate) fn aggressive_fusion(flags: &[String]) -> bool {
-    let level = flags
-        .iter()
-        .rev()
-        .find_map(|f| f.strip_prefix("--iree-opt-level=O"))
-        .and_then(|l| l.parse::<u32>().ok())
-        .unwrap_or(0);
-    let off = flags
-        .iter()
-        .rev()
-        .find_map(|f| f.strip_prefix("--iree-dispatch-creation-enable-aggressive-fusion="))
-        .is_some_and(|v| v == "false");
-    level >= 2 && !off
-}
-
 /// `graphs` in groups of equal [`ExportOptions::flags_of`], in first-appearance order.
 pub(crate) fn flag_groups(
     graphs: &[Graph],
@@ -260,16 +312,6 @@ pub fn export_artifacts(source: &Source, out_dir: &Path, options: &ExportOptions
     crate::plan::ExportPlan::new(source, options)?.write(out_dir)
 }
 
-/// Whether `target` is Vulkan for one of IREE 3.13's NVIDIA targets (`default` stands in for a
-/// target that names none): GPUs whose subgroups are 32 wide, which [`RowProducts`]' workgroups
-/// assume. (IREE's names: architectures, `sm_NN`, and products such as `rtx4090`.)
-pub(crate) fn nvidia_vulkan(target: &Target, default: Option<&str>) -> bool {
-    let Target::Vulkan { target: named } = target else {
-        return false;
-    };
-    named.as_deref().or(default).is_some_and(nvidia_target)
-}
-
 /// Whether `--iree-vulkan-target` `name` is one of IREE 3.13's NVIDIA targets (architectures,
 /// `sm_NN`, products such as `rtx4090`).
 pub fn nvidia_target(name: &str) -> bool {
@@ -280,27 +322,155 @@ pub fn nvidia_target(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Each refused combination names its rule; the runtime settings of every target pass.
     #[test]
-    fn row_products_are_configured_for_nvidia_vulkan_targets_only() {
+    fn refused_combinations_name_their_rule() {
+        use kv_core::quant::{QuantFormat, Quantization};
+        let quantized = |format| Quantization {
+            tensors: [("blk.0.attn_q.weight".to_string(), format)].into(),
+            ..Quantization::default()
+        };
+        let (q4, q8) = (quantized(QuantFormat::Q4), quantized(QuantFormat::Q8));
         let vulkan = |t: Option<&str>| Target::Vulkan {
             target: t.map(String::from),
         };
-        for name in ["ampere", "ada", "sm_80", "rtx3090"] {
-            assert!(nvidia_vulkan(&vulkan(Some(name)), None), "{name}");
-            assert!(
-                nvidia_vulkan(&vulkan(None), Some(name)),
-                "{name} as the export's default"
-            );
-        }
-        for name in ["valhall", "adreno", "rdna3", "vp_android_baseline_2022"] {
-            assert!(!nvidia_vulkan(&vulkan(Some(name)), None), "{name}");
-        }
-        assert!(!nvidia_vulkan(&vulkan(None), None), "IREE's default target");
-        assert!(
-            !nvidia_vulkan(&vulkan(Some("valhall")), Some("ampere")),
-            "a named target wins"
+        let cpu = ExportOptions {
+            targets: vec![Target::cpu()],
+            weights: WeightFormat::Bf16,
+            ..ExportOptions::default()
+        };
+        let gpu = |t: Option<&str>, weights| ExportOptions {
+            targets: vec![vulkan(t)],
+            weights,
+            ..ExportOptions::default()
+        };
+        type Case<'a> = (
+            &'a str,
+            ExportOptions,
+            Option<&'a Quantization>,
+            Result<(), OptionsError>,
         );
-        assert!(!nvidia_vulkan(&Target::cpu(), Some("ampere")));
+        let cases: Vec<Case> = vec![
+            ("cpu bf16", cpu.clone(), None, Ok(())),
+            (
+                "contract 3",
+                ExportOptions {
+                    contract: 3,
+                    ..cpu.clone()
+                },
+                None,
+                Err(OptionsError::Contract(3)),
+            ),
+            (
+                "bf16 on vulkan",
+                gpu(None, WeightFormat::Bf16),
+                None,
+                Err(OptionsError::Bf16OnVulkan),
+            ),
+            (
+                "i16 portable",
+                gpu(None, WeightFormat::I16),
+                None,
+                Err(OptionsError::I16OnPortableVulkan),
+            ),
+            (
+                "i16 with the export's vulkan target",
+                ExportOptions {
+                    vulkan_target: Some("ampere".into()),
+                    ..gpu(None, WeightFormat::I16)
+                },
+                None,
+                Ok(()),
+            ),
+            (
+                "q4 ampere",
+                gpu(Some("ampere"), WeightFormat::PackedI32),
+                Some(&q4),
+                Err(OptionsError::Q4OnNamedVulkan("ampere".into())),
+            ),
+            (
+                "q8 ampere",
+                gpu(Some("ampere"), WeightFormat::PackedI32),
+                Some(&q8),
+                Ok(()),
+            ),
+            ("q4 portable", gpu(None, WeightFormat::PackedI32), Some(&q4), Ok(())),
+            (
+                "bf16 inputs, packed weights",
+                ExportOptions {
+                    weights: WeightFormat::PackedI32,
+                    matmul_input: MatmulInput::Bf16,
+                    ..cpu.clone()
+                },
+                None,
+                Err(OptionsError::Bf16MatmulInputs),
+            ),
+            (
+                "bf16 inputs over q8 (no effect, not refused)",
+                ExportOptions {
+                    matmul_input: MatmulInput::Bf16,
+                    ..cpu.clone()
+                },
+                Some(&q8),
+                Ok(()),
+            ),
+            (
+                "prefill spans c1",
+                ExportOptions {
+                    prefill_spans: Some(vec![64]),
+                    ..cpu.clone()
+                },
+                None,
+                Err(OptionsError::PrefillSpansNeedContract2),
+            ),
+            (
+                "f16 caches c1",
+                ExportOptions {
+                    cache_type: CacheType::F16,
+                    ..cpu.clone()
+                },
+                None,
+                Err(OptionsError::F16Caches),
+            ),
+            (
+                "f16 caches with vulkan",
+                ExportOptions {
+                    contract: 2,
+                    cache_type: CacheType::F16,
+                    ..gpu(None, WeightFormat::PackedI32)
+                },
+                None,
+                Err(OptionsError::F16Caches),
+            ),
+            (
+                "f16 caches c2 cpu",
+                ExportOptions {
+                    contract: 2,
+                    cache_type: CacheType::F16,
+                    ..cpu.clone()
+                },
+                None,
+                Ok(()),
+            ),
+        ];
+        for (name, options, quant, want) in cases {
+            assert_eq!(options.check(quant), want, "{name}");
+        }
+        for target in [
+            Target::cpu(),
+            Target::Cpu { cpu: "host".into() },
+            vulkan(None),
+            vulkan(Some("ampere")),
+            vulkan(Some("valhall")),
+        ] {
+            for contract in [1, 2] {
+                let options = ExportOptions {
+                    targets: vec![target.clone()],
+                    ..crate::runtime_options_for(&target, contract)
+                };
+                assert_eq!(options.check(None), Ok(()), "{target:?} c{contract}");
+            }
+        }
     }
 
     /// Without the `fixtures` feature a fixture name is a clear error, never a lookup elsewhere.

@@ -8,6 +8,7 @@ use kv_core::manifest::{CacheType, MatmulInput, CONTRACT_VERSION, MANIFEST_FILE}
 
 use sha2::{Digest, Sha256};
 
+use crate::profile::{GpuFamily, TargetProfile};
 use crate::{ExportError, ExportOptions, ExportPlan, Layout, Result, Source, Target, WeightFormat};
 
 /// Beside a cached export: the key of what it was made from ([`crate::ExportPlan::key`]: the
@@ -38,36 +39,37 @@ pub fn runtime_options(target: &Target) -> ExportOptions {
 /// ms, decode 16.9–19.0 → 15.4–16.1 ms/token, first token of an 8-token prompt 49–60 → 38–40
 /// ms, peak RSS the same (690 MB); the greedy tokens of the real-model prompts the same.
 pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
-    let v1 = ExportOptions {
-        weights: match target {
-            Target::Cpu { .. } => crate::WeightFormat::Bf16,
-            Target::Vulkan { target: None } => crate::WeightFormat::PackedI32,
-            Target::Vulkan { target: Some(_) } => crate::WeightFormat::I16,
-        },
-        compile_flags: match target {
-            Target::Cpu { .. } => CPU_RUNTIME_FLAGS.iter().map(|f| f.to_string()).collect(),
-            Target::Vulkan { .. } => Vec::new(),
-        },
-        ..ExportOptions::default()
+    let profile = TargetProfile::of(target);
+    let v2 = contract != CONTRACT_VERSION;
+    let cpu_flags = |flags: &[&str]| flags.iter().map(|f| f.to_string()).collect();
+    let host = match &profile {
+        TargetProfile::CpuHost { features } => Some(*features),
+        _ => None,
     };
-    if contract == CONTRACT_VERSION {
-        return v1;
-    }
     ExportOptions {
         contract,
-        compile_flags: match target {
-            Target::Cpu { .. } => CPU_RUNTIME_FLAGS_V2.iter().map(|f| f.to_string()).collect(),
-            Target::Vulkan { .. } => Vec::new(),
+        weights: match &profile {
+            TargetProfile::Cpu { .. } | TargetProfile::CpuHost { .. } => WeightFormat::Bf16,
+            TargetProfile::Vulkan {
+                family: GpuFamily::Portable,
+                ..
+            } => WeightFormat::PackedI32,
+            TargetProfile::Vulkan { .. } => WeightFormat::I16,
         },
-        matmul_input: match target {
-            Target::Cpu { cpu } if cpu == "host" && host_has_bf16_dot() => MatmulInput::Bf16,
+        compile_flags: match (profile.is_cpu(), v2) {
+            (true, false) => cpu_flags(CPU_RUNTIME_FLAGS),
+            (true, true) => cpu_flags(CPU_RUNTIME_FLAGS_V2),
+            (false, _) => Vec::new(),
+        },
+        matmul_input: match host {
+            Some(h) if v2 && h.bf16_dot => MatmulInput::Bf16,
             _ => MatmulInput::F32,
         },
-        cache_type: match target {
-            Target::Cpu { cpu } if cpu == "host" && host_converts_f16() => CacheType::F16,
+        cache_type: match host {
+            Some(h) if v2 && h.f16_convert => CacheType::F16,
             _ => CacheType::F32,
         },
-        ..v1
+        ..ExportOptions::default()
     }
 }
 

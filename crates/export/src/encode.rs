@@ -34,11 +34,8 @@ use crate::{ExportError, Result};
 /// with data tiling (the only ones whose weights IREE re-lays out at load) and hoisting on
 /// (without it nothing is laid out at load: block-quantized weights, `QUANTIZED_COMPILE_FLAGS`).
 pub fn wants_encoding(target: &Target, flags: &[String]) -> bool {
-    matches!(target, Target::Cpu { .. })
-        && flags
-            .iter()
-            .any(|f| f == "--iree-global-opt-data-tiling" || f == "--iree-opt-data-tiling")
-        && !flags.iter().any(|f| f == "--iree-opt-const-expr-hoisting=false")
+    let facts = crate::profile::FlagFacts::of(flags);
+    matches!(target, Target::Cpu { .. }) && facts.data_tiling && facts.const_hoisting
 }
 
 /// Compiles `mlir` (StableHLO) for `target` with `flags` into `out`, whose packed weights are

@@ -37,10 +37,12 @@ pub mod kernels;
 pub mod mlir;
 mod plan;
 pub mod presets;
+pub mod profile;
 pub mod quantized;
 
 pub use artifacts::{
-    export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, Source, QUANTIZED_COMPILE_FLAGS,
+    export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, OptionsError, Source,
+    QUANTIZED_COMPILE_FLAGS,
 };
 pub use binding::{check_binding, SOURCE_MANIFEST_KEY, SOURCE_WEIGHTS_KEY};
 pub use cache::{
@@ -61,6 +63,9 @@ pub enum ExportError {
     Core(#[from] kv_core::Error),
     #[error("emit: {0}")]
     Unsupported(String),
+    /// Options the exporter refuses ([`OptionsError`]), before anything is emitted.
+    #[error("export options: {0}")]
+    Options(#[from] OptionsError),
     #[error("`{name}` is not a model directory, and fixture names need `export` built with its `fixtures` feature")]
     FixturesDisabled { name: String },
     #[error(

@@ -12,16 +12,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, V2Spec, CONTRACT_V2, CONTRACT_VERSION};
+use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, V2Spec, CONTRACT_V2};
 use kv_core::params::{parameter_table, FusedParam, ParamInfo, TOKEN_EMBD};
 use kv_core::quant::{QuantFormat, Quantization, ScaleType};
 use kv_core::{Graph, Manifest};
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::{aggressive_fusion, flag_groups, nvidia_vulkan};
+use crate::artifacts::flag_groups;
 use crate::compile::{compile_with, Target, COMPILER_VERSION};
-use crate::emit::{emit_module, EmitOptions, RowProducts, WeightFormat};
+use crate::emit::{emit_module, EmitOptions, WeightFormat};
 use crate::encode::{compile_encoded, wants_encoding};
+use crate::profile::{ExportProfile, FlagFacts};
 use crate::{ExportError, ExportOptions, Layout, Result, Source};
 
 /// One module to write and compile.
@@ -106,17 +107,12 @@ impl ExportPlan {
     /// Plans the export of `source` with `options`: reads the source's manifest (not its
     /// weights), checks the options against it and emits every module. Nothing is written.
     pub fn new(source: &Source, options: &ExportOptions) -> Result<ExportPlan> {
-        if options.contract != CONTRACT_VERSION && options.contract != CONTRACT_V2 {
-            return Err(ExportError::Unsupported(format!(
-                "contract {}: the exporter writes contracts {CONTRACT_VERSION} and {CONTRACT_V2}",
-                options.contract
-            )));
-        }
         let v2 = options.contract == CONTRACT_V2;
         let mut graphs = options.graphs.clone();
         let src_dir = source.dir()?;
         let src = Manifest::load(&src_dir)?;
         let arch = src.require_architecture()?.clone();
+        options.check(src.quantization.as_ref())?;
         let weights_name = src
             .weights_file()
             .ok_or_else(|| kv_core::Error::manifest("parameters", "the source manifest names no weights archive"))?
@@ -167,7 +163,8 @@ impl ExportPlan {
         } else {
             MatmulInput::F32
         };
-        let cpu_only = options.targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
+        let profile = ExportProfile::resolve(options);
+        let cpu_only = profile.cpu_only();
         m.cache_type = if v2 && cpu_only {
             options.cache_type
         } else {
@@ -179,8 +176,7 @@ impl ExportPlan {
         // Greedy decoding on an async device feeds each step's token to the next on the device
         // (`Manifest::embed_function`): exports for Vulkan whose LM head is the embedding table,
         // so the function costs no second copy of the table on the device.
-        let async_target = options.targets.iter().any(|t| matches!(t, Target::Vulkan { .. }));
-        m.embed_function = (async_target && arch.tied_output && graphs.contains(&Graph::Step))
+        m.embed_function = (profile.has_vulkan() && arch.tied_output && graphs.contains(&Graph::Step))
             .then(|| format!("module.{prefix}_embed_token"));
         m.modules.clear();
         m.encoded_parameters.clear();
@@ -297,82 +293,40 @@ impl ExportPlan {
             }
         }
 
-        // IREE 3.13 does not compile v2's tiled softmax with `--iree-global-opt-data-tiling`
-        // ("expected type to be 'tensor<2xf32>' or a rank-reduced version"); the CPU modules
-        // compiled with it do not need the tiles (EmitOptions::tiled_softmax), so those get the
-        // one-row form.
         let bf16_matmul_inputs = m.matmul_input == MatmulInput::Bf16;
-        // Our q4 kernel (`kernels::KernelIsa::for_export`): on x86-64 for exports to this very
-        // CPU only (the module then runs nowhere without AVX-512, as any `--cpu host` module), on
+        // Our q4 kernel (`ExportProfile::kernel_isa`): on x86-64 for exports to this very CPU
+        // only (the module then runs nowhere without AVX-512, as any `--cpu host` module), on
         // any aarch64 triple. CPU-only exports: the module text serves every target.
-        let triple = options
-            .compile_flags
-            .iter()
-            .chain(options.graph_flags.values().flatten())
-            .find_map(|f| f.strip_prefix("--iree-llvmcpu-target-triple="));
-        let cpus: Option<Vec<&str>> = options
-            .targets
-            .iter()
-            .map(|t| match t {
-                Target::Cpu { cpu } => Some(cpu.as_str()),
-                _ => None,
-            })
-            .collect();
         let q4_kernel = crate::kernels::q4_kernel_allowed()?
-            && cpus.is_some_and(|cpus| crate::kernels::KernelIsa::for_export(triple, &cpus).is_some())
+            && profile.kernel_isa().is_some()
             && quantization
                 .as_ref()
                 .is_some_and(|q| q.scale_type == ScaleType::F16 && q.tensors.values().any(|f| *f == QuantFormat::Q4));
-        // IREE's SPIR-V default gives each output row of the LM head a workgroup of its own; 4
-        // rows a 64-thread workgroup (a subgroup a row) measured best on the H200 (docs/journal,
-        // session 16). Only where every target has 32-wide subgroups.
-        let head_product = options
-            .targets
-            .iter()
-            .all(|t| nvidia_vulkan(t, options.vulkan_target.as_deref()))
-            .then_some(RowProducts { workgroup: 64, rows: 4 });
-        // The products as wide as the residual stream (output and down projections) writing it
-        // out as well: a workgroup a row, as IREE configures them alone (docs/journal, session
-        // 19).
-        let stream_product = head_product.map(|_| crate::emit::StreamProducts { per_thread: 16 });
-        // The same GPUs: the argmax in stages of 16 values (docs/journal, session 17).
-        let argmax_width = head_product.map(|_| 16);
-        // And contract v2's one-row attention products over the caches: IREE's own choice,
-        // matmuls of 2 to 5 workgroups, took 15 of the step's 19.5 ms of GPU time; a subgroup per
-        // output, 4 outputs a 64-thread workgroup, 0.9 (docs/journal, session 17).
-        let attention_products = head_product.map(|_| crate::emit::AttentionProducts {
-            workgroup: 64,
-            keys: 4,
-            outputs: 4,
-        });
+        let tuning = profile.gpu_tuning();
         // One module text serves every target of the export: forms only the CPU compiles need an
         // export for the CPU alone.
-        let data_tiling = |flags: &[String]| flags.iter().any(|f| f.starts_with("--iree-global-opt-data-tiling"));
-        let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| EmitOptions {
-            weights: options.weights,
-            redecode_seq: options.redecode_seq,
-            keys: keys.clone(),
-            tiled_softmax: !data_tiling(flags),
-            quantization: quantization.clone(),
-            fused_dequant: aggressive_fusion(flags),
-            bf16_matmul_inputs,
-            argmax_by_max: cpu_only,
-            q4_kernel,
-            head_product,
-            stream_product,
-            argmax_width,
-            attention_products,
+        let emit_opts = |keys: &Option<BTreeMap<String, String>>, flags: &[String]| {
+            let facts = FlagFacts::of(flags);
+            EmitOptions {
+                weights: options.weights,
+                redecode_seq: options.redecode_seq,
+                keys: keys.clone(),
+                // IREE 3.13 does not compile v2's tiled softmax with data tiling ("expected type
+                // to be 'tensor<2xf32>' or a rank-reduced version"); the modules compiled with it
+                // do not need the tiles, so those get the one-row form.
+                tiled_softmax: !facts.data_tiling,
+                quantization: quantization.clone(),
+                fused_dequant: facts.aggressive_fusion,
+                bf16_matmul_inputs,
+                argmax_by_max: cpu_only,
+                q4_kernel,
+                head_product: tuning.map(|t| t.head),
+                stream_product: tuning.map(|t| t.stream),
+                argmax_width: tuning.map(|t| t.argmax_width),
+                attention_products: tuning.map(|t| t.attention),
+            }
         };
-        let targets: Vec<Target> = options
-            .targets
-            .iter()
-            .map(|t| match t {
-                Target::Vulkan { target: None } if options.vulkan_target.is_some() => Target::Vulkan {
-                    target: options.vulkan_target.clone(),
-                },
-                other => other.clone(),
-            })
-            .collect();
+        let targets = profile.compile_targets();
         let mut modules = Vec::new();
         let mut jobs = Vec::new();
         for mut module in planned {

@@ -530,8 +530,8 @@ fn i16_weights_on_cpu() {
 }
 
 /// bf16 matmul inputs (`matmulInput`): with bf16 weights every projection and the LM head
-/// contract bf16 × bf16 → f32 and nothing else does; with packed weights an export records f32
-/// (the graphs widen those weights to f32 and multiply f32).
+/// contract bf16 × bf16 → f32 and nothing else does; with packed weights the exporter refuses
+/// them (the graphs widen those weights to f32 and multiply f32).
 #[test]
 fn bf16_matmul_inputs_only_where_they_apply() {
     let dir = fixture_source("tiny-gemma3:7").dir().unwrap();
@@ -567,19 +567,31 @@ fn bf16_matmul_inputs_only_where_they_apply() {
         matmul_input: kv_core::manifest::MatmulInput::Bf16,
         ..ExportOptions::default()
     };
-    let packed = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap();
-    assert_eq!(packed.matmul_input, kv_core::manifest::MatmulInput::F32);
+    let err = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            export::ExportError::Options(export::OptionsError::Bf16MatmulInputs)
+        ),
+        "{err}"
+    );
+    assert!(
+        !out.path().join("manifest.json").exists(),
+        "refused before anything is written"
+    );
 }
 
 /// f16 caches (`cacheType`): the v2 graphs declare every cache argument and new-row result f16
-/// and round the new rows once per K and V (`reduce_precision`, which the caches then hold); an
-/// export with a Vulkan target records f32 caches (no 16-bit storage on the portable target),
-/// and so does a contract 1 export.
+/// and round the new rows once per K and V (`reduce_precision`, which the caches then hold); the
+/// exporter refuses them with a Vulkan target (no 16-bit storage on the portable target) and
+/// under contract 1.
 #[test]
 fn f16_caches_only_where_they_apply() {
     use kv_core::manifest::CacheType;
     let dir = fixture_source("tiny-gemma3:7").dir().unwrap();
-    let mut m = kv_core::Manifest::load(&dir).unwrap().into_v2(kv_core::V2Spec::default());
+    let mut m = kv_core::Manifest::load(&dir)
+        .unwrap()
+        .into_v2(kv_core::V2Spec::default());
     m.cache_type = CacheType::F16;
     let text = export::emit(&m, Graph::Step, &export::EmitOptions::default()).unwrap();
     let signature = text.lines().find(|l| l.contains("func.func")).unwrap();
@@ -601,8 +613,11 @@ fn f16_caches_only_where_they_apply() {
             cache_type: CacheType::F16,
             ..ExportOptions::default()
         };
-        let made = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap();
-        assert_eq!(made.cache_type, CacheType::F32, "contract {contract}");
+        let err = export_artifacts(&fixture_source("tiny-gemma3:7"), out.path(), &options).unwrap_err();
+        assert!(
+            matches!(err, export::ExportError::Options(export::OptionsError::F16Caches)),
+            "contract {contract}: {err}"
+        );
     }
 }
 
