@@ -32,6 +32,9 @@ enum Command {
     /// Greedy text or ids: prefill the prompt (`--prompt`, `--chat`, `--ids`) and decode; with
     /// `--prefix-ids`, prefill that prefix and feed the prompt in chunk calls.
     Generate(commands::generate::GenerateArgs),
+    /// A multi-turn conversation, streamed: `--system`, `--tools`, /commands (/help); the
+    /// catalog restored from its snapshot at every turn; Ctrl-C stops a reply.
+    Chat(commands::chat::ChatArgs),
     /// The redecode session: one fixed-length graph re-run per token.
     Redecode(commands::redecode::RedecodeArgs),
     /// Print a real model's token ids for a text.
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Chat(args) => commands::chat::run(args),
         Command::Redecode(args) => commands::redecode::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Diverge(args) => commands::diverge::run(args),

@@ -94,6 +94,13 @@ pub fn is_closed_stdout(error: &anyhow::Error) -> bool {
 /// ended by SIGPIPE (128 + 13), without dying of the signal.
 pub const CLOSED_STDOUT_EXIT: u8 = 141;
 
+/// `N tokens in T s (X tokens/s)`: the summary `generate` and `chat` print on stderr after text.
+pub fn rate_line(tokens: usize, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let rate = if secs > 0.0 { tokens as f64 / secs } else { 0.0 };
+    format!("{tokens} tokens in {secs:.2} s ({rate:.1} tokens/s)")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

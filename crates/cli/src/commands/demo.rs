@@ -462,7 +462,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
 
 /// IREE on this CPU for real models (fast, compiled for `host`); the reference where IREE is not
 /// built in, and for fixtures (no compiler needed: the README's first command works anywhere).
-fn default_backend(real: bool) -> BackendChoice {
+pub(crate) fn default_backend(real: bool) -> BackendChoice {
     #[cfg(feature = "iree")]
     if real {
         return BackendChoice::IreeCpu;

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod chat;
 pub mod demo;
 pub mod diverge;
 #[cfg(feature = "iree")]
