@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 IREE_VERSION=3.13.0
 
 need_apt=()
-for pkg in clang libclang-dev mesa-vulkan-drivers libvulkan1 vulkan-tools; do
+# tmux: the pseudo-terminal that crates/cli/tests/chat.rs types `skainet-kv chat` into.
+for pkg in clang libclang-dev mesa-vulkan-drivers libvulkan1 vulkan-tools tmux; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
