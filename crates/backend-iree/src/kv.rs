@@ -16,7 +16,7 @@ use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
     Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result,
-    SessionId, StepPhases, TopK, V2Spec, WindowRule,
+    Contract, SessionId, StepPhases, TopK, V2Spec, WindowRule,
 };
 
 use crate::convert::{contract_err, iree_err};
@@ -55,14 +55,74 @@ struct TopKViews {
     ids: BufferView,
 }
 
+/// A session's caches, by contract: what a call reads and what it replaces. The contract is
+/// matched on this value, so a v1 session cannot hold a v2 set or the reverse, and no field
+/// must stay empty under the other contract.
+#[derive(Clone)]
+enum Caches {
+    /// Contract v1: each layer's rows as the last call returned them (none at position 0).
+    V1(Vec<LayerCache>),
+    /// Contract v2: the runtime-owned set the graphs read whole and the session writes the new
+    /// rows into; `None` before the first prefill or restore.
+    V2(Option<Arc<v2::CacheSet>>),
+}
+
+/// What a snapshot keeps of [`Caches`]: v1's layer views, or v2's pin on a set (which keeps the
+/// rows before its position from being overwritten in place).
+#[derive(Clone)]
+enum Held {
+    V1(Vec<LayerCache>),
+    V2(Option<v2::Pin>),
+}
+
+impl Caches {
+    /// No rows yet, under `manifest`'s contract.
+    fn empty(manifest: &Manifest) -> Caches {
+        match manifest.contract {
+            Contract::V1 => Caches::V1(Vec::new()),
+            Contract::V2(_) => Caches::V2(None),
+        }
+    }
+
+    /// A hold on these caches at `position` (views and pins; nothing is copied).
+    fn hold(&self, position: usize) -> Held {
+        match self {
+            Caches::V1(layers) => Held::V1(layers.clone()),
+            Caches::V2(set) => Held::V2(set.as_ref().map(|set| set.pin(position))),
+        }
+    }
+
+    /// The caches a snapshot holds, as the session's again.
+    fn from_held(held: &Held) -> Caches {
+        match held {
+            Held::V1(layers) => Caches::V1(layers.clone()),
+            Held::V2(pin) => Caches::V2(pin.as_ref().map(|pin| pin.set().clone())),
+        }
+    }
+
+    /// Whether these are `held`'s device buffers themselves, not copies of them.
+    fn are(&self, held: &Held) -> bool {
+        match (self, held) {
+            (Caches::V1(mine), Held::V1(theirs)) => {
+                mine.len() == theirs.len()
+                    && mine
+                        .iter()
+                        .zip(theirs)
+                        .all(|(a, b)| a.k.is_same_view(&b.k) && a.v.is_same_view(&b.v))
+            }
+            (Caches::V2(Some(set)), Held::V2(Some(pin))) => Arc::ptr_eq(set, pin.set()),
+            (Caches::V2(None), Held::V2(None)) => true,
+            _ => false,
+        }
+    }
+}
+
 /// The caches at one position. Clones retain the device buffers; nothing is copied.
 #[derive(Clone)]
 pub struct IreeSnapshot {
     session: SessionId,
     position: usize,
-    layers: Vec<LayerCache>,
-    /// Contract v2: the cache set and this snapshot's hold on its rows (`layers` is empty).
-    pin: Option<v2::Pin>,
+    held: Held,
     top_k: Option<TopKViews>,
 }
 
@@ -102,9 +162,7 @@ pub struct IreeKvBackend {
     target: String,
     /// Whether `release_prefill` removed the prefill graph (for the error of a later prefill).
     prefill_released: bool,
-    layers: Vec<LayerCache>,
-    /// Contract v2: the runtime-owned caches (`layers` stays empty); `None` before a prefill.
-    v2: Option<Arc<v2::CacheSet>>,
+    caches: Caches,
     position: usize,
     /// The top-k results of the last call, when the graphs have them (`Manifest::top_k`).
     last_top_k: Option<TopKViews>,
@@ -300,6 +358,7 @@ impl IreeKvBackend {
             .iter()
             .map(|&g| (g, manifest.outputs_or_canonical(g)))
             .collect();
+        let caches = Caches::empty(&manifest);
         let mut backend = IreeKvBackend {
             id: SessionId::fresh(),
             manifest,
@@ -314,8 +373,7 @@ impl IreeKvBackend {
             embedding,
             target,
             prefill_released: false,
-            layers: Vec::new(),
-            v2: None,
+            caches,
             position: 0,
             last_top_k: None,
             clock: StepPhases::default(),
@@ -346,7 +404,7 @@ impl IreeKvBackend {
     /// weights are freed once the prefix snapshot exists); in one shared module nothing can be
     /// freed. Returns whether a session was freed.
     pub fn release_prefill(&mut self) -> bool {
-        if self.manifest.is_v2() {
+        if let Caches::V2(_) = self.caches {
             // No prefill graph: prefills are chunk calls, refused from now on all the same.
             self.prefill_released = true;
             return false;
@@ -574,11 +632,21 @@ impl IreeKvBackend {
             self.f32_view(&[1, spec.hidden_size], &self.embedding.gather(&[token])?)?,
         );
         self.kind_inputs(&mut inputs, &plan.kinds, 1, false)?;
-        if self.manifest.is_v2() {
-            return self.v2_advance(Graph::Step, inputs, 1, 1);
+        match self.caches {
+            Caches::V1(_) => {
+                let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
+                self.advance(Graph::Step, inputs, &pasts, 1, 1)
+            }
+            Caches::V2(_) => self.v2_advance(Graph::Step, inputs, 1, 1),
         }
-        let pasts: Vec<usize> = (0..spec.n_layers).map(|l| plan.kind(spec.layer_kind(l)).past).collect();
-        self.advance(Graph::Step, inputs, &pasts, 1, 1)
+    }
+
+    /// Contract v1's layer caches; only v1 paths ask.
+    fn v1_layers(&self) -> &[LayerCache] {
+        match &self.caches {
+            Caches::V1(layers) => layers,
+            Caches::V2(_) => kv_core::error::invariant("a contract v1 path in a v2 session"),
+        }
     }
 
     fn kv_shape(spec: &KvSpec, rows: usize) -> (Vec<usize>, ElementType) {
@@ -594,7 +662,7 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn prefill(&mut self, tokens: &[i32]) -> Result<i32> {
-        if self.manifest.is_v2() {
+        if let Caches::V2(_) = self.caches {
             return self.v2_prefill(tokens);
         }
         let spec = self.manifest.spec.clone();
@@ -613,20 +681,24 @@ impl KvBackend for IreeKvBackend {
             _ => Self::kv_shape(&spec, spec.seq),
         })?;
         let token = self.read_token(&results)?;
-        self.layers = (0..spec.n_layers)
-            .map(|l| Self::kept(&results, l, 0, spec.seq, plan.n))
-            .collect::<Result<_>>()?;
+        self.caches = Caches::V1(
+            (0..spec.n_layers)
+                .map(|l| Self::kept(&results, l, 0, spec.seq, plan.n))
+                .collect::<Result<_>>()?,
+        );
         self.position = plan.n;
         self.last_top_k = Self::top_k_views(&results);
         Ok(token)
     }
 
     fn chunk(&mut self, tokens: &[i32]) -> Result<i32> {
-        if self.manifest.is_v2() {
-            return self.v2_chunk(tokens);
+        match self.caches {
+            Caches::V1(_) => {
+                let plan = plan_chunk(&self.manifest.spec, self.position, tokens)?;
+                self.run_chunk(&plan)
+            }
+            Caches::V2(_) => self.v2_chunk(tokens),
         }
-        let plan = plan_chunk(&self.manifest.spec, self.position, tokens)?;
-        self.run_chunk(&plan)
     }
 
     fn step(&mut self, token: i32) -> Result<i32> {
@@ -649,25 +721,17 @@ impl KvBackend for IreeKvBackend {
     }
 
     fn snapshot(&self) -> Result<IreeSnapshot> {
-        if self.manifest.is_v2() {
-            return Ok(self.v2_snapshot());
-        }
         Ok(IreeSnapshot {
             session: self.id,
             position: self.position,
-            layers: self.layers.clone(),
-            pin: None,
+            held: self.caches.hold(self.position),
             top_k: self.last_top_k.clone(),
         })
     }
 
     fn restore(&mut self, snapshot: &IreeSnapshot) -> Result<()> {
         self.id.check_owner(snapshot.session)?;
-        if self.manifest.is_v2() {
-            self.v2_restore(snapshot);
-            return Ok(());
-        }
-        self.layers = snapshot.layers.clone();
+        self.caches = Caches::from_held(&snapshot.held);
         self.position = snapshot.position;
         self.last_top_k = snapshot.top_k.clone();
         Ok(())
@@ -689,12 +753,12 @@ impl KvBackend for IreeKvBackend {
                 n_layers: spec.n_layers,
             });
         }
-        if self.manifest.is_v2() {
-            return self.v2_read_layer(self.v2.as_ref(), layer, self.position);
-        }
-        match self.layers.get(layer) {
-            Some(cache) => cache.to_host(spec),
-            None => Ok(LayerKv::empty(spec)),
+        match &self.caches {
+            Caches::V1(layers) => match layers.get(layer) {
+                Some(cache) => cache.to_host(spec),
+                None => Ok(LayerKv::empty(spec)),
+            },
+            Caches::V2(set) => self.v2_read_layer(set.as_ref(), layer, self.position),
         }
     }
 
@@ -734,19 +798,7 @@ impl IreeKvBackend {
     /// Whether this session's caches are `snapshot`'s device views themselves (what a restore
     /// leaves behind), not copies of them.
     pub fn holds_views_of(&self, snapshot: &IreeSnapshot) -> bool {
-        if self.manifest.is_v2() {
-            return match (&self.v2, &snapshot.pin) {
-                (Some(set), Some(pin)) => Arc::ptr_eq(set, pin.set()),
-                (None, None) => true,
-                _ => false,
-            };
-        }
-        self.layers.len() == snapshot.layers.len()
-            && self
-                .layers
-                .iter()
-                .zip(&snapshot.layers)
-                .all(|(a, b)| a.k.is_same_view(&b.k) && a.v.is_same_view(&b.v))
+        self.caches.are(&snapshot.held)
     }
 }
 
@@ -784,13 +836,14 @@ impl IreeKvBackend {
     /// caches are put back if any call fails, so an error leaves it as it was.
     fn prefill_by_chunks(&mut self, tokens: &[i32]) -> Result<i32> {
         let plans = plan_chunked_prefill(&self.manifest.spec, tokens)?;
-        let before = (std::mem::take(&mut self.layers), self.position, self.last_top_k.clone());
+        let empty = Caches::V1(Vec::new());
+        let before = (std::mem::replace(&mut self.caches, empty), self.position, self.last_top_k.clone());
         self.position = 0;
         let result = self
             .first_chunk(&plans[0])
             .and_then(|first| plans[1..].iter().try_fold(first, |_, plan| self.run_chunk(plan)));
         if result.is_err() {
-            (self.layers, self.position, self.last_top_k) = before;
+            (self.caches, self.position, self.last_top_k) = before;
         }
         result
     }
@@ -827,7 +880,7 @@ impl IreeKvBackend {
             _ => Self::kv_shape(&spec, 1 + spec.chunk),
         })?;
         let token = self.read_token(&results)?;
-        self.layers = (0..spec.n_layers)
+        let layers = (0..spec.n_layers)
             .map(|l| {
                 let (k, v) = (&results[&Name::K(l)], &results[&Name::V(l)]);
                 Ok(LayerCache {
@@ -838,6 +891,7 @@ impl IreeKvBackend {
                 })
             })
             .collect::<Result<_>>()?;
+        self.caches = Caches::V1(layers);
         self.position = plan.n;
         self.last_top_k = Self::top_k_views(&results);
         Ok(token)
@@ -854,10 +908,10 @@ impl IreeKvBackend {
         rows: usize,
         real: usize,
     ) -> Result<i32> {
-        let layers = self.layers.clone();
+        let layers = self.v1_layers().to_vec();
         let (results, layers) = self.call_after(graph, inputs, &layers, self.position, pasts, rows, real)?;
         let token = self.read_token(&results)?;
-        self.layers = layers;
+        self.caches = Caches::V1(layers);
         self.position += real;
         self.last_top_k = Self::top_k_views(&results);
         Ok(token)
@@ -952,12 +1006,12 @@ impl PersistSnapshot for IreeKvBackend {
                 format!("no layer {layer} in a model of {}", spec.n_layers),
             ));
         }
-        if self.manifest.is_v2() {
-            return self.v2_read_layer(snapshot.pin.as_ref().map(v2::Pin::set), layer, snapshot.position);
-        }
-        match snapshot.layers.get(layer) {
-            Some(cache) => cache.to_host(spec),
-            None => Ok(LayerKv::empty(spec)),
+        match &snapshot.held {
+            Held::V1(layers) => match layers.get(layer) {
+                Some(cache) => cache.to_host(spec),
+                None => Ok(LayerKv::empty(spec)),
+            },
+            Held::V2(pin) => self.v2_read_layer(pin.as_ref().map(v2::Pin::set), layer, snapshot.position),
         }
     }
 
@@ -972,7 +1026,7 @@ impl PersistSnapshot for IreeKvBackend {
         position: usize,
         layers: &mut dyn Iterator<Item = LayerRows<'a>>,
     ) -> Result<IreeSnapshot> {
-        if self.manifest.is_v2() {
+        if let Caches::V2(_) = self.caches {
             return self.v2_from_layers(position, layers);
         }
         let spec = &self.manifest.spec;
@@ -995,8 +1049,7 @@ impl PersistSnapshot for IreeKvBackend {
         Ok(IreeSnapshot {
             session: self.id,
             position,
-            layers,
-            pin: None,
+            held: Held::V1(layers),
             top_k: None,
         })
     }

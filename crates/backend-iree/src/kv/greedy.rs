@@ -14,7 +14,6 @@
 //! step forks the caches first, as any step, and a dropped step's fork is dropped with it).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use iree_runtime::{BufferView, ElementType, Queued, Transfer};
@@ -22,8 +21,7 @@ use kv_core::manifest::Name;
 use kv_core::window::plan_step;
 use kv_core::{Error, Graph, Result};
 
-use super::v2::CacheSet;
-use super::{IreeKvBackend, LayerCache, TopKViews};
+use super::{Caches, IreeKvBackend, TopKViews};
 use crate::convert::{contract_err, iree_err};
 
 /// What a step is fed: a token the host knows, or the token a queued step will compute.
@@ -32,14 +30,9 @@ enum Fed {
     Device(BufferView),
 }
 
-/// The caches after a step: contract v1's returned ones, or the v2 set it wrote into.
-enum Caches {
-    V1(Vec<LayerCache>),
-    V2(Arc<CacheSet>),
-}
-
 /// A step on the device's queue whose token the host has not read.
 struct Ahead {
+    /// The caches after the step: contract v1's returned ones, or the v2 set it wrote into.
     caches: Caches,
     token: BufferView,
     top_k: Option<TopKViews>,
@@ -54,7 +47,7 @@ impl IreeKvBackend {
     /// looked up only where it is async (Vulkan); under contract v2 once the session has
     /// caches (after a prefill or a restore).
     pub fn runs_ahead(&self) -> bool {
-        self.embed.is_some() && (!self.manifest.is_v2() || self.v2.is_some())
+        self.embed.is_some() && !matches!(self.caches, Caches::V2(None))
     }
 
     /// [`KvBackend::step_greedy`](kv_core::KvBackend::step_greedy) with one step queued ahead.
@@ -69,10 +62,7 @@ impl IreeKvBackend {
         }
         let started = Instant::now();
         let before = self.clock;
-        let caches = match &self.v2 {
-            Some(set) => Caches::V2(set.clone()),
-            None => Caches::V1(self.layers.clone()),
-        };
+        let caches = self.caches.clone();
         let mut current = self.queue_step(Fed::Host(token), &caches, self.position, 0)?;
         let mut steps = 0;
         let result = loop {
@@ -95,10 +85,7 @@ impl IreeKvBackend {
                 Ok(token) => token,
                 Err(e) => break Err(e),
             };
-            match current.caches {
-                Caches::V1(layers) => self.layers = layers,
-                Caches::V2(set) => self.v2 = Some(set),
-            }
+            self.caches = current.caches;
             self.position += 1;
             self.last_top_k = current.top_k;
             steps += 1;
@@ -150,7 +137,8 @@ impl IreeKvBackend {
                 let done = self.queue_token_copy(&results, &readback, Vec::new())?;
                 (results, Caches::V1(layers), done)
             }
-            Caches::V2(set) => {
+            Caches::V2(None) => kv_core::error::invariant("a step queued ahead before the v2 caches exist"),
+            Caches::V2(Some(set)) => {
                 self.v2_cache_inputs(&mut inputs, set, position, spec.max_positions)?;
                 let results = self.v2_call(Graph::Step, None, inputs, set, 1)?;
                 let writes = position..position + 1;
@@ -159,7 +147,7 @@ impl IreeKvBackend {
                 let t = Instant::now();
                 let done = self.queue_token_copy(&results, &readback, ops);
                 self.clock.writes += t.elapsed();
-                (results, Caches::V2(fork.unwrap_or_else(|| set.clone())), done?)
+                (results, Caches::V2(Some(fork.unwrap_or_else(|| set.clone()))), done?)
             }
         };
         Ok(Ahead {

@@ -22,7 +22,7 @@ use kv_core::snapshot_file::{Block, LayerRows};
 use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
 use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, V2Spec, WindowRule};
 
-use super::{IreeKvBackend, IreeSnapshot};
+use super::{Caches, Held, IreeKvBackend, IreeSnapshot};
 use crate::convert::{contract_err, iree_err};
 use crate::PrefillRoute;
 
@@ -114,7 +114,7 @@ impl CacheSet {
         self.k.iter().chain(&self.v)
     }
 
-    fn pin(self: &Arc<Self>, position: usize) -> Pin {
+    pub(super) fn pin(self: &Arc<Self>, position: usize) -> Pin {
         let position = Arc::new(position);
         let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
         pins.retain(|p| p.strong_count() > 0);
@@ -320,7 +320,11 @@ impl IreeKvBackend {
         };
         let plans = plan_pieces(&spec, self.layout().prefill_chunk, tokens, big)?;
         let fresh = CacheSet::zeroed(&self.device, &spec, self.layout(), self.manifest.cache_type)?;
-        let before = (self.v2.replace(fresh), self.position, self.last_top_k.clone());
+        let before = (
+            std::mem::replace(&mut self.caches, Caches::V2(Some(fresh))),
+            self.position,
+            self.last_top_k.clone(),
+        );
         self.position = 0;
         let last = plans.len() - 1;
         let result = plans
@@ -329,7 +333,7 @@ impl IreeKvBackend {
             .try_fold(None, |_, (i, plan)| self.v2_run_piece(plan, i == last))
             .map(|t| t.unwrap_or_else(|| kv_core::error::invariant("a prefill's last call returns its token")));
         if result.is_err() {
-            (self.v2, self.position, self.last_top_k) = before;
+            (self.caches, self.position, self.last_top_k) = before;
         }
         result
     }
@@ -397,10 +401,10 @@ impl IreeKvBackend {
         real: usize,
     ) -> Result<Option<i32>> {
         let position = self.position;
-        let set = self
-            .v2
-            .clone()
-            .unwrap_or_else(|| kv_core::error::invariant("a v2 call past position 0 without caches"));
+        let set = match &self.caches {
+            Caches::V2(Some(set)) => set.clone(),
+            _ => kv_core::error::invariant("a v2 call past position 0 without caches"),
+        };
         self.v2_cache_inputs(&mut inputs, &set, position, reads.span)?;
         let results = self.v2_call(graph, reads.variant, inputs, &set, rows)?;
         // The token is read by the submission that writes the rows (one round trip, not two).
@@ -425,7 +429,7 @@ impl IreeKvBackend {
         self.clock.writes += t.elapsed();
         let token = token?;
         if let Some(fork) = fork {
-            self.v2 = Some(fork);
+            self.caches = Caches::V2(Some(fork));
         }
         self.position += real;
         self.last_top_k = Self::top_k_views(&results);
@@ -560,22 +564,6 @@ impl IreeKvBackend {
         ops
     }
 
-    pub(super) fn v2_snapshot(&self) -> IreeSnapshot {
-        IreeSnapshot {
-            session: self.id,
-            position: self.position,
-            layers: Vec::new(),
-            pin: self.v2.as_ref().map(|set| set.pin(self.position)),
-            top_k: self.last_top_k.clone(),
-        }
-    }
-
-    pub(super) fn v2_restore(&mut self, snapshot: &IreeSnapshot) {
-        self.v2 = snapshot.pin.as_ref().map(|pin| pin.set.clone());
-        self.position = snapshot.position;
-        self.last_top_k = snapshot.top_k.clone();
-    }
-
     pub(super) fn v2_read_layer(
         &self,
         pin_set: Option<&Arc<CacheSet>>,
@@ -640,8 +628,7 @@ impl IreeKvBackend {
         Ok(IreeSnapshot {
             session: self.id,
             position,
-            layers: Vec::new(),
-            pin,
+            held: Held::V2(pin),
             top_k: None,
         })
     }
