@@ -26,6 +26,11 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 LLAMA_VERSION=0.3.36
+# Without AMX: on this machine's Xeon (AMX tiles reported by the CPU) the native build's AMX
+# matmul (ggml_backend_amx_mul_mat) segfaults in the first llama_decode of a quantized GGUF
+# (Q4_K_M, Q4_1); explicit -mno-amx-* win over GGML_NATIVE's -march=native, the AVX-512
+# (VNNI, BF16) kernels and the repacked layouts are kept.
+LLAMA_CMAKE_ARGS='-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"'
 LLAMA_ROOT="$SKAINET_KV_TOOLS/llama-cpp"
 LLAMA_PY="$LLAMA_ROOT/venv/bin/python"
 TOOLS_PY="$SKAINET_KV_TOOLS/venv/bin/python"
@@ -38,18 +43,20 @@ CHECK_TEXT="The capital of France is"
 log() { echo "bench-vs-llamacpp: $*" >&2; }
 
 install_llama_cpp() {
-    if "$LLAMA_PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null; then
+    if "$LLAMA_PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_VERSION')" 2>/dev/null \
+        && [ "$(cat "$LLAMA_ROOT/cmake-args" 2>/dev/null)" = "$LLAMA_CMAKE_ARGS" ]; then
         return
     fi
     [ -x "$TOOLS_PY" ] || { echo "error: $TOOLS_PY missing: run scripts/setup.sh first" >&2; exit 1; }
     log "building llama-cpp-python $LLAMA_VERSION from source into $LLAMA_ROOT (~15 min on 2 cores, once)"
     "$TOOLS_PY" -m venv "$LLAMA_ROOT/venv"
     # Built for this CPU (llama.cpp's default GGML_NATIVE), as a user's own build would be.
-    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$LLAMA_ROOT/venv/bin/pip" install --no-cache-dir \
-        --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" >"$LLAMA_ROOT/install.log" 2>&1 || {
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$LLAMA_ROOT/venv/bin/pip" install --no-cache-dir \
+        --force-reinstall --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" >"$LLAMA_ROOT/install.log" 2>&1 || {
         echo "error: building llama-cpp-python failed; see $LLAMA_ROOT/install.log" >&2
         exit 1
     }
+    echo "$LLAMA_CMAKE_ARGS" >"$LLAMA_ROOT/cmake-args"
     "$LLAMA_PY" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)" >&2
 }
 
