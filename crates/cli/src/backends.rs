@@ -143,6 +143,7 @@ impl PrefillChoice {
 /// What an export made on demand is compiled for (each choice has its own cache entry), and how
 /// its prefill runs.
 #[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "IREE artifacts made on demand")]
 pub struct TargetArgs {
     /// How an IREE session runs a prompt from position 0: a short prompt need not pay for the
     /// prefill graph's SEQ rows.
@@ -164,7 +165,7 @@ pub struct TargetArgs {
     /// of a 128-row chunk graph; docs/contract-v2.md). Default: 2 on the CPU and for NVIDIA
     /// `--vulkan-target`s; 1 on other Vulkan targets (lavapipe, phones) and under the seed's
     /// window rule (which contract 2 does not run). Artifacts given with `--artifacts` say
-    /// their own. Measured figures of both: docs/benchmarks.md.
+    /// their own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
     pub contract: Option<u32>,
     /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
@@ -257,43 +258,11 @@ impl ModelSource {
         }
     }
 
-    /// The contract of an export made on demand for `device` under `rule`: `--contract`, else
-    /// 2 on the CPU drivers and NVIDIA Vulkan targets, 1 on other Vulkan targets and under the
-    /// seed's window rule (see [`TargetArgs::contract`]).
-    pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
-        #[cfg(feature = "iree")]
-        let nvidia = self.target.vulkan_target.as_deref().is_some_and(export::nvidia_target);
-        #[cfg(not(feature = "iree"))]
-        let nvidia = false;
-        let needs_v1 = (device == "vulkan" && !nvidia) || rule == RuleChoice::Seed;
-        self.contract.unwrap_or(if needs_v1 {
-            kv_core::manifest::CONTRACT_VERSION
-        } else {
-            kv_core::manifest::CONTRACT_V2
-        })
-    }
-
-    /// The artifact directory for an IREE device: `--artifacts`, a `--model` directory that has
-    /// modules for the device, or a cached export of the model (made now if missing), of the
-    /// contract [`Self::contract_for`] `device` and `rule`.
+    /// The compile target of an export made on demand for `device`: `--cpu` for the CPU drivers,
+    /// `--vulkan-target` for `vulkan`.
     #[cfg(feature = "iree")]
-    pub fn artifacts_for(&self, device: &str, rule: RuleChoice) -> Result<PathBuf> {
-        let contract = self.contract_for(device, rule);
-        if let Some(dir) = &self.artifacts {
-            self.check_artifacts(dir)?;
-            return Ok(dir.clone());
-        }
-        if device == "vulkan"
-            && self.target.vulkan_target.is_some()
-            && self.target.weights == crate::model::WeightsChoice::Q4
-        {
-            anyhow::bail!(
-                "--weights q4 with --vulkan-target: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
-                 tokens on the H200 (docs/quantized-weights.md); use IREE's portable target (no --vulkan-target) or q8"
-            );
-        }
-        let dir = crate::model::resolve_with(&self.model, self.target.weights)?;
-        let target = if device == "vulkan" {
+    fn target_for(&self, device: &str) -> export::Target {
+        if device == "vulkan" {
             export::Target::Vulkan {
                 target: self.target.vulkan_target.clone(),
             }
@@ -301,47 +270,55 @@ impl ModelSource {
             export::Target::Cpu {
                 cpu: self.target.cpu.name().into(),
             }
-        };
-        if self.redecode_seq.is_none()
-            && kv_core::Manifest::load(&dir).is_ok_and(|m| {
-                m.modules.contains_key(&target.key())
-                    && m.top_k.unwrap_or(0) >= self.top_k
-                    && m.contract.version() == contract
-            })
-        {
-            return Ok(dir);
         }
+    }
+
+    /// The contract of an export made on demand for `device` under `rule`: `--contract`, else
+    /// the library's default for the target ([`export::device::default_contract`]: 2 on the
+    /// CPU drivers and NVIDIA Vulkan targets, 1 on other Vulkan targets and under the seed's
+    /// window rule).
+    #[cfg(feature = "iree")]
+    pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
+        self.contract
+            .unwrap_or_else(|| export::device::default_contract(&self.target_for(device), rule == RuleChoice::Seed))
+    }
+
+    /// The artifact directory for an IREE device: `--artifacts`, or what the library picks for
+    /// the model and the device ([`export::device::artifacts_for_device`]: a `--model` directory
+    /// that has modules for the device, else a cached export, made now if missing).
+    #[cfg(feature = "iree")]
+    pub fn artifacts_for(&self, device: &str, rule: RuleChoice) -> Result<PathBuf> {
+        if let Some(dir) = &self.artifacts {
+            self.check_artifacts(dir)?;
+            return Ok(dir.clone());
+        }
+        let dir = crate::model::resolve_with(&self.model, self.target.weights)?;
+        let target = self.target_for(device);
         let model = if fixtures::Fixture::is_fixture_name(&self.model) && self.target.weights.quant().is_none() {
             self.model.clone()
         } else {
             dir.display().to_string()
         };
-        // The runtime settings of the contract (bf16 CPU weights, packed Vulkan weights); real models get a
-        // redecode graph that fits a prompt (SEQ 1024 would time padding); `--redecode-seq`
-        // chooses another.
+        // Real models get a redecode graph that fits a prompt (SEQ 1024 would time padding);
+        // `--redecode-seq` chooses another.
         let redecode_seq = match (self.redecode_seq, crate::model::is_real_model(&self.model)) {
             (Some(seq), _) => Some(seq),
             (None, true) => Some(REAL_MODEL_REDECODE_SEQ),
             (None, false) => None,
         };
-        let options = export::ExportOptions {
-            targets: vec![target.clone()],
-            redecode_seq,
+        let request = export::device::DeviceRequest {
+            target: target.clone(),
+            contract: Some(self.contract_for(device, rule)),
+            seed_rule: rule == RuleChoice::Seed,
             top_k: self.top_k,
-            ..export::runtime_options_for(&target, contract)
-        };
-        let options = match self.target.matmul_input {
-            MatmulInputChoice::Auto => options,
-            MatmulInputChoice::F32 => export::ExportOptions {
-                matmul_input: kv_core::manifest::MatmulInput::F32,
-                ..options
+            redecode_seq,
+            matmul_input: match self.target.matmul_input {
+                MatmulInputChoice::Auto => None,
+                MatmulInputChoice::F32 => Some(kv_core::manifest::MatmulInput::F32),
             },
-        };
-        let options = match self.target.cache_type {
-            CacheTypeChoice::Auto => options,
-            CacheTypeChoice::F32 => export::ExportOptions {
-                cache_type: kv_core::manifest::CacheType::F32,
-                ..options
+            cache_type: match self.target.cache_type {
+                CacheTypeChoice::Auto => None,
+                CacheTypeChoice::F32 => Some(kv_core::manifest::CacheType::F32),
             },
         };
         let root = export::cache_root()?;
@@ -359,7 +336,12 @@ impl ModelSource {
                 root.display()
             )),
         };
-        Ok(export::cached_export_noting_in(&root, &model, &options, &mut notify)?)
+        export::device::artifacts_for_device(&model, &request, &mut notify).map_err(|e| match e {
+            export::ExportError::Options(rule) => {
+                anyhow::anyhow!("{}: {rule}", crate::commands::export::flags_of(&rule))
+            }
+            other => other.into(),
+        })
     }
 
     /// `--artifacts DIR` must be an export of `--model` (its manifest records the source's
@@ -449,21 +431,19 @@ pub fn open_redecode(choice: BackendChoice, source: &ModelSource, seq: Option<us
 mod tests {
     use super::*;
 
+    #[cfg(feature = "iree")]
     #[test]
     fn contract_defaults_to_2_on_the_cpu_and_nvidia_vulkan() {
         let mut source = ModelSource::new("tiny-gemma3:7", None);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
         assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), 2);
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
-        #[cfg(feature = "iree")]
-        {
-            source.target.vulkan_target = Some("ampere".into());
-            assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2, "NVIDIA targets");
-            assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), 1);
-            source.target.vulkan_target = Some("valhall".into());
-            assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
-            source.target.vulkan_target = None;
-        }
+        source.target.vulkan_target = Some("ampere".into());
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2, "NVIDIA targets");
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), 1);
+        source.target.vulkan_target = Some("valhall".into());
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        source.target.vulkan_target = None;
         // Contract 2 does not run the seed's step rule.
         assert_eq!(source.contract_for("local-task", RuleChoice::Seed), 1);
         // Contract 2 has a prefill graph too (a chunk graph of more rows).

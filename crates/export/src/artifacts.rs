@@ -28,7 +28,7 @@ use kv_core::{Graph, Manifest};
 
 use crate::compile::Target;
 use crate::emit::WeightFormat;
-use crate::{ExportError, Result};
+use crate::Result;
 
 /// Where the model comes from.
 #[derive(Clone, Debug)]
@@ -58,7 +58,7 @@ impl Source {
             #[cfg(feature = "fixtures")]
             Source::Fixture(name) => Ok(fixtures::materialize(name)?),
             #[cfg(not(feature = "fixtures"))]
-            Source::Fixture(name) => Err(ExportError::FixturesDisabled { name: name.clone() }),
+            Source::Fixture(name) => Err(crate::ExportError::FixturesDisabled { name: name.clone() }),
         }
     }
 
@@ -487,7 +487,7 @@ mod tests {
         } else {
             let err = got.unwrap_err();
             assert!(
-                matches!(err, ExportError::FixturesDisabled { ref name } if name == "tiny-llama:3"),
+                matches!(err, crate::ExportError::FixturesDisabled { ref name } if name == "tiny-llama:3"),
                 "{err}"
             );
         }

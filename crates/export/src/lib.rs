@@ -31,6 +31,7 @@ mod binding;
 pub mod bundle;
 mod cache;
 mod compile;
+pub mod device;
 mod emit;
 pub mod encode;
 pub mod kernels;

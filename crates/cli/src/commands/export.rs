@@ -34,6 +34,9 @@ pub enum WeightChoice {
     I16,
 }
 
+/// The `--help` heading of the flags that tune what is exported (sizes, layout, graph forms).
+const TUNING: &str = "Export tuning";
+
 #[derive(Args)]
 pub struct ExportArgs {
     /// A fixture name (`tiny-gemma3:7`) or a model directory (manifest.json with `architecture` + archive).
@@ -59,64 +62,65 @@ pub struct ExportArgs {
     /// `--iree-vulkan-target` (default: IREE's `vp_android_baseline_2022`; e.g. `valhall` for Mali).
     #[arg(long)]
     vulkan_target: Option<String>,
-    #[arg(long)]
+    #[arg(help_heading = TUNING, long)]
     chunk: Option<usize>,
     /// Rows of the prefill graph: SEQ under contract 1 (default: the model's), under contract 2
     /// the rows of its prefill graph, a chunk graph over the caches (default 128, at most the
     /// sliding ring; none when not above `--chunk`).
-    #[arg(long)]
+    #[arg(help_heading = TUNING, long)]
     prefill_seq: Option<usize>,
-    #[arg(long)]
+    #[arg(help_heading = TUNING, long)]
     redecode_seq: Option<usize>,
-    #[arg(long, value_enum, default_value = "shared")]
+    #[arg(help_heading = TUNING, long, value_enum, default_value = "shared")]
     layout: LayoutChoice,
     /// Function-name prefix (default: `gemma` for Gemma 3, `llama` for the Llama family).
-    #[arg(long)]
+    #[arg(help_heading = TUNING, long)]
     prefix: Option<String>,
     /// How the graphs declare the weights.
     #[arg(long, value_enum, default_value = "packed")]
     weights: WeightChoice,
     /// An extra `iree-compile` flag for every module (repeatable), after those the weight format
     /// needs (packed weights: `--iree-opt-const-expr-hoisting=false`).
-    #[arg(long = "compile-flag", allow_hyphen_values = true)]
+    #[arg(help_heading = TUNING, long = "compile-flag", allow_hyphen_values = true)]
     compile_flags: Vec<String>,
     /// Also return the best K logits of the last position and their ids from the prefill, chunk
     /// and step graphs (`topk.logits`, `topk.ids`), which sampling needs (`generate
-    /// --temperature`); 0 = none. Off by default: a reduction over the vocabulary per call.
-    #[arg(long, default_value_t = 0)]
+    /// --temperature`, whose own `--top-k` must not exceed K); 0 = none. Off by default: a
+    /// reduction over the vocabulary per call. (`--top-k` is the old spelling, kept as an alias.)
+    #[arg(help_heading = TUNING, long = "top-k-outputs", alias = "top-k", default_value_t = 0)]
     top_k: usize,
     /// The graph contract: 1 (the seed's: dynamic past, a prefill graph) or 2 (static shapes over
     /// caches the runtime owns, sliding layers on rings, a prefill graph of `--prefill-seq` rows
     /// (default 128) that takes the caches like the chunk graph; docs/contract-v2.md).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    #[arg(help_heading = TUNING, long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
     contract: u32,
     /// Contract 2: rows a sliding layer's ring cache holds beyond its window, i.e. how far a
     /// session may write past a snapshot before it copies the ring (default 128, the ring then
     /// rounded up to 64 rows; a slack reaching maxPositions keeps a linear cache).
-    #[arg(long)]
+    #[arg(help_heading = TUNING, long)]
     ring_slack: Option<usize>,
     /// Contract 2: the spans (cache rows read) of the prefill graph's token-less variants, which
     /// a long prefill's calls before its last run: comma-separated, or `none`. Default: twice
     /// the prefill graph's rows, doubling, below its own span (`seq` rounded up), at most two.
-    #[arg(long, value_parser = parse_spans)]
+    #[arg(help_heading = TUNING, long, value_parser = parse_spans)]
     prefill_spans: Option<Spans>,
     /// What the projections multiply: `f32`, or `bf16` (each projection's input rounded to bf16,
     /// bf16 × bf16 → f32 matmuls: the fast kernels of CPUs with bf16 dot products, e.g.
     /// AVX-512 BF16). `bf16` needs `--weights bf16` and CPU targets only; the manifest records
     /// it and the reference then rounds the same inputs.
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(help_heading = TUNING, long, value_enum, default_value = "f32")]
     matmul_input: MatmulInputChoice,
     /// The element type of contract 2's KV caches: `f32`, or `f16` (half the bytes the step
     /// reads from its caches and half the memory a session and its snapshots hold; each K and V
     /// row rounded to f16 where it is computed). `f16` needs `--contract 2` and CPU targets
     /// only, and a CPU that converts f16 in hardware to be fast (x86 F16C, aarch64); the manifest
     /// records it and the reference then rounds the same rows.
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(help_heading = TUNING, long, value_enum, default_value = "f32")]
     cache_type: CacheTypeChoice,
     /// How the archive stores each layer's Q/K/V projections: `fused`, one matrix (one product
     /// in the graphs: fewer GPU dispatches; the manifest says `fusedProjections`), or `apart`,
     /// the source's three.
-    #[arg(long, value_enum, default_value = "fused")]
+    #[arg(help_heading = TUNING, long, value_enum, default_value = "fused")]
     projections: ProjectionsChoice,
 }
 
@@ -182,39 +186,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
         None => Source::parse(&args.model),
     };
     let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
-    if matches!(args.weights, WeightChoice::Q4)
-        && vulkan_target.is_some()
-        && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
-    {
-        bail!(
-            "--weights q4 with --vulkan-target: the q4 graphs compiled for a named GPU target (ampere) computed wrong \
-             tokens on the H200 (docs/quantized-weights.md); export Vulkan q4 for IREE's portable target or use q8"
-        );
-    }
-    if matches!(args.weights, WeightChoice::Bf16) && targets.iter().any(|t| matches!(t, Target::Vulkan { .. })) {
-        bail!("--weights bf16: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; export Vulkan with packed weights");
-    }
-    if matches!(args.weights, WeightChoice::I16)
-        && vulkan_target.is_none()
-        && targets.iter().any(|t| matches!(t, Target::Vulkan { .. }))
-    {
-        bail!(
-            "--weights i16 for Vulkan needs --vulkan-target naming a GPU with 16-bit storage (e.g. ampere, valhall, adreno): \
-             on IREE 3.13's default target 16-bit loads are emulated and read the wrong elements"
-        );
-    }
-    if matches!(args.matmul_input, MatmulInputChoice::Bf16) && !(matches!(args.weights, WeightChoice::Bf16) && cpu_only)
-    {
-        bail!(
-            "--matmul-input bf16 needs --weights bf16 and CPU targets only (the bf16 matmuls read the weights as bf16)"
-        );
-    }
-    if args.prefill_spans.is_some() && args.contract != 2 {
-        bail!("--prefill-spans needs --contract 2 (contract 1's prefill graph reads no caches)");
-    }
-    if matches!(args.cache_type, CacheTypeChoice::F16) && !(args.contract == 2 && cpu_only) {
-        bail!("--cache-type f16 needs --contract 2 and CPU targets only (IREE's portable Vulkan target has no 16-bit storage)");
-    }
+    // The rules of valid combinations (bf16 or q4 on Vulkan, i16 on the portable target, bf16
+    // matmul inputs, f16 caches, prefill spans) are the library's (`export::OptionsError`),
+    // checked before anything is emitted; this command only parses.
     let options = ExportOptions {
         targets,
         chunk: args.chunk,
@@ -249,7 +223,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
         fuse_projections: args.projections == ProjectionsChoice::Fused,
         ..ExportOptions::default()
     };
-    let manifest = export::export_artifacts(&source, &args.out, &options)?;
+    let manifest = export::export_artifacts(&source, &args.out, &options).map_err(|e| match e {
+        export::ExportError::Options(rule) => anyhow::anyhow!("{}: {rule}", flags_of(&rule)),
+        other => other.into(),
+    })?;
     if crate::model::is_real_model(&args.model) {
         write_tokenizer(&args.model, &args.out)?;
     }
@@ -271,6 +248,20 @@ pub fn run(args: ExportArgs) -> Result<()> {
         files.files.len()
     )?;
     Ok(())
+}
+
+/// The flags a refused combination of export options comes from, as this command spells them.
+pub(crate) fn flags_of(rule: &export::OptionsError) -> &'static str {
+    use export::OptionsError as E;
+    match rule {
+        E::Contract(_) => "--contract",
+        E::Bf16OnVulkan => "--weights bf16 with a Vulkan target",
+        E::I16OnPortableVulkan => "--weights i16 for Vulkan needs --vulkan-target",
+        E::Q4OnNamedVulkan(_) => "--weights q4 with --vulkan-target",
+        E::Bf16MatmulInputs => "--matmul-input bf16 needs --weights bf16 and CPU targets only",
+        E::PrefillSpansNeedContract2 => "--prefill-spans needs --contract 2",
+        E::F16Caches => "--cache-type f16 needs --contract 2 and CPU targets only",
+    }
 }
 
 /// The model's tokenizer and chat template as `out/tokenizer.gguf`: every `tokenizer.*` key of
@@ -320,7 +311,7 @@ fn check_sizes(args: &ExportArgs) -> Result<()> {
     for &span in args.prefill_spans.iter().flat_map(|s| &s.0) {
         check_positions("--prefill-spans", span)?;
     }
-    kv_core::limits::check_top_k("--top-k", args.top_k)?;
+    kv_core::limits::check_top_k("--top-k-outputs", args.top_k)?;
     Ok(())
 }
 
