@@ -70,6 +70,21 @@ pub struct ServerConfig {
     pub prefix_cache_bytes: usize,
     /// Temperature when a request gives none (0: greedy, which every export decodes).
     pub default_temperature: f32,
+    /// How the backend stores snapshots, which decides what the cache's budget counts.
+    pub snapshot_storage: SnapshotStorage,
+}
+
+/// What a kept snapshot costs, for the prefix cache's budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SnapshotStorage {
+    /// Each snapshot holds its own rows (the reference; IREE contract 1, whose calls return new
+    /// caches): a snapshot at position `p` costs its `p` rows.
+    #[default]
+    Copied,
+    /// Snapshots along one prompt share the session's caches (IREE contract 2 pins a cache set
+    /// and a position): a block's snapshot costs the rows it added. A request that branches off
+    /// before a kept snapshot's end forks a whole cache set, which this does not count.
+    Shared,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +99,7 @@ impl Default for ServerConfig {
             prefix_block: None,
             prefix_cache_bytes: 512 << 20,
             default_temperature: 0.0,
+            snapshot_storage: SnapshotStorage::Copied,
         }
     }
 }
@@ -258,13 +274,20 @@ where
     let mut workers = Vec::with_capacity(sessions);
     for (index, backend) in backends.into_iter().enumerate() {
         let cost_spec = spec.clone();
+        let storage = config.snapshot_storage;
+        let cost = move |p: usize| match storage {
+            SnapshotStorage::Copied => snapshot_bytes(&cost_spec, p),
+            SnapshotStorage::Shared => {
+                snapshot_bytes(&cost_spec, p) - snapshot_bytes(&cost_spec, p.saturating_sub(block))
+            }
+        };
         let (model, metrics, rx, budget) = (model.clone(), metrics.clone(), rx.clone(), config.prefix_cache_bytes);
         // Built on its thread: snapshots need not be `Send`, and never leave it.
         let serve = move || {
             Worker {
                 index,
                 decoder: KvDecoder::new(backend),
-                cache: PrefixCache::new(block, budget, move |p| snapshot_bytes(&cost_spec, p)),
+                cache: PrefixCache::new(block, budget, cost),
                 model,
                 metrics,
             }

@@ -154,7 +154,15 @@ impl<B: KvBackend> Worker<B> {
             self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
             self.metrics.active.fetch_add(1, Ordering::SeqCst);
             let events = job.events.clone();
-            match self.run(&job) {
+            // A bug in one request must not take the session down with it: every request starts
+            // by restoring a snapshot or prefilling, so nothing of the failed one is reused.
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run(&job))).unwrap_or_else(|_| {
+                    Err(Stopped::Error(ApiError::internal(
+                        "the session failed on this request (a bug); it is still serving",
+                    )))
+                });
+            match result {
                 Ok(outcome) => {
                     self.metrics.record_answer(&outcome);
                     let _ = events.send(Event::Done(Box::new(outcome)));

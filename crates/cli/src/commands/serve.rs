@@ -103,8 +103,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         prefix_block: args.prefix_block,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
         default_temperature: args.temperature,
+        snapshot_storage: server::SnapshotStorage::Copied,
+    };
+    #[cfg(feature = "iree")]
+    let config = server::ServerConfig {
+        snapshot_storage: match &sessions[0] {
+            AnyKv::Iree(b) if b.manifest().is_v2() => server::SnapshotStorage::Shared,
+            _ => server::SnapshotStorage::Copied,
+        },
+        ..config
     };
     let name = args.model.clone();
+    let backend_name =
+        clap::ValueEnum::to_possible_value(&choice).map_or_else(String::new, |v| v.get_name().to_string());
     let running = match sessions.remove(0) {
         AnyKv::Reference(first) => {
             let rest = sessions.into_iter().map(|s| match s {
@@ -127,7 +138,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         "skainet-kv serve: {name} on http://{} ({} session(s), {}; OpenAI API at /v1, metrics at /metrics)",
         running.addr(),
         args.sessions,
-        format!("{choice:?}").to_lowercase()
+        backend_name
     )?;
     running.wait().context("serving")?;
     Ok(())
