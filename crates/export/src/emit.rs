@@ -84,22 +84,12 @@ pub struct EmitOptions {
     /// session 15). x86-64 CPU exports for a CPU with AVX-512 BW and F16C, f16 scales only; the
     /// module must be compiled with the kernel's object on its search path.
     pub q4_kernel: bool,
-    /// IREE's SPIR-V configuration of the LM head's one-row i16 product ([`RowProducts`]), for
-    /// modules compiled only for GPUs whose subgroups are 32 wide; `None` = the product in the
-    /// form of the graph's other projections, configured by IREE.
-    pub head_product: Option<RowProducts>,
-    /// The same for the one-row products as wide as the residual stream (output and down
-    /// projections) where they also write the stream out (`FuncEmitter::proj_settling`);
-    /// `None` = those products in IREE's form, the stream's post-norms apart.
-    pub stream_product: Option<StreamProducts>,
-    /// The staged argmax's stages reduce at most this many values each
-    /// ([`crate::mlir::argmax_stages_of_width`]: more, shorter stages); `None` =
-    /// [`crate::mlir::argmax_stages`].
-    pub argmax_width: Option<usize>,
-    /// IREE's SPIR-V configuration of contract v2's one-row attention products over the caches
-    /// ([`AttentionProducts`], f32 caches, GPUs whose subgroups are 32 wide); `None` = the
-    /// broadcast products IREE configures (as matmuls of 2 to 5 workgroups on the H200).
-    pub attention_products: Option<AttentionProducts>,
+    /// IREE's SPIR-V configurations of the one-row forms ([`crate::profile::GpuTuning`]: the LM
+    /// head's and the step's normed i16 products, the products writing the residual stream out,
+    /// the argmax's stage width, contract v2's attention products), for modules compiled only
+    /// for one tuned GPU family ([`crate::profile::ExportProfile::gpu_tuning`]); `None` = every
+    /// product in the form of the graph's other projections, configured by IREE.
+    pub tuning: Option<crate::profile::GpuTuning>,
 }
 
 /// How IREE's SPIR-V code runs contract v2's one-row attention products against a cache head
@@ -254,7 +244,16 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
                 "embedFunction `{qualified}`: a function of the step graph's module"
             )));
         }
-        let mut f = FuncEmitter::new(&spec, manifest.v2(), &arch, options, &table, manifest, true, &mut globals);
+        let mut f = FuncEmitter::new(
+            &spec,
+            manifest.v2(),
+            &arch,
+            options,
+            &table,
+            manifest,
+            true,
+            &mut globals,
+        );
         funcs.push_str(&f.embed_function(func));
     }
     let mut out = String::new();
@@ -431,6 +430,15 @@ fn symbol(name: &str) -> String {
 }
 
 impl<'a> FuncEmitter<'a> {
+    /// The tuning of the configured one-row forms that read the weights as i16 (the LM head's,
+    /// the step's normed products, the products writing the stream out): the one place that
+    /// says "a tuned GPU family, with i16 weights"; packed weights keep IREE's forms.
+    fn row_tuning(&self) -> Option<crate::profile::GpuTuning> {
+        self.options
+            .tuning
+            .filter(|_| self.options.weights == WeightFormat::I16)
+    }
+
     /// An emitter of one function of the module whose parameter globals are `globals`.
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -1476,7 +1484,7 @@ impl<'a> FuncEmitter<'a> {
             let sc = self.b.select(masks.0, &sc, &masked_cache);
             let sn = self.head_product(&qj, &kn, true, by_reduce);
             let sn = self.b.select(masks.1, &sn, &masked_new);
-            let configured = self.options.attention_products.filter(|c| c.keys <= p);
+            let configured = self.options.tuning.map(|t| t.attention).filter(|c| c.keys <= p);
             if let (Some(config), true, Elem::F32) = (configured, by_reduce, vc.ty.elem) {
                 let o = self.attention_row(&sc, &sn, &vc, &vn, config);
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
@@ -1582,7 +1590,7 @@ impl<'a> FuncEmitter<'a> {
         let [rows, d] = c.ty.static_dims()[..] else {
             kv_core::error::invariant("a cache head is [P, d]")
         };
-        match self.options.attention_products {
+        match self.options.tuning.map(|t| t.attention) {
             // (The call's own rows stay IREE's: fewer than a workgroup's keys.)
             Some(config) if by_reduce && c.ty.elem == Elem::F32 && rows >= config.keys => {
                 let info = if scores {
@@ -1767,14 +1775,14 @@ impl<'a> FuncEmitter<'a> {
 
     /// The residual stream `x` plus a block's output `y` (RMS-normed by `post_norm` where the
     /// architecture has post-norms): the addition left pending where the next products can
-    /// make it ([`Residual`]: the one-row step where [`EmitOptions::stream_product`] says how
+    /// make it ([`Residual`]: the one-row step where [`EmitOptions::tuning`] says how
     /// the products writing the stream out run, with i16 weights).
     fn add_block(&mut self, x: V, y: V, post_norm: &str) -> Residual {
         if !self.arch.post_norms {
             return Residual::settled(self.b.add(&x, &y));
         }
         let one_row = y.ty.is_static() && y.ty.static_dims()[0] == 1;
-        if one_row && self.options.stream_product.is_some() && self.options.weights == WeightFormat::I16 {
+        if one_row && self.row_tuning().is_some() {
             return Residual {
                 base: x,
                 pending: Some((y, post_norm.to_string())),
@@ -1800,8 +1808,8 @@ impl<'a> FuncEmitter<'a> {
     /// as `(product, stream)`; with an addition pending, both in one configured dispatch
     /// ([`Body::row_product_settling_i16`]).
     fn proj_settling(&mut self, x: &V, weight: &str, res: &Residual) -> (V, V) {
-        if let (Some((d, post)), Some(config)) = (&res.pending, self.options.stream_product) {
-            if self.quant_format(weight).is_none() && self.options.weights == WeightFormat::I16 {
+        if let (Some((d, post)), Some(config)) = (&res.pending, self.row_tuning().map(|t| t.stream)) {
+            if self.quant_format(weight).is_none() {
                 let w = self.raw_param(weight);
                 let [hidden, inner] = w.ty.static_dims()[..] else {
                     kv_core::error::invariant("a weight is [out, in]")
@@ -1960,14 +1968,10 @@ impl<'a> FuncEmitter<'a> {
     /// whose post-norm addition is pending ([`Residual`]) is normed as the sum it stands for,
     /// never written out ([`Body::carried_row_products_i16`]). `None` elsewhere.
     fn normed_products(&mut self, x: &Residual, norm: &str, weights: &[&str]) -> Option<Vec<V>> {
-        let config = self.options.head_product?;
+        let config = self.row_tuning()?.head;
         let one_row = x.base.ty.is_static() && x.base.ty.static_dims()[0] == 1;
         let plain = |e: &Self, n: &str| e.quant_format(n).is_none();
-        if !one_row
-            || self.options.weights != WeightFormat::I16
-            || !plain(self, norm)
-            || !weights.iter().all(|w| plain(self, w))
-        {
+        if !one_row || !plain(self, norm) || !weights.iter().all(|w| plain(self, w)) {
             return None;
         }
         let n = self.param(norm);
@@ -2017,13 +2021,13 @@ impl<'a> FuncEmitter<'a> {
     fn logits(&mut self, x: &V) -> V {
         let y = self.norm_param(x, OUTPUT_NORM);
         let table = if self.arch.tied_output { TOKEN_EMBD } else { OUTPUT };
-        match self.options.head_product {
+        match self.row_tuning().map(|t| t.head) {
             // One row of i16 weights: the widening in the product's own body, over (out, in),
             // with IREE's configuration given. The step's fused form of the same product was a
             // `vecmat` taking 820 µs of the H200's ~5 ms step; this form took 361 µs
             // (docs/journal, session 16). The step's other products stay fused: in this
             // form and configuration they were slower (640 outputs are too few workgroups).
-            Some(config) if self.options.weights == WeightFormat::I16 && y.ty.static_dims()[0] == 1 => {
+            Some(config) if y.ty.static_dims()[0] == 1 => {
                 let w = self.raw_param(table);
                 let info = config.compilation_info(w.ty.static_dims()[1]);
                 self.b.row_contract_i16(&y, &w, &info)
@@ -2053,7 +2057,7 @@ impl<'a> FuncEmitter<'a> {
             self.b.argmax_rows_by_max(logits)
         } else {
             let n = logits.ty.static_dims()[1];
-            let stages = match self.options.argmax_width {
+            let stages = match self.options.tuning.map(|t| t.argmax_width) {
                 Some(width) => crate::mlir::argmax_stages_of_width(n, width),
                 None => crate::mlir::argmax_stages(n),
             };

@@ -320,10 +320,7 @@ impl ExportPlan {
                 bf16_matmul_inputs,
                 argmax_by_max: cpu_only,
                 q4_kernel,
-                head_product: tuning.map(|t| t.head),
-                stream_product: tuning.map(|t| t.stream),
-                argmax_width: tuning.map(|t| t.argmax_width),
-                attention_products: tuning.map(|t| t.attention),
+                tuning,
             }
         };
         let targets = profile.compile_targets();

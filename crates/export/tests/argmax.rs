@@ -177,7 +177,7 @@ fn explicit_tiling_one_padding_element() {
     check(4, 1000, Form::Staged(Some(&[7, 143])));
 }
 
-/// NVIDIA Vulkan exports' stages of 16 (`EmitOptions::argmax_width`): Gemma 3's vocabulary in
+/// NVIDIA Vulkan exports' stages of 16 (`GpuTuning::argmax_width`): Gemma 3's vocabulary in
 /// five stages, and Qwen2's padded.
 #[test]
 fn stages_of_sixteen() {

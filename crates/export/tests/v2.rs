@@ -741,8 +741,8 @@ fn masks_hold(label: &str, dir: &Path, target: &str, device: &str) {
     }
 }
 
-/// The allowed-token mask (`allowed`, issue 31) in the NVIDIA Vulkan forms (`head_product`,
-/// `stream_product`, `argmax_width`, `attention_products`): the module of an `ampere` export,
+/// The allowed-token mask (`allowed`, issue 31) in the NVIDIA Vulkan forms (`GpuTuning::NVIDIA`:
+/// the head, stream and attention products, the argmax's width): the module of an `ampere` export,
 /// its SPIR-V configurations taken out, compiled for the CPU and run under masks
 /// ([`masks_hold`]), as `graphs.rs` runs contract 1's forms (lavapipe runs no GPU-target module).
 #[test]
