@@ -4,17 +4,41 @@ use std::path::Path;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntry};
 use kv_core::quant::{QuantFormat, ScaleType};
-use kv_core::{Error, KvSpec, Result};
+use kv_core::{Error, KvSpec, Param, Result};
 
 /// Names the table goes by in archives without a manifest, tried in this order: llama.cpp's
 /// GGUF name, Hugging Face's (`model.embed_tokens.weight`, ...), the seed's exporter. `*x*`
 /// matches names containing `x`.
-const WELL_KNOWN: [&str; 3] = ["token_embd.weight", "*embed_tokens*", "embed"];
+const WELL_KNOWN: [Known; 3] = [
+    Known::Param(Param::TokenEmbd),
+    Known::Containing("embed_tokens"),
+    Known::Exact("embed"),
+];
 
-fn well_known(pattern: &str, name: &str) -> bool {
-    match pattern.strip_prefix('*').and_then(|p| p.strip_suffix('*')) {
-        Some(inner) => name.contains(inner),
-        None => name == pattern,
+/// A way the embedding table may be named.
+#[derive(Clone, Copy)]
+enum Known {
+    Param(Param),
+    Containing(&'static str),
+    Exact(&'static str),
+}
+
+impl std::fmt::Display for Known {
+    /// As the error names the pattern: `*x*` for names containing `x`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Known::Param(param) => write!(f, "{param}"),
+            Known::Containing(inner) => write!(f, "*{inner}*"),
+            Known::Exact(exact) => f.write_str(exact),
+        }
+    }
+}
+
+fn well_known(pattern: Known, name: &str) -> bool {
+    match pattern {
+        Known::Param(param) => name.parse() == Ok(param),
+        Known::Containing(inner) => name.contains(inner),
+        Known::Exact(exact) => name == exact,
     }
 }
 

@@ -15,8 +15,8 @@ use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::LayerRows;
 use kv_core::window::{plan_chunk, plan_chunked_prefill, plan_prefill, plan_step, ChunkPlan, KindInputs};
 use kv_core::{
-    Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result,
-    Contract, SessionId, StepPhases, TopK, V2Spec, WindowRule,
+    Contract, Error, Graph, KvBackend, KvSpec, LayerKind, LayerKv, Manifest, ModelFingerprint, PersistSnapshot, Result,
+    SessionId, StepPhases, TopK, V2Spec, WindowRule,
 };
 
 use crate::convert::{contract_err, iree_err};
@@ -837,7 +837,11 @@ impl IreeKvBackend {
     fn prefill_by_chunks(&mut self, tokens: &[i32]) -> Result<i32> {
         let plans = plan_chunked_prefill(&self.manifest.spec, tokens)?;
         let empty = Caches::V1(Vec::new());
-        let before = (std::mem::replace(&mut self.caches, empty), self.position, self.last_top_k.clone());
+        let before = (
+            std::mem::replace(&mut self.caches, empty),
+            self.position,
+            self.last_top_k.clone(),
+        );
         self.position = 0;
         let result = self
             .first_chunk(&plans[0])

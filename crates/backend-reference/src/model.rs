@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use kv_core::irpa::{IrpaArchive, IrpaEntryKind};
 use kv_core::manifest::Rounding;
-use kv_core::params::{archive_table, layer_param, FusedParam, ParamInfo, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::params::{archive_table, FusedParam, ParamInfo};
 use kv_core::quant::Quantization;
-use kv_core::{Architecture, Error, KvSpec, Manifest, Result};
+use kv_core::{Architecture, Error, KvSpec, LayerWeight, Manifest, Param, Result};
 use ndarray::{Array1, Array2};
 
 /// The weights of one transformer block, f32. Matrices are `[out, in]` (a projection is `x · Wᵀ`).
@@ -85,55 +85,58 @@ impl ReferenceModel {
 
         let layers = (0..spec.n_layers)
             .map(|l| {
-                let mut vector = |suffix: &str| store.vector(&layer_param(l, suffix));
-                let attn_norm = vector("attn_norm.weight");
-                let ffn_norm = vector("ffn_norm.weight");
+                let mut vector = |w: LayerWeight| store.vector(Param::Layer(l, w));
+                let attn_norm = vector(LayerWeight::AttnNorm);
+                let ffn_norm = vector(LayerWeight::FfnNorm);
                 let (attn_q_bias, attn_k_bias, attn_v_bias) = if architecture.attn_bias {
                     (
-                        Some(vector("attn_q.bias")),
-                        Some(vector("attn_k.bias")),
-                        Some(vector("attn_v.bias")),
+                        Some(vector(LayerWeight::AttnQBias)),
+                        Some(vector(LayerWeight::AttnKBias)),
+                        Some(vector(LayerWeight::AttnVBias)),
                     )
                 } else {
                     (None, None, None)
                 };
                 let (attn_q_norm, attn_k_norm) = if architecture.qk_norm {
-                    (Some(vector("attn_q_norm.weight")), Some(vector("attn_k_norm.weight")))
+                    (
+                        Some(vector(LayerWeight::AttnQNorm)),
+                        Some(vector(LayerWeight::AttnKNorm)),
+                    )
                 } else {
                     (None, None)
                 };
                 let (post_attention_norm, post_ffw_norm) = if architecture.post_norms {
                     (
-                        Some(vector("post_attention_norm.weight")),
-                        Some(vector("post_ffw_norm.weight")),
+                        Some(vector(LayerWeight::PostAttentionNorm)),
+                        Some(vector(LayerWeight::PostFfwNorm)),
                     )
                 } else {
                     (None, None)
                 };
-                let mut matrix = |suffix: &str| store.matrix(&layer_param(l, suffix));
+                let mut matrix = |w: LayerWeight| store.matrix(Param::Layer(l, w));
                 LayerWeights {
                     attn_norm,
-                    attn_q: matrix("attn_q.weight"),
-                    attn_k: matrix("attn_k.weight"),
-                    attn_v: matrix("attn_v.weight"),
+                    attn_q: matrix(LayerWeight::AttnQ),
+                    attn_k: matrix(LayerWeight::AttnK),
+                    attn_v: matrix(LayerWeight::AttnV),
                     attn_q_bias,
                     attn_k_bias,
                     attn_v_bias,
                     attn_q_norm,
                     attn_k_norm,
-                    attn_output: matrix("attn_output.weight"),
+                    attn_output: matrix(LayerWeight::AttnOutput),
                     post_attention_norm,
                     ffn_norm,
-                    ffn_gate: matrix("ffn_gate.weight"),
-                    ffn_up: matrix("ffn_up.weight"),
-                    ffn_down: matrix("ffn_down.weight"),
+                    ffn_gate: matrix(LayerWeight::FfnGate),
+                    ffn_up: matrix(LayerWeight::FfnUp),
+                    ffn_down: matrix(LayerWeight::FfnDown),
                     post_ffw_norm,
                 }
             })
             .collect();
-        let embedding = store.matrix(TOKEN_EMBD);
-        let output_norm = store.vector(OUTPUT_NORM);
-        let output = (!architecture.tied_output).then(|| store.matrix(OUTPUT));
+        let embedding = store.matrix(Param::TokenEmbd);
+        let output_norm = store.vector(Param::OutputNorm);
+        let output = (!architecture.tied_output).then(|| store.matrix(Param::Output));
         Ok(Arc::new(ReferenceModel {
             manifest,
             architecture,
@@ -220,8 +223,9 @@ impl ParamStore {
             .unwrap_or_else(|| kv_core::error::invariant(&format!("parameter `{name}` is not in the parameter table")))
     }
 
-    fn vector(&mut self, name: &str) -> Array1<f32> {
-        let (shape, values) = self.take(name);
+    fn vector(&mut self, param: Param) -> Array1<f32> {
+        let name = param.to_string();
+        let (shape, values) = self.take(&name);
         match shape[..] {
             [n] => Array1::from_shape_vec(n, values)
                 .unwrap_or_else(|_| kv_core::error::invariant("loaded vector has its table size")),
@@ -229,8 +233,9 @@ impl ParamStore {
         }
     }
 
-    fn matrix(&mut self, name: &str) -> Array2<f32> {
-        let (shape, values) = self.take(name);
+    fn matrix(&mut self, param: Param) -> Array2<f32> {
+        let name = param.to_string();
+        let (shape, values) = self.take(&name);
         match shape[..] {
             [rows, cols] => Array2::from_shape_vec((rows, cols), values)
                 .unwrap_or_else(|_| kv_core::error::invariant("loaded matrix has its table size")),

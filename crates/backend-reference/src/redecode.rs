@@ -30,7 +30,7 @@ impl ReferenceRedecode {
         if seq == 0 {
             return Err(Error::manifest("seq", "a redecode graph needs seq >= 1"));
         }
-        kv_core::limits::check_redecode_seq("redecode seq", model.spec(), seq)?;
+        model.spec().check_redecode_seq("redecode seq", seq)?;
         Ok(ReferenceRedecode { model, seq })
     }
 }

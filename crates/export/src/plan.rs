@@ -184,7 +184,7 @@ impl ExportPlan {
         // (`chunk` beyond `maxPositions` was accepted, and a session then asked for 40 GB).
         m.validate()?;
         if let Some(seq) = options.redecode_seq {
-            kv_core::limits::check_redecode_seq("export option redecode_seq", &m.spec, seq)?;
+            m.spec.check_redecode_seq("export option redecode_seq", seq)?;
         }
 
         let source_table = parameter_table(&m.spec, &arch);

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::file::GgmlType;
+use crate::ggml::GgmlType;
 
 pub type Result<T, E = GgufError> = std::result::Result<T, E>;
 
@@ -51,7 +51,7 @@ pub enum GgufError {
     #[error(
         "gguf: tensor `{tensor}` has type {}, which cannot be dequantized here (supported: {})",
         ty.name(),
-        crate::quant::SUPPORTED.map(|t| t.name()).join(", ")
+        crate::ggml::DEQUANTIZABLE.map(|t| t.name()).join(", ")
     )]
     UnsupportedType { tensor: String, ty: GgmlType },
     /// The checkpoint is valid GGUF but not something the importer maps.

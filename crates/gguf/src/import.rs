@@ -17,13 +17,14 @@ use std::path::Path;
 
 use kv_core::irpa::IrpaWriter;
 use kv_core::manifest::{Manifest, Parameters};
-use kv_core::params::{parameter_table, ParamInfo, OUTPUT, TOKEN_EMBD};
+use kv_core::params::{parameter_table, ParamInfo};
 use kv_core::quant::{QuantFormat, Quantization, BLOCK};
-use kv_core::{Architecture, Family, KvSpec};
+use kv_core::{Architecture, Family, KvSpec, LayerWeight, Param};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GgufError, Result};
-use crate::file::{GgmlType, GgufFile};
+use crate::file::GgufFile;
+use crate::ggml::GgmlType;
 
 /// The archive the importer writes, relative to the output directory.
 pub const WEIGHTS_FILE: &str = "model.irpa";
@@ -176,7 +177,7 @@ pub fn model_config(file: &GgufFile, opts: &ImportOptions) -> Result<(KvSpec, Ar
     architecture.attn_bias = arch == "qwen2";
     architecture.qk_norm = family == Family::Gemma3 || arch == "qwen3";
     architecture.rms_eps = eps;
-    architecture.tied_output = file.tensor(OUTPUT).is_none();
+    architecture.tied_output = file.tensor(&Param::Output.to_string()).is_none();
     spec.validate()?;
     architecture.validate()?;
     Ok((spec, architecture))
@@ -219,12 +220,12 @@ fn move_rows<T: Copy + Default>(
 fn permuted_heads(file: &GgufFile, name: &str, spec: &KvSpec, arch: &Architecture) -> Option<usize> {
     if arch.family != Family::Llama || file.architecture().ok() != Some("llama") {
         None
-    } else if name.ends_with("attn_q.weight") {
-        Some(spec.n_heads)
-    } else if name.ends_with("attn_k.weight") {
-        Some(spec.n_kv_heads)
     } else {
-        None
+        match name.parse::<Param>().ok().and_then(Param::weight) {
+            Some(LayerWeight::AttnQ) => Some(spec.n_heads),
+            Some(LayerWeight::AttnK) => Some(spec.n_kv_heads),
+            _ => None,
+        }
     }
 }
 
@@ -382,7 +383,7 @@ pub fn import_file_with(
     // The contract's embedding entry is bf16 (or, in a quantized archive, q8 / q4 with its
     // scales); an f32 archive is for the reference only.
     if opts.weights != WeightFormat::F32 {
-        manifest.embedding_parameter = Some(TOKEN_EMBD.into());
+        manifest.embedding_parameter = Some(Param::TokenEmbd.to_string());
     }
     manifest.quantization = quantization;
     let p = &mut manifest.provenance;

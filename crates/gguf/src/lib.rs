@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod file;
+pub mod ggml;
 pub mod import;
 pub mod quant;
 pub mod writer;

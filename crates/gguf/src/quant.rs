@@ -6,25 +6,13 @@
 use half::f16;
 
 use crate::error::{GgufError, Result};
-use crate::file::GgmlType;
+use crate::ggml::GgmlType;
 
 /// Elements per super-block of the K-quants (`QK_K`).
 pub const QK_K: usize = 256;
 
 /// The types [`dequantize`] handles.
-pub const SUPPORTED: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+pub use crate::ggml::DEQUANTIZABLE as SUPPORTED;
 
 /// Widens `n` elements of type `ty` stored in `bytes` (exactly `n / block * block_bytes` long).
 pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {

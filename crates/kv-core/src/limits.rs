@@ -27,9 +27,11 @@
 //! | a benchmark's `--utterances`, `--repeat` | [`MAX_REPEATS`] |
 //! | one buffer a geometry implies (a layer's cache, a chunk call's scores, a prefill's scores, redecode logits, the embedding table) | [`MAX_BUFFER_BYTES`] |
 //! | every layer's caches together | [`MAX_CACHE_BYTES`] |
+//!
+//! The checks of a whole geometry are `KvSpec::validate`'s and `KvSpec::check_redecode_seq`'s
+//! (in `spec`), so this module imports nothing but the error type.
 
 use crate::error::{Error, Result};
-use crate::spec::KvSpec;
 
 /// Layers of a model.
 pub const MAX_LAYERS: usize = 1024;
@@ -89,96 +91,13 @@ pub fn check_buffer(what: impl AsRef<str>, elements: u128) -> Result<()> {
     Ok(())
 }
 
-fn too_large(what: &str, value: u128, limit: u128, bound: &str) -> Error {
+pub(crate) fn too_large(what: &str, value: u128, limit: u128, bound: &str) -> Error {
     Error::TooLarge {
         what: what.to_string(),
         value,
         limit,
         bound: bound.to_string(),
     }
-}
-
-/// Checks every size of `spec` against the limits above, each key before anything is computed
-/// from it, then the buffers the geometry implies. Called by [`KvSpec::validate`].
-pub fn check_spec(spec: &KvSpec) -> Result<()> {
-    let key = |k: &str| format!("spec `{k}`");
-    let m = "kv_core::limits::";
-    for (k, value, limit, bound) in [
-        ("nLayers", spec.n_layers, MAX_LAYERS, "MAX_LAYERS"),
-        ("nHeads", spec.n_heads, MAX_HEADS, "MAX_HEADS"),
-        ("nKvHeads", spec.n_kv_heads, MAX_HEADS, "MAX_HEADS"),
-        ("headDim", spec.head_dim, MAX_HEAD_DIM, "MAX_HEAD_DIM"),
-        ("hiddenSize", spec.hidden_size, MAX_HIDDEN, "MAX_HIDDEN"),
-        ("vocabSize", spec.vocab_size, MAX_VOCAB, "MAX_VOCAB"),
-        ("maxPositions", spec.max_positions, MAX_POSITIONS, "MAX_POSITIONS"),
-    ] {
-        check(key(k), value, limit, &format!("{m}{bound}"))?;
-    }
-    for (k, value) in [
-        ("seq", spec.seq),
-        ("chunk", spec.chunk),
-        ("slidingWindow", spec.sliding_window),
-        ("globalLayerPeriod", spec.global_layer_period),
-    ] {
-        check_positions(key(k), value)?;
-    }
-    // A chunk call holds `chunk` new positions: more than the context can never be fed (the
-    // other counts' relations to maxPositions are `KvSpec::validate`'s).
-    check(key("chunk"), spec.chunk, spec.max_positions, "the spec's maxPositions")?;
-    // Every factor is bounded above, so these products fit u128.
-    let [layers, heads, kv, d, hidden, vocab, positions, seq, chunk] = [
-        spec.n_layers,
-        spec.n_heads,
-        spec.n_kv_heads,
-        spec.head_dim,
-        spec.hidden_size,
-        spec.vocab_size,
-        spec.max_positions,
-        spec.seq,
-        spec.chunk,
-    ]
-    .map(|n| n as u128);
-    let cache = positions * kv * d;
-    check_buffer(
-        format!("a layer's cache (maxPositions {positions} × nKvHeads {kv} × headDim {d})"),
-        cache,
-    )?;
-    let all = cache * 2 * layers * 4;
-    if all > MAX_CACHE_BYTES as u128 {
-        return Err(too_large(
-            &format!("the session's caches (2 × nLayers {layers} × maxPositions {positions} × nKvHeads {kv} × headDim {d}, bytes)"),
-            all,
-            MAX_CACHE_BYTES as u128,
-            "kv_core::limits::MAX_CACHE_BYTES",
-        ));
-    }
-    check_buffer(
-        format!("a chunk call's scores (nHeads {heads} × chunk {chunk} × (maxPositions {positions} + chunk))"),
-        heads * chunk * (positions + chunk),
-    )?;
-    check_buffer(
-        format!("a prefill's scores (nHeads {heads} × seq {seq} × seq)"),
-        heads * seq * seq,
-    )?;
-    check_buffer(
-        format!("the embedding table (vocabSize {vocab} × hiddenSize {hidden})"),
-        vocab * hidden,
-    )?;
-    Ok(())
-}
-
-/// A redecode graph of `seq` rows on `spec`: at most the context, and its scores and per-row
-/// logits (`seq × vocabSize`) within [`MAX_BUFFER_BYTES`]. `what` names where `seq` came from.
-pub fn check_redecode_seq(what: impl AsRef<str>, spec: &KvSpec, seq: usize) -> Result<()> {
-    let what = what.as_ref();
-    check_positions(what, seq)?;
-    check(what, seq, spec.max_positions, "the model's maxPositions")?;
-    let (s, heads, vocab) = (seq as u128, spec.n_heads as u128, spec.vocab_size as u128);
-    check_buffer(format!("{what}: the logits (seq {s} × vocabSize {vocab})"), s * vocab)?;
-    check_buffer(
-        format!("{what}: the scores (nHeads {heads} × seq {s} × seq)"),
-        heads * s * s,
-    )
 }
 
 /// `topK` of a manifest or `--top-k` of a caller: within [`MAX_TOP_K`].
@@ -189,11 +108,6 @@ pub fn check_top_k(what: impl AsRef<str>, k: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_default_spec_is_far_inside_the_limits() {
-        check_spec(&KvSpec::default()).unwrap();
-    }
 
     #[test]
     fn a_size_over_its_limit_names_it_the_value_and_the_limit() {
@@ -209,21 +123,5 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains('\n'));
-    }
-
-    #[test]
-    fn sizes_whose_product_overflows_are_refused_not_wrapped() {
-        let spec = KvSpec {
-            max_positions: MAX_POSITIONS,
-            seq: MAX_POSITIONS,
-            chunk: MAX_POSITIONS,
-            n_heads: MAX_HEADS,
-            ..KvSpec::default()
-        };
-        let e = check_spec(&spec).unwrap_err();
-        assert!(
-            matches!(&e, Error::TooLarge { bound, .. } if bound.contains("MAX_BUFFER_BYTES")),
-            "{e}"
-        );
     }
 }

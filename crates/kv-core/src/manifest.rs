@@ -385,7 +385,7 @@ pub struct Manifest {
     /// Ours: what a forward (the reference, the exporter) needs beyond the geometry.
     pub architecture: Option<Architecture>,
     /// Ours: which parameters of the archive are block-quantized (`crate::quant`); absent: all bf16.
-    pub quantization: Option<crate::quant::Quantization>,
+    pub quantization: Option<crate::quantization::Quantization>,
     /// Ours: the type each projection's input (and the LM head's) is rounded to before its
     /// matmul ([`MatmulInput`]); absent: f32, no rounding.
     pub matmul_input: MatmulInput,
@@ -726,7 +726,7 @@ mod wire {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub(super) architecture: Option<Architecture>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub(super) quantization: Option<crate::quant::Quantization>,
+        pub(super) quantization: Option<crate::quantization::Quantization>,
         #[serde(default, skip_serializing_if = "MatmulInput::is_f32")]
         pub(super) matmul_input: MatmulInput,
         #[serde(default, skip_serializing_if = "CacheType::is_f32")]

@@ -3,27 +3,22 @@
 //! keeps its names. Matrices are `[out, in]`, row-major (a projection is `x · Wᵀ`). Norm weights
 //! are multiplied as stored: Gemma's `1 + w` is folded in before they are written.
 
-use crate::quant::{QuantFormat, Quantization};
+pub use crate::param::{FusedParam, ParamInfo};
+use crate::param::{LayerWeight, Param};
+use crate::quantization::{QuantFormat, Quantization};
 use crate::spec::{Architecture, KvSpec};
 
+/// [`Param::TokenEmbd`]'s spelling, for the exporter's text (which still names weights by
+/// string; the importer and the backends use [`Param`]).
 pub const TOKEN_EMBD: &str = "token_embd.weight";
+/// [`Param::OutputNorm`]'s spelling.
 pub const OUTPUT_NORM: &str = "output_norm.weight";
+/// [`Param::Output`]'s spelling.
 pub const OUTPUT: &str = "output.weight";
 
-/// One weight of the model.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParamInfo {
-    pub name: String,
-    pub shape: Vec<usize>,
-}
-
-impl ParamInfo {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-/// The archive name of a per-layer weight, e.g. `layer_param(3, "attn_q.weight")`.
+/// The archive name of a per-layer weight by its GGUF suffix, e.g. `layer_param(3,
+/// "attn_q.weight")`: the exporter's spelling until it names weights by [`Param`] as the
+/// importer and the backends do (`Param::Layer(3, LayerWeight::AttnQ)` writes the same).
 pub fn layer_param(layer: usize, suffix: &str) -> String {
     format!("blk.{layer}.{suffix}")
 }
@@ -35,48 +30,48 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
     let kv = spec.n_kv_heads * spec.head_dim;
     let f = arch.ffn_size;
     let mut table = vec![ParamInfo {
-        name: TOKEN_EMBD.into(),
+        name: Param::TokenEmbd.to_string(),
         shape: vec![spec.vocab_size, h],
     }];
     for l in 0..spec.n_layers {
-        let mut push = |suffix: &str, shape: Vec<usize>| {
+        let mut push = |weight: LayerWeight, shape: Vec<usize>| {
             table.push(ParamInfo {
-                name: layer_param(l, suffix),
+                name: Param::Layer(l, weight).to_string(),
                 shape,
             })
         };
-        push("attn_norm.weight", vec![h]);
-        push("attn_q.weight", vec![q, h]);
-        push("attn_k.weight", vec![kv, h]);
-        push("attn_v.weight", vec![kv, h]);
+        push(LayerWeight::AttnNorm, vec![h]);
+        push(LayerWeight::AttnQ, vec![q, h]);
+        push(LayerWeight::AttnK, vec![kv, h]);
+        push(LayerWeight::AttnV, vec![kv, h]);
         if arch.attn_bias {
-            push("attn_q.bias", vec![q]);
-            push("attn_k.bias", vec![kv]);
-            push("attn_v.bias", vec![kv]);
+            push(LayerWeight::AttnQBias, vec![q]);
+            push(LayerWeight::AttnKBias, vec![kv]);
+            push(LayerWeight::AttnVBias, vec![kv]);
         }
         if arch.qk_norm {
-            push("attn_q_norm.weight", vec![spec.head_dim]);
-            push("attn_k_norm.weight", vec![spec.head_dim]);
+            push(LayerWeight::AttnQNorm, vec![spec.head_dim]);
+            push(LayerWeight::AttnKNorm, vec![spec.head_dim]);
         }
-        push("attn_output.weight", vec![h, q]);
+        push(LayerWeight::AttnOutput, vec![h, q]);
         if arch.post_norms {
-            push("post_attention_norm.weight", vec![h]);
+            push(LayerWeight::PostAttentionNorm, vec![h]);
         }
-        push("ffn_norm.weight", vec![h]);
-        push("ffn_gate.weight", vec![f, h]);
-        push("ffn_up.weight", vec![f, h]);
-        push("ffn_down.weight", vec![h, f]);
+        push(LayerWeight::FfnNorm, vec![h]);
+        push(LayerWeight::FfnGate, vec![f, h]);
+        push(LayerWeight::FfnUp, vec![f, h]);
+        push(LayerWeight::FfnDown, vec![h, f]);
         if arch.post_norms {
-            push("post_ffw_norm.weight", vec![h]);
+            push(LayerWeight::PostFfwNorm, vec![h]);
         }
     }
     table.push(ParamInfo {
-        name: OUTPUT_NORM.into(),
+        name: Param::OutputNorm.to_string(),
         shape: vec![h],
     });
     if !arch.tied_output {
         table.push(ParamInfo {
-            name: OUTPUT.into(),
+            name: Param::Output.to_string(),
             shape: vec![spec.vocab_size, h],
         });
     }
@@ -90,17 +85,16 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
 /// Gemma's Q/K norms then one dispatch, `docs/journal`, session 14). The gate/up pair is not fused:
 /// its activation reads two slices of a fused product, so IREE no longer fuses it into the up
 /// projection, and the step had as many dispatches as before.
-pub const FUSED_PROJECTIONS: &[(&str, &[&str])] = &[
-    ("attn_qkv.weight", &["attn_q.weight", "attn_k.weight", "attn_v.weight"]),
-    ("attn_qkv.bias", &["attn_q.bias", "attn_k.bias", "attn_v.bias"]),
+pub const FUSED_PROJECTIONS: &[(LayerWeight, &[LayerWeight])] = &[
+    (
+        LayerWeight::AttnQkv,
+        &[LayerWeight::AttnQ, LayerWeight::AttnK, LayerWeight::AttnV],
+    ),
+    (
+        LayerWeight::AttnQkvBias,
+        &[LayerWeight::AttnQBias, LayerWeight::AttnKBias, LayerWeight::AttnVBias],
+    ),
 ];
-
-/// A fused parameter of `table`: its name and its parts, in row order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FusedParam {
-    pub name: String,
-    pub parts: Vec<ParamInfo>,
-}
 
 /// `table` with each group of [`FUSED_PROJECTIONS`] whose parts are all present and stored alike
 /// under `quant` (all unquantized, or all in one format) replaced by its fused parameter, at the
@@ -119,7 +113,7 @@ pub fn fuse_projections(
         for (name, parts) in FUSED_PROJECTIONS {
             let at: Option<Vec<usize>> = parts
                 .iter()
-                .map(|s| index.get(layer_param(l, s).as_str()).copied())
+                .map(|&w| index.get(Param::Layer(l, w).to_string().as_str()).copied())
                 .collect();
             let Some(at) = at else { continue };
             let first = format(&table[at[0]].name);
@@ -133,7 +127,7 @@ pub fn fuse_projections(
             }
             shape[0] = parts.iter().map(|p| p.shape[0]).sum();
             let info = ParamInfo {
-                name: layer_param(l, name),
+                name: Param::Layer(l, *name).to_string(),
                 shape,
             };
             replaced.insert(at[0], Some(info.clone()));

@@ -4,6 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits::{
+    check, check_buffer, check_positions, too_large, MAX_CACHE_BYTES, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_LAYERS,
+    MAX_POSITIONS, MAX_VOCAB,
+};
 
 /// Which attention a layer uses. Decided by `globalLayerPeriod`, and only when a window exists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -97,7 +101,7 @@ impl KvSpec {
                 return Err(Error::manifest(key, "must be positive"));
             }
         }
-        crate::limits::check_spec(self)?;
+        check_limits(self)?;
         if self.head_dim % 2 != 0 {
             return Err(Error::manifest(
                 "headDim",
@@ -326,5 +330,121 @@ impl Architecture {
             return Err(Error::manifest("architecture.rmsEps", "must be a positive number"));
         }
         Ok(())
+    }
+}
+
+/// Checks every size of `spec` against [`crate::limits`], each key before anything is computed
+/// from it, then the buffers the geometry implies. Called by [`KvSpec::validate`].
+fn check_limits(spec: &KvSpec) -> Result<()> {
+    let key = |k: &str| format!("spec `{k}`");
+    let m = "kv_core::limits::";
+    for (k, value, limit, bound) in [
+        ("nLayers", spec.n_layers, MAX_LAYERS, "MAX_LAYERS"),
+        ("nHeads", spec.n_heads, MAX_HEADS, "MAX_HEADS"),
+        ("nKvHeads", spec.n_kv_heads, MAX_HEADS, "MAX_HEADS"),
+        ("headDim", spec.head_dim, MAX_HEAD_DIM, "MAX_HEAD_DIM"),
+        ("hiddenSize", spec.hidden_size, MAX_HIDDEN, "MAX_HIDDEN"),
+        ("vocabSize", spec.vocab_size, MAX_VOCAB, "MAX_VOCAB"),
+        ("maxPositions", spec.max_positions, MAX_POSITIONS, "MAX_POSITIONS"),
+    ] {
+        check(key(k), value, limit, &format!("{m}{bound}"))?;
+    }
+    for (k, value) in [
+        ("seq", spec.seq),
+        ("chunk", spec.chunk),
+        ("slidingWindow", spec.sliding_window),
+        ("globalLayerPeriod", spec.global_layer_period),
+    ] {
+        check_positions(key(k), value)?;
+    }
+    // A chunk call holds `chunk` new positions: more than the context can never be fed (the
+    // other counts' relations to maxPositions are `KvSpec::validate`'s).
+    check(key("chunk"), spec.chunk, spec.max_positions, "the spec's maxPositions")?;
+    // Every factor is bounded above, so these products fit u128.
+    let [layers, heads, kv, d, hidden, vocab, positions, seq, chunk] = [
+        spec.n_layers,
+        spec.n_heads,
+        spec.n_kv_heads,
+        spec.head_dim,
+        spec.hidden_size,
+        spec.vocab_size,
+        spec.max_positions,
+        spec.seq,
+        spec.chunk,
+    ]
+    .map(|n| n as u128);
+    let cache = positions * kv * d;
+    check_buffer(
+        format!("a layer's cache (maxPositions {positions} × nKvHeads {kv} × headDim {d})"),
+        cache,
+    )?;
+    let all = cache * 2 * layers * 4;
+    if all > MAX_CACHE_BYTES as u128 {
+        return Err(too_large(
+            &format!("the session's caches (2 × nLayers {layers} × maxPositions {positions} × nKvHeads {kv} × headDim {d}, bytes)"),
+            all,
+            MAX_CACHE_BYTES as u128,
+            "kv_core::limits::MAX_CACHE_BYTES",
+        ));
+    }
+    check_buffer(
+        format!("a chunk call's scores (nHeads {heads} × chunk {chunk} × (maxPositions {positions} + chunk))"),
+        heads * chunk * (positions + chunk),
+    )?;
+    check_buffer(
+        format!("a prefill's scores (nHeads {heads} × seq {seq} × seq)"),
+        heads * seq * seq,
+    )?;
+    check_buffer(
+        format!("the embedding table (vocabSize {vocab} × hiddenSize {hidden})"),
+        vocab * hidden,
+    )?;
+    Ok(())
+}
+
+impl KvSpec {
+    /// A redecode graph of `seq` rows on this spec: at most the context, and its scores and
+    /// per-row logits (`seq × vocabSize`) within [`crate::limits::MAX_BUFFER_BYTES`]. `what` names where
+    /// `seq` came from.
+    pub fn check_redecode_seq(&self, what: impl AsRef<str>, seq: usize) -> Result<()> {
+        check_redecode_seq(what, self, seq)
+    }
+}
+
+fn check_redecode_seq(what: impl AsRef<str>, spec: &KvSpec, seq: usize) -> Result<()> {
+    let what = what.as_ref();
+    check_positions(what, seq)?;
+    check(what, seq, spec.max_positions, "the model's maxPositions")?;
+    let (s, heads, vocab) = (seq as u128, spec.n_heads as u128, spec.vocab_size as u128);
+    check_buffer(format!("{what}: the logits (seq {s} × vocabSize {vocab})"), s * vocab)?;
+    check_buffer(
+        format!("{what}: the scores (nHeads {heads} × seq {s} × seq)"),
+        heads * s * s,
+    )
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn the_default_spec_is_far_inside_the_limits() {
+        check_limits(&KvSpec::default()).unwrap();
+    }
+
+    #[test]
+    fn sizes_whose_product_overflows_are_refused_not_wrapped() {
+        let spec = KvSpec {
+            max_positions: MAX_POSITIONS,
+            seq: MAX_POSITIONS,
+            chunk: MAX_POSITIONS,
+            n_heads: MAX_HEADS,
+            ..KvSpec::default()
+        };
+        let e = check_limits(&spec).unwrap_err();
+        assert!(
+            matches!(&e, Error::TooLarge { bound, .. } if bound.contains("MAX_BUFFER_BYTES")),
+            "{e}"
+        );
     }
 }

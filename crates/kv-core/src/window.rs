@@ -178,11 +178,7 @@ pub fn plan_pieces(
     let mut at = 0;
     while at < tokens.len() {
         let left = tokens.len() - at;
-        let spec = if prefill_chunk > 0 && big(left) {
-            &wide
-        } else {
-            spec
-        };
+        let spec = if prefill_chunk > 0 && big(left) { &wide } else { spec };
         let n = left.min(spec.chunk);
         plans.push(chunk_at(spec, at, &tokens[at..at + n])?);
         at += n;

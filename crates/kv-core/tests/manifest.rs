@@ -598,7 +598,10 @@ fn the_stored_contract_keeps_its_bytes() {
     let v1 = Manifest::new(small(), None, "gemma");
     assert_eq!(v1.contract, kv_core::Contract::V1);
     let text = v1.to_json();
-    assert!(text.starts_with("{\n  \"contractVersion\": 1,\n  \"nLayers\": 4,"), "{text}");
+    assert!(
+        text.starts_with("{\n  \"contractVersion\": 1,\n  \"nLayers\": 4,"),
+        "{text}"
+    );
     for key in ["slidingCacheRows", "prefillChunk", "prefillSpan"] {
         assert!(!text.contains(key), "{key} in a v1 manifest");
     }

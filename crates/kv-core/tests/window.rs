@@ -182,7 +182,10 @@ fn ring_rows_and_their_checks() {
     };
     v.validate(&s).unwrap();
     assert_eq!(
-        (v.cache_rows(&s, LayerKind::Sliding), v.cache_rows(&s, LayerKind::Global)),
+        (
+            v.cache_rows(&s, LayerKind::Sliding),
+            v.cache_rows(&s, LayerKind::Global)
+        ),
         (7, 20)
     );
     assert!(v.is_ring(&s, LayerKind::Sliding) && !v.is_ring(&s, LayerKind::Global));

@@ -90,15 +90,13 @@ impl CacheSet {
         Ok(Arc::new(set))
     }
 
-    fn allocate(
-        device: &Device,
-        spec: &KvSpec,
-        layout: &V2Spec,
-        ty: CacheType,
-        first: Vec<usize>,
-    ) -> Result<CacheSet> {
+    fn allocate(device: &Device, spec: &KvSpec, layout: &V2Spec, ty: CacheType, first: Vec<usize>) -> Result<CacheSet> {
         let buffers = |l: usize| {
-            let shape = [layout.cache_rows(spec, spec.layer_kind(l)), spec.n_kv_heads, spec.head_dim];
+            let shape = [
+                layout.cache_rows(spec, spec.layer_kind(l)),
+                spec.n_kv_heads,
+                spec.head_dim,
+            ];
             BufferView::allocate(device, &shape, element(ty)).map_err(iree_err("allocate a v2 cache"))
         };
         Ok(CacheSet {
@@ -488,7 +486,8 @@ impl IreeKvBackend {
         if !set.overwritten_by(spec, self.layout(), writes) {
             return Ok(None);
         }
-        CacheSet::allocate(&self.device, spec, self.layout(), set.ty, set.first.clone()).map(|fork| Some(Arc::new(fork)))
+        CacheSet::allocate(&self.device, spec, self.layout(), set.ty, set.first.clone())
+            .map(|fork| Some(Arc::new(fork)))
     }
 
     /// The transfers that write the new rows of `results` at positions `writes` into `set`, or
