@@ -12,7 +12,7 @@ pub struct PromptArgs {
     /// Text, tokenized with the model's tokenizer (BOS as its metadata says). Special tokens
     /// written in it (`<start_of_turn>`, `<|im_end|>`, ...) are parsed as control tokens, as
     /// llama.cpp's CLI does: give only text you control; use --chat for anyone else's words.
-    #[arg(long, conflicts_with_all = ["chat", "ids"])]
+    #[arg(short = 'p', long, conflicts_with_all = ["chat", "ids"])]
     pub prompt: Option<String>,
     /// A user message, wrapped in the model's chat template. Only the template's turn markers
     /// become control tokens; the message is plain text, special-token look-alikes included.
@@ -40,7 +40,7 @@ impl PromptArgs {
             (Some(text), _, Some(tok)) => tok.encode(text, tok.add_bos_default()),
             (_, Some(text), Some(tok)) => tok.encode_chat(&[Message::user(text.as_str())])?,
             (Some(_), _, None) | (_, Some(_), None) => bail!(
-                "--prompt / --chat need a real model's tokenizer (gemma3-270m, smollm2-135m); give --ids for {model}"
+                "--prompt / --chat need a real model's tokenizer (gemma3-270m, smollm2-135m, or a PATH.gguf); give --ids for {model}"
             ),
             (None, None, _) => self.ids.concat(),
         };

@@ -346,6 +346,10 @@ fn a_closed_stdout_ends_quietly() {
             "generate",
             "--model",
             "smollm2-135m",
+            // A real model defaults to IREE CPU (an export on first use); what is tested here
+            // is stdout, which the reference writes alike.
+            "--backend",
+            "reference",
             "--prompt",
             "The capital of France is",
             "--max-new",
@@ -385,6 +389,10 @@ fn a_full_stdout_is_one_line() {
             "generate",
             "--model",
             "smollm2-135m",
+            // A real model defaults to IREE CPU (an export on first use); what is tested here
+            // is stdout, which the reference writes alike.
+            "--backend",
+            "reference",
             "--prompt",
             "The capital of France is",
             "--max-new",

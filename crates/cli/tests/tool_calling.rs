@@ -79,7 +79,9 @@ fn a_catalog_snapshot_answers_its_own_tools_only() {
     let file = dir.path().join("catalog.skvsnap");
     let file = file.to_str().unwrap();
     let system = "You are a phone assistant.";
-    let model = ["--model", "smollm2-135m"];
+    // The reference for both: a snapshot file belongs to the backend that saved it, and a real
+    // model's `generate` would default to IREE CPU.
+    let model = ["--model", "smollm2-135m", "--backend", "reference"];
     let saved = skainet(
         &[
             &["snapshot", "save"],

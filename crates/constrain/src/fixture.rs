@@ -34,6 +34,20 @@ const WORDS: [&str; 8] = ["call", "user", "model", "developer", "true", "false",
 /// The vocabulary for a fixture of `vocab_size` ids; at least the controls, the 256 bytes and
 /// the words' pieces must fit.
 pub fn tokenizer(vocab_size: usize) -> Result<Tokenizer> {
+    let w = vocabulary(vocab_size)?;
+    let file = GgufFile::from_bytes(w.to_bytes()).map_err(|e| Error::Constraint {
+        op: "fixture vocabulary",
+        reason: e.to_string(),
+    })?;
+    Tokenizer::from_gguf(&file).map_err(|e| Error::Constraint {
+        op: "fixture vocabulary",
+        reason: e.to_string(),
+    })
+}
+
+/// [`tokenizer`]'s `tokenizer.*` GGUF keys: tests write them beside a fixture's weights to make
+/// a whole GGUF model of it.
+pub fn vocabulary(vocab_size: usize) -> Result<GgufWriter> {
     let mut tokens: Vec<(String, i32, f32)> = CONTROLS.iter().map(|t| (t.to_string(), CONTROL, 0.0)).collect();
     tokens.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), BYTE, 0.0)));
     let mut pieces: Vec<String> = Vec::new();
@@ -82,12 +96,5 @@ pub fn tokenizer(vocab_size: usize) -> Result<Tokenizer> {
         .kv("tokenizer.ggml.add_bos_token", Value::Bool(true))
         .kv("tokenizer.ggml.add_space_prefix", Value::Bool(false))
         .kv("tokenizer.chat_template", Value::String(GEMMA3_TEMPLATE.into()));
-    let file = GgufFile::from_bytes(w.to_bytes()).map_err(|e| Error::Constraint {
-        op: "fixture vocabulary",
-        reason: e.to_string(),
-    })?;
-    Tokenizer::from_gguf(&file).map_err(|e| Error::Constraint {
-        op: "fixture vocabulary",
-        reason: e.to_string(),
-    })
+    Ok(w)
 }

@@ -15,10 +15,14 @@ use crate::report::{ids_to_string, ms};
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// The backend timed.
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
-    #[arg(long, default_value = fixtures::DEFAULT_MODEL)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// or a model directory.
+    #[arg(short = 'm', long, default_value = fixtures::DEFAULT_MODEL)]
     model: String,
+    /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
     #[command(flatten)]
@@ -30,7 +34,8 @@ pub struct BenchArgs {
     /// Utterances of 7–12 tokens, each restored, chunked and decoded.
     #[arg(long, default_value_t = 8)]
     utterances: usize,
-    #[arg(long, default_value_t = 16)]
+    /// Ids generated at most (fewer when a stop id comes first).
+    #[arg(short = 'n', long, default_value_t = 16)]
     max_new: usize,
     /// Repetitions of the prefix prefill and of the whole utterance set.
     #[arg(long, default_value_t = 3)]
@@ -58,6 +63,7 @@ pub struct BenchArgs {
     /// runtime fed these ids runs on exactly the same tokens (`scripts/bench-vs-llamacpp.sh`).
     #[arg(long)]
     print_ids: bool,
+    /// One JSON object (every stage's median and samples) instead of the table.
     #[arg(long)]
     json: bool,
 }

@@ -32,7 +32,7 @@ pub struct DemoArgs {
     /// The embedded tiny fixture (default), another fixture name or an artifact directory; or a
     /// real model (`smollm2-135m`, `gemma3-270m`: installed from PyPI on first use) for the app's
     /// scenario: a tool catalog as the system prompt and three requests answered in text.
-    #[arg(long, default_value = fixtures::DEFAULT_MODEL)]
+    #[arg(short = 'm', long, default_value = fixtures::DEFAULT_MODEL)]
     model: String,
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
@@ -45,8 +45,9 @@ pub struct DemoArgs {
     prefix_tokens: Option<usize>,
     /// Ids generated per utterance at most (default: 16; on real models 96, which stop earlier
     /// at the end of their turn, and 256 under the grammar, which stops when the call closes).
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     max_new: Option<usize>,
+    /// Which keys a sliding layer sees: the exact rule, or the seed library's one key wider.
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// Real models: the system text and the catalog of the prefix (default: a phone assistant's

@@ -20,7 +20,9 @@ use crate::text::PromptArgs;
 
 #[derive(Args)]
 pub struct DivergeArgs {
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// or a model directory.
+    #[arg(short = 'm', long)]
     model: String,
     /// Two backends, the first one the oracle whose tokens drive both (`reference,iree-cpu`).
     #[arg(long, value_enum, value_delimiter = ',', num_args = 1, required = true)]
@@ -32,7 +34,8 @@ pub struct DivergeArgs {
     target: TargetArgs,
     #[command(flatten)]
     prompt: PromptArgs,
-    #[arg(long, default_value_t = 16)]
+    /// Ids generated at most (fewer when a stop id comes first).
+    #[arg(short = 'n', long, default_value_t = 16)]
     max_new: usize,
     /// A differing token less than this below the reference's top logit is a near-tie (at any
     /// step); any other differing token fails the command.
@@ -43,6 +46,7 @@ pub struct DivergeArgs {
     /// round matmul inputs to bf16.
     #[arg(long)]
     tolerance: Option<f32>,
+    /// Which keys a sliding layer sees: the exact rule, or the seed library's one key wider.
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// What the reference rounds: `fp32` (nothing: the FP32 forward), or `artifacts` (what the
@@ -58,6 +62,7 @@ pub struct DivergeArgs {
     /// command fails.
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// One JSON object (the report, per step) instead of the summary.
     #[arg(long)]
     json: bool,
 }

@@ -39,9 +39,11 @@ const TUNING: &str = "Export tuning";
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// A fixture name (`tiny-gemma3:7`) or a model directory (manifest.json with `architecture` + archive).
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// (`tiny-gemma3:7`) or a model directory (manifest.json with `architecture` + archive).
+    #[arg(short = 'm', long)]
     model: String,
+    /// The directory the artifacts are written to (manifest, modules, weights, files.json).
     #[arg(long)]
     out: PathBuf,
     /// Comma-separated: `cpu`, `vulkan`.
@@ -62,6 +64,7 @@ pub struct ExportArgs {
     /// `--iree-vulkan-target` (default: IREE's `vp_android_baseline_2022`; e.g. `valhall` for Mali).
     #[arg(long)]
     vulkan_target: Option<String>,
+    /// Ids per call of the chunk graph (default: the model's manifest).
     #[arg(help_heading = TUNING, long)]
     chunk: Option<usize>,
     /// Rows of the prefill graph: SEQ under contract 1 (default: the model's), under contract 2
@@ -69,8 +72,10 @@ pub struct ExportArgs {
     /// sliding ring; none when not above `--chunk`).
     #[arg(help_heading = TUNING, long)]
     prefill_seq: Option<usize>,
+    /// SEQ of the redecode graph (default: the prefill's).
     #[arg(help_heading = TUNING, long)]
     redecode_seq: Option<usize>,
+    /// The graphs' modules: one module and archive for every function, or the seed's three.
     #[arg(help_heading = TUNING, long, value_enum, default_value = "shared")]
     layout: LayoutChoice,
     /// Function-name prefix (default: `gemma` for Gemma 3, `llama` for the Llama family).

@@ -18,8 +18,9 @@ use crate::text::{Prompt, PromptArgs, TextStream};
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// A real model (`gemma3-270m`, `smollm2-135m`), a fixture name or a model directory.
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// or a model directory.
+    #[arg(short = 'm', long)]
     model: String,
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     /// Sampling needs artifacts exported with `--top-k`.
@@ -27,8 +28,10 @@ pub struct GenerateArgs {
     artifacts: Option<std::path::PathBuf>,
     #[command(flatten)]
     target: TargetArgs,
-    #[arg(long, value_enum, default_value = "reference")]
-    backend: BackendChoice,
+    /// Default: `iree-cpu` (compiled for this CPU, as `demo`) for real models and GGUF files;
+    /// `reference` (the FP32 ndarray forward, no compiler needed) for fixtures and directories.
+    #[arg(long, value_enum)]
+    backend: Option<BackendChoice>,
     /// A shared prefix, prefilled once and snapshotted (`1,2,3`); the prompt is then the
     /// utterance, fed in chunk calls after a restore. Without it the prompt is prefilled.
     #[arg(long, value_parser = parse_ids)]
@@ -63,11 +66,13 @@ pub struct GenerateArgs {
     /// cannot mask tokens (IREE v1 graphs) refuses `on`.
     #[arg(long, value_enum, default_value = "on")]
     constrain: Constrain,
-    #[arg(long, default_value_t = 16)]
+    /// Ids generated at most (fewer when a stop id comes first).
+    #[arg(short = 'n', long, default_value_t = 16)]
     max_new: usize,
     /// Stop at this id (default: the model's stop tokens, EOS and end-of-turn; none for fixtures).
     #[arg(long)]
     eos: Option<i32>,
+    /// Which keys a sliding layer sees: the exact rule, or the seed library's one key wider.
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     #[command(flatten)]
@@ -106,7 +111,7 @@ pub struct SamplingArgs {
     repeat_penalty: f32,
     /// The sampler's seed: the same seed, settings and prompt give the same ids (default: from
     /// the clock, reported in `--json`).
-    #[arg(long)]
+    #[arg(short = 's', long)]
     seed: Option<u64>,
 }
 
@@ -206,7 +211,7 @@ fn chat_request(args: &GenerateArgs) -> Result<Option<(Prompt, ChatRequest)>> {
         return Ok(None);
     }
     if !crate::model::is_real_model(&args.model) {
-        anyhow::bail!("--chat / --messages need a real model's tokenizer (gemma3-270m, smollm2-135m)");
+        anyhow::bail!("--chat / --messages need a real model's tokenizer (gemma3-270m, smollm2-135m, or a PATH.gguf)");
     }
     if !args.prefix_ids.is_empty() && args.system.given() {
         anyhow::bail!("--prefix-ids is a raw prefix: --system / --tools make the prefix themselves; give one");
@@ -322,7 +327,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let constrained = constraint.is_some();
     let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
     source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
-    let (backend, _) = backends::open_kv(args.backend, &source, args.window_rule)?;
+    let choice = args
+        .backend
+        .unwrap_or(crate::commands::demo::default_backend(crate::model::is_real_model(
+            &args.model,
+        )));
+    let (backend, _) = backends::open_kv(choice, &source, args.window_rule)?;
     // Calls are printed parsed, once the answer is complete.
     let mut stream = match (&prompt.tokenizer, args.json || parse_tools) {
         (Some(tokenizer), false) => Some(TextStream::new(tokenizer)),
@@ -432,6 +442,21 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         stream.finish()?;
     } else {
         crate::outln!("{}", ids_to_string(&report.ids))?;
+    }
+    if !args.json {
+        // After the text, on stderr: what a script reads from stdout stays the model's output.
+        // The prompt's time: its prefill (or the prefix's) plus the restore and chunk calls
+        // that fed it after a prefix; the rate is the ids decoded after it.
+        let prompt = t.restore + t.chunk + std::time::Duration::from_secs_f64(prefill_ms / 1e3);
+        let line = crate::report::rate_line(report.ids.len(), t.decode + t.sample + t.constrain);
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!(
+                "{line}; prompt {} tokens in {:.2} s\n",
+                report.prompt_tokens,
+                prompt.as_secs_f64()
+            ),
+        );
     }
     if let Some(e) = report.answer.as_ref().and_then(|a| a.tool_choice_error.as_ref()) {
         anyhow::bail!("{e}");

@@ -7,8 +7,11 @@ use kv_core::Manifest;
 
 #[derive(Args)]
 pub struct InspectArgs {
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// or a model directory.
+    #[arg(short = 'm', long)]
     model: String,
+    /// The manifest as JSON instead of the summary.
     #[arg(long)]
     json: bool,
 }

@@ -10,13 +10,16 @@ use crate::text::PromptArgs;
 
 #[derive(Args)]
 pub struct RedecodeArgs {
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// or a model directory.
+    #[arg(short = 'm', long)]
     model: String,
     /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<std::path::PathBuf>,
     #[command(flatten)]
     target: TargetArgs,
+    /// The backend that runs the redecode graph.
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The graph length SEQ (default: the manifest's `seq`).
@@ -24,10 +27,13 @@ pub struct RedecodeArgs {
     seq: Option<usize>,
     #[command(flatten)]
     prompt: PromptArgs,
-    #[arg(long, default_value_t = 16)]
+    /// Ids generated at most (fewer when a stop id comes first).
+    #[arg(short = 'n', long, default_value_t = 16)]
     max_new: usize,
+    /// Stop at this id (default: the model's stop tokens; none for fixtures).
     #[arg(long)]
     eos: Option<i32>,
+    /// One JSON object (ids, timings) instead of the ids or text.
     #[arg(long)]
     json: bool,
 }

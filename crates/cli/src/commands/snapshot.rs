@@ -26,7 +26,9 @@ enum Action {
     /// Check a snapshot file whole (length, CRC-32, every value finite) and print its header:
     /// model fingerprint, position, rows per layer. A damaged file is an error.
     Info {
+        /// A snapshot file written by `snapshot save`.
         file: PathBuf,
+        /// The header as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -34,13 +36,16 @@ enum Action {
 
 #[derive(Args)]
 pub struct SaveArgs {
-    /// A real model (`gemma3-270m`, `smollm2-135m`), a fixture name or a model directory.
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`), a GGUF file (`PATH.gguf`), a fixture name
+    /// or a model directory.
+    #[arg(short = 'm', long)]
     model: String,
+    /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<PathBuf>,
     #[command(flatten)]
     target: TargetArgs,
+    /// The backend that runs the model.
     #[arg(long, value_enum, default_value = "reference")]
     backend: BackendChoice,
     /// The prefix as ids (`1,2,3`).
@@ -55,10 +60,13 @@ pub struct SaveArgs {
     /// refuses a request with other ones.
     #[command(flatten)]
     system: crate::conversation::SystemArgs,
+    /// The snapshot file to write (atomically).
     #[arg(long)]
     out: PathBuf,
+    /// Which keys a sliding layer sees: the exact rule, or the seed library's one key wider.
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
+    /// One JSON object (file, bytes, positions, timings) instead of a line.
     #[arg(long)]
     json: bool,
 }

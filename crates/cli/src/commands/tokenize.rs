@@ -8,8 +8,8 @@ use crate::report::ids_to_string;
 
 #[derive(Args)]
 pub struct TokenizeArgs {
-    /// A real model (`gemma3-270m`, `smollm2-135m`).
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`) or a GGUF file (`PATH.gguf`).
+    #[arg(short = 'm', long)]
     model: String,
     /// The text. Special tokens written in it (`<start_of_turn>`, `<|im_end|>`, ...) are parsed
     /// as control tokens, as llama.cpp's CLI does, unless --chat.
@@ -22,6 +22,8 @@ pub struct TokenizeArgs {
     /// Never add BOS (default: as the model's metadata says).
     #[arg(long)]
     no_bos: bool,
+    /// One JSON object (`ids`, each id's `pieces`, `bos`, `stop`) instead of the ids separated by
+    /// commas.
     #[arg(long)]
     json: bool,
 }

@@ -26,13 +26,15 @@ pub const DEFAULT_SYSTEM: &str = "You are the assistant of a phone. When a tool 
 
 #[derive(Args)]
 pub struct ToolEvalArgs {
-    /// A real model (`gemma3-270m`, `smollm2-135m`).
-    #[arg(long)]
+    /// A real model (`gemma3-270m`, `smollm2-135m`) or a GGUF file (`PATH.gguf`).
+    #[arg(short = 'm', long)]
     model: String,
+    /// Exported artifacts for the IREE backends (default: export `--model` once, cached).
     #[arg(long)]
     artifacts: Option<PathBuf>,
     #[command(flatten)]
     target: TargetArgs,
+    /// The backend that runs the model.
     #[arg(long, value_enum, default_value = "iree-cpu")]
     backend: BackendChoice,
     /// The request set: `{"requests": [{"request", "expected": {"name", "arguments"} | null}]}`.
@@ -55,6 +57,7 @@ pub struct ToolEvalArgs {
     /// The grammar's tool choice (`auto`: a call or text; `required`: a call; a tool's name).
     #[arg(long, default_value = "auto")]
     tool_choice: String,
+    /// Which keys a sliding layer sees: the exact rule, or the seed library's one key wider.
     #[arg(long, value_enum, default_value = "exact")]
     window_rule: RuleChoice,
     /// One JSON object with every request's outcome.
