@@ -323,20 +323,23 @@ impl ModelSource {
         };
         let root = export::cache_root()?;
         // Said once per process and only by the one that exports: the others wait for it.
+        let progress = ExportProgress::default();
         let mut notify = |event| match event {
-            kv_paths::FillEvent::Waiting => say(format_args!(
-                "skainet-kv: waiting for another process exporting {} for {}",
+            kv_paths::FillEvent::Waiting => progress.phase(format!(
+                "waiting for another process exporting {} for {}",
                 self.model,
                 target.key()
             )),
-            kv_paths::FillEvent::Building => say(format_args!(
-                "skainet-kv: exporting {} for {} (once; cached under {})",
+            kv_paths::FillEvent::Building => progress.phase(format!(
+                "exporting {} for {} (once; cached under {})",
                 self.model,
                 target.key(),
                 root.display()
             )),
         };
-        export::device::artifacts_for_device(&model, &request, &mut notify).map_err(|e| match e {
+        let dir = export::device::artifacts_for_device(&model, &request, &mut notify);
+        progress.finish();
+        dir.map_err(|e| match e {
             export::ExportError::Options(rule) => {
                 anyhow::anyhow!("{}: {rule}", crate::commands::export::flags_of(&rule))
             }
@@ -367,6 +370,49 @@ impl ModelSource {
             ));
         }
         Ok(())
+    }
+}
+
+/// An on-demand export's phase on stderr: on a terminal a spinner with the phase and the time
+/// spent (an export takes a minute or more), then one line with the total; elsewhere the phase
+/// as one line, as a log wants it.
+#[cfg(feature = "iree")]
+#[derive(Default)]
+struct ExportProgress(std::cell::RefCell<Option<(indicatif::ProgressBar, String)>>);
+
+#[cfg(feature = "iree")]
+impl ExportProgress {
+    fn phase(&self, message: String) {
+        use std::io::IsTerminal as _;
+        if !std::io::stderr().is_terminal() {
+            say(format_args!("skainet-kv: {message}"));
+            return;
+        }
+        let mut current = self.0.borrow_mut();
+        let bar = match current.take() {
+            Some((bar, _)) => bar,
+            None => {
+                let bar = indicatif::ProgressBar::new_spinner().with_style(
+                    indicatif::ProgressStyle::with_template("{spinner} skainet-kv: {msg} [{elapsed}]")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+                );
+                bar.enable_steady_tick(Duration::from_millis(120));
+                bar
+            }
+        };
+        bar.set_message(message.clone());
+        *current = Some((bar, message));
+    }
+
+    fn finish(&self) {
+        if let Some((bar, message)) = self.0.borrow_mut().take() {
+            let took = bar.elapsed();
+            bar.finish_and_clear();
+            say(format_args!(
+                "skainet-kv: {message}: done in {:.1} s",
+                took.as_secs_f64()
+            ));
+        }
     }
 }
 
