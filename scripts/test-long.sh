@@ -14,16 +14,18 @@
 #   - the allowed-token mask's exact ties on lavapipe and the CPU, and a v2 export made before
 #     the mask (compiled for the test) refusing one;
 #   - `serve` under load (scripts/bench-serve.sh: the fixture and SmolLM2-135M, with and without
-#     prefix caching; figures in docs/server.md).
+#     prefix caching; figures in docs/server.md);
+#   - `--model PATH.gguf` on real GGUF files under names the project does not know: a scripted
+#     `chat` on IREE CPU (SmolLM2-135M) and Gemma 3 270M's ids equal to its store name's.
 # Hours on 2 cores. Each part prints its own seed or figures.
 #
-#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine | serve
+#   scripts/test-long.sh [PART...]     PART: conformance | cases | arm | caches | fuzz-cli | android | masks | fuzz | engine | serve | gguf
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/env.sh
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz engine serve)
+[ ${#parts[@]} -gt 0 ] || parts=(conformance cases arm caches fuzz-cli android masks fuzz engine serve gguf)
 for part in "${parts[@]}"; do
     echo "test-long: $part"
     case "$part" in
@@ -33,6 +35,7 @@ for part in "${parts[@]}"; do
         caches) SKAINET_KV_RACE_ROUNDS="${SKAINET_KV_RACE_ROUNDS:-20}" cargo test -p skainet-kv --test caches ;;
         fuzz-cli) ./scripts/fuzz-cli.sh ;;
         android) cargo test -p skainet-kv --test android_export -- --include-ignored ;;
+        gguf) cargo test -p skainet-kv --test gguf_models -- --include-ignored ;;
         engine)
             # docs/android.md's quickstart (Kotlin, host JVM) on SmolLM2-135M's contract 2 export
             # with its tokenizer.gguf: three requests, each the call its words ask for.

@@ -201,3 +201,56 @@ fn a_gguf_file_the_importer_cannot_read_is_refused_by_name() {
     let (ok, _, err) = skainet(dir.path(), &["generate", "-m", "/no/such/model.gguf", "--ids", "2"]);
     assert!(!ok && err.contains("/no/such/model.gguf"), "{err}");
 }
+
+/// Long (scripts/test-long.sh gguf): real GGUF files by a path the project does not name (the
+/// model store's SmolLM2-135M and Gemma 3 270M files, linked under other names): a scripted
+/// chat on the default backend (IREE CPU, exported on first use) answers two questions, and the
+/// Gemma file decodes the ids its store name does.
+#[test]
+#[ignore]
+fn real_gguf_files_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = std::path::PathBuf::from(std::env::var("SKAINET_KV_CACHE").expect("source scripts/env.sh"));
+    let link = |name: &str, store_name: &str| {
+        let path = dir.path().join(name);
+        std::os::unix::fs::symlink(model_store::ensure(store_name).unwrap(), &path).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let smol = link("some-chat-model.gguf", "smollm2-135m");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args(["chat", "-m", &smol, "-n", "40"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("Paris") && lines[1].contains("Rome"), "{text}");
+
+    let gemma = link("another-model.gguf", "gemma3-270m");
+    let args = [
+        "--backend",
+        "reference",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "6",
+        "--json",
+    ];
+    let (ok, by_path, err) = skainet(&cache, &[&["generate", "-m", &gemma][..], &args].concat());
+    assert!(ok, "{err}");
+    let (ok, by_name, err) = skainet(&cache, &[&["generate", "-m", "gemma3-270m"][..], &args].concat());
+    assert!(ok, "{err}");
+    assert_eq!(ids(&by_path), ids(&by_name));
+}
