@@ -115,8 +115,8 @@ fn main() {
                     body["tools"] = tools.clone();
                 }
                 let t = Instant::now();
-                let (status, text) = exchange(&a.host, "POST", "/v1/chat/completions", &body.to_string())
-                    .unwrap_or((0, String::new()));
+                let (status, text) =
+                    exchange(&a.host, "POST", "/v1/chat/completions", &body.to_string()).unwrap_or((0, String::new()));
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 let cached = serde_json::from_str::<Json>(&text)
                     .ok()
