@@ -26,7 +26,8 @@ fn piped(args: &[&str], input: &str) -> (bool, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run skainet-kv chat");
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    // A run refused before it reads stdin has closed it: that write fails, the outcome is read.
+    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
     let out = child.wait_with_output().unwrap();
     (
         out.status.success(),
