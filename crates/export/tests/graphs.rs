@@ -433,8 +433,33 @@ fn v2_attention_products_configured_for_nvidia_vulkan() {
         .count();
     assert_eq!(values, m.spec.n_layers * nkv, "{configured:#?}");
     step_row_products(&m, &mlir);
+    // The portable target takes no i16 weights (the library's rule since the typed profile), and
+    // its own packed export keeps IREE's choice of configuration.
+    let dir = tempfile::tempdir().unwrap();
+    let portable = ExportOptions {
+        targets: vec![export::Target::vulkan()],
+        weights: export::WeightFormat::I16,
+        contract: 2,
+        graphs: vec![Graph::Chunk, Graph::Step],
+        compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
+        ..ExportOptions::default()
+    };
+    let source = fixture_source("tiny-gemma3:7");
     assert!(
-        !export(export::Target::vulkan()).1.contains("compilation_info"),
+        matches!(
+            export_artifacts(&source, dir.path(), &portable),
+            Err(export::ExportError::Options(export::OptionsError::I16OnPortableVulkan))
+        ),
+        "i16 weights on the portable Vulkan target must be refused"
+    );
+    let packed = ExportOptions {
+        weights: export::WeightFormat::PackedI32,
+        ..portable
+    };
+    export_artifacts(&source, dir.path(), &packed).unwrap();
+    let portable_mlir = std::fs::read_to_string(dir.path().join("gemma.mlir")).unwrap();
+    assert!(
+        !portable_mlir.contains("compilation_info"),
         "IREE's own choice for the portable target"
     );
 }
