@@ -1,0 +1,142 @@
+//! The rotary embedding, and Gemma's per-head Q/K norms fused with it: per tensor
+//! ([`FuncEmitter::norm_rope`]) and over the fused Q/K/V product ([`FuncEmitter::qkv_norm_rope`]).
+
+use kv_core::params::layer_param;
+use kv_core::rope::RopeTable;
+use kv_core::LayerKind;
+
+use super::FuncEmitter;
+use crate::mlir::{Body, Elem, Ty, V};
+
+/// The most rows a call may have for Gemma's Q/K norms and the rotation to be emitted as one
+/// dispatch each ([`FuncEmitter::norm_rope`]): IREE 3.13's SPIR-V path fails on that form over
+/// 1,024 rows ("failed to legalize operation 'memref.alloc'", a redecode graph of FunctionGemma's
+/// geometry); it compiles at 128. Larger calls keep the norm, then the rotation.
+pub(super) const NORM_ROPE_MAX_ROWS: usize = 128;
+
+impl FuncEmitter<'_> {
+    pub(super) fn const_rope(&mut self, kind: LayerKind, rows: usize) -> (V, V) {
+        let d = self.spec.head_dim;
+        let t = RopeTable::new(0, rows, d, self.spec.rope_base(kind));
+        (
+            self.b.const_f32(&[rows, d], &t.cos),
+            self.b.const_f32(&[rows, d], &t.sin),
+        )
+    }
+
+    /// `x·cos + swap_halves(x)·sin` on `x [R, heads, d]` with tables `[R, d]`.
+    pub(super) fn rope(&mut self, x: &V, cos: &V, sin: &V) -> V {
+        let cb = self.b.broadcast(cos, &[0, 2], &x.ty);
+        let sb = self.b.broadcast(sin, &[0, 2], &x.ty);
+        let swapped = self.swap_halves(x);
+        let a = self.b.mul(x, &cb);
+        let s = self.b.mul(&swapped, &sb);
+        self.b.add(&a, &s)
+    }
+
+    /// `x [R, heads, d]` with the two halves of each head exchanged. A `reverse` over the halves
+    /// (an elementwise read at another index, which IREE fuses into the consumer), not slices
+    /// and a `concatenate`, which were two copy dispatches per call site (`slow_memcpy`).
+    pub(super) fn swap_halves(&mut self, x: &V) -> V {
+        let [r, h, d] = x.ty.static_dims()[..] else {
+            kv_core::error::invariant("rotary inputs are [R, heads, d]")
+        };
+        let halves = self.b.reshape_static(x, &[r, h, 2, d / 2]);
+        let swapped = self.b.reverse(&halves, &[2]);
+        self.b.reshape_static(&swapped, &[r, h, d])
+    }
+
+    /// `rope(rmsnorm(x, w))` on `x [R, heads, d]` (Gemma's per-head Q/K norms), with the norm's
+    /// per-head factor `rsqrt(mean(x²) + eps)` applied last: it is constant within a head, so
+    /// it commutes with the rotation. Then the rotation reads only `x` and the weight, and IREE
+    /// forms the reduction and everything after it as one dispatch (the rotation of the
+    /// normalized tensor was three: the normalization, a copy of it, the rotation). Equal to
+    /// the two steps up to float rounding.
+    pub(super) fn norm_rope(&mut self, x: &V, w: &str, cos: &V, sin: &V) -> V {
+        let w = self.param(w);
+        let d = x.ty.static_dims()[2];
+        let r = self.rms_factor(x);
+        // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin: each factor read from an input of the
+        // dispatch (a swap of an intermediate product is materialised first).
+        let halves = self.b.reshape_static(&w, &[2, d / 2]);
+        let w_swapped = self.b.reverse(&halves, &[0]);
+        let w_swapped = self.b.reshape_static(&w_swapped, &[d]);
+        let wb = self.b.broadcast(&w, &[2], &x.ty);
+        let wsb = self.b.broadcast(&w_swapped, &[2], &x.ty);
+        let cb = self.b.broadcast(cos, &[0, 2], &x.ty);
+        let sb = self.b.broadcast(sin, &[0, 2], &x.ty);
+        let xw = self.b.mul(x, &wb);
+        let a = self.b.mul(&xw, &cb);
+        let swapped = self.swap_halves(x);
+        let sw = self.b.mul(&swapped, &wsb);
+        let s = self.b.mul(&sw, &sb);
+        let rotated = self.b.add(&a, &s);
+        let rb = self.b.broadcast(&r, &[0, 1], &x.ty);
+        self.b.mul(&rotated, &rb)
+    }
+
+    /// [`Self::qkv_apart`]'s Q/K norms, rotation and query scale as one expression over the
+    /// fused product `y [R, nHeads + 2·nKV, d]` (query heads, key heads, value heads), the value
+    /// heads passed through. IREE makes it a reduction dispatch and an elementwise one: on the
+    /// H200 ~20 µs a layer, where the queries and keys apart took ~54 (three dispatches; the
+    /// keys' norm and rotation fused into one, which IREE's SPIR-V code runs at the reduction's
+    /// parallelism), and a form it fused into one dispatch took 51 (`docs/journal`,
+    /// session 14).
+    pub(super) fn qkv_norm_rope(&mut self, y: &V, l: usize, cos: &V, sin: &V) -> V {
+        let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
+        let [r, heads, _] = y.ty.static_dims()[..] else {
+            kv_core::error::invariant("the fused product is [R, heads, d]")
+        };
+        let rows = Ty::fixed(&[r, heads], Elem::F32);
+        let norm = self.rms_factor(y);
+        // Per head: below `nh` a query head, below `nh + nKV` a key head, else a value head.
+        let head = self.b.iota(&[r, heads], 1, Elem::I32);
+        let below = |b: &mut Body, n: usize| {
+            let bound = b.splat_i32(n as i32, &head.ty);
+            b.compare("LT", &head, &bound)
+        };
+        let is_q = below(&mut self.b, nh);
+        let rotated_heads = below(&mut self.b, nh + nkv);
+        let one = self.b.splat_f32(1.0, &rows);
+        let scale = self.b.splat_f32(self.arch.query_scale, &rows);
+        let scale = self.b.select(&is_q, &scale, &one);
+        let norm = self.b.select(&rotated_heads, &norm, &one);
+        let factor = self.b.mul(&norm, &scale);
+        // rope(x·w) = x·w·cos + swap(x)·swap(w)·sin, as in `norm_rope`; a value head is `y`.
+        // Every select picks between terms that read `y`: a select between the weights' (or the
+        // constant rotary tables') broadcasts alone is a constant expression, which IREE
+        // hoisted per function and row count (`[128, 6, 256]` f32: ~100 MB more RSS on the CPU).
+        let wide = |b: &mut Body, m: &V| b.broadcast(m, &[0, 1], &y.ty.with_elem(Elem::I1));
+        let (is_q, rotated) = (wide(&mut self.b, &is_q), wide(&mut self.b, &rotated_heads));
+        let zeros = self.b.splat_f32(0.0, &y.ty);
+        let swapped = self.swap_halves(y);
+        let weighted = |this: &mut Self, x: &V, swapped_weights: bool, value_head: &V| {
+            let mut times = |name: &str| {
+                let w = this.param(&layer_param(l, name));
+                let w = if swapped_weights {
+                    let halves = this.b.reshape_static(&w, &[2, d / 2]);
+                    let w = this.b.reverse(&halves, &[0]);
+                    this.b.reshape_static(&w, &[d])
+                } else {
+                    w
+                };
+                let wb = this.b.broadcast(&w, &[2], &y.ty);
+                this.b.mul(x, &wb)
+            };
+            let xq = times("attn_q_norm.weight");
+            let xk = times("attn_k_norm.weight");
+            let xk = this.b.select(&rotated, &xk, value_head);
+            this.b.select(&is_q, &xq, &xk)
+        };
+        let yw = weighted(self, y, false, y);
+        let sw = weighted(self, &swapped, true, &zeros);
+        let cb = self.b.broadcast(cos, &[0, 2], &y.ty);
+        let sb = self.b.broadcast(sin, &[0, 2], &y.ty);
+        let a = self.b.mul(&yw, &cb);
+        let a = self.b.select(&rotated, &a, &yw);
+        let s = self.b.mul(&sw, &sb);
+        let sum = self.b.add(&a, &s);
+        let fb = self.b.broadcast(&factor, &[0, 1], &y.ty);
+        self.b.mul(&sum, &fb)
+    }
+}
