@@ -10,6 +10,9 @@
 //! 11.1/10.4 ms/token (`scripts/q4-kernel.sh`, docs/journal, session 15). The aarch64 one
 //! has been run only under qemu, where speed means nothing: docs/quantized-weights.md counts its
 //! instructions per block instead.
+//!
+//! The sources live in `kernels/`: the C here, the MLIR executable that calls them (and the
+//! graphs' other hand-written MLIR) in `kernels/mlir/`, filled by [`crate::templates`].
 
 use std::path::Path;
 use std::process::Command;
@@ -215,46 +218,23 @@ pub fn q4_matvec_executable(out: usize, inner: usize) -> Executable {
     // Every architecture's object: IREE links the one whose format is the module's target's.
     let objects = KernelIsa::ALL
         .iter()
-        .map(|isa| {
-            format!(
-                r#"#hal.executable.target<"llvm-cpu", "{}"> = [#hal.executable.object<{{path = "{}"}}>]"#,
-                isa.iree_format(),
-                isa.object()
-            )
-        })
+        .map(|isa| crate::templates::Q4_MATVEC_OBJECT.fill(&[("FORMAT", isa.iree_format()), ("OBJECT", isa.object())]))
         .collect::<Vec<_>>()
         .join(", ");
     // A source, not a variant: IREE makes the variant for the module's own CPU target, so the
     // executable is linked with the generated ones (a variant with a target of its own became a
     // library of its own, and the generated dispatches were then looked up in the wrong one).
-    let text = format!(
-        r#"hal.executable.source private @{name} <objects = <{{{objects}}}>> {{
-    hal.executable.export public @{name} ordinal(0) layout({layout}) count(%device: !hal.device, %rows: index) -> (index, index, index) {{
-      %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {rows})>()[%rows]
-      %c1 = arith.constant 1 : index
-      hal.return %x, %c1, %c1 : index, index, index
-    }}
-    builtin.module {{
-      func.func private @q4_matvec_workgroup({memrefs}, index, index, index) attributes {{hal.import.static}}
-      func.func @{name}() {{
-        %c0 = arith.constant 0 : index
-        %inner = arith.constant {inner} : index
-        %per = arith.constant {rows} : index
-        %out = arith.constant {out} : index
-        %wg = hal.interface.workgroup.id[0] : index
-        %row0 = arith.muli %wg, %per : index
-        %left = arith.subi %out, %row0 : index
-        %n = arith.minui %left, %per : index
-        %x = hal.interface.binding.subspan layout({layout}) binding(0) alignment(64) offset(%c0) flags(ReadOnly) : memref<{inner}xf32>
-        %q = hal.interface.binding.subspan layout({layout}) binding(1) alignment(64) offset(%c0) flags(ReadOnly) : memref<{bytes}xi8>
-        %s = hal.interface.binding.subspan layout({layout}) binding(2) alignment(64) offset(%c0) flags(ReadOnly) : memref<{scales}xf16>
-        %o = hal.interface.binding.subspan layout({layout}) binding(3) alignment(64) offset(%c0) : memref<{out}xf32>
-        func.call @q4_matvec_workgroup(%x, %q, %s, %o, %inner, %row0, %n) : ({memrefs}, index, index, index) -> ()
-        return
-      }}
-    }}
-  }}"#
-    );
+    let text = crate::templates::Q4_MATVEC_EXECUTABLE.fill(&[
+        ("NAME", &name),
+        ("OBJECTS", &objects),
+        ("LAYOUT", &layout),
+        ("ROWS", &rows.to_string()),
+        ("MEMREFS", &memrefs),
+        ("INNER", &inner.to_string()),
+        ("OUT", &out.to_string()),
+        ("BYTES", &bytes.to_string()),
+        ("SCALES", &scales.to_string()),
+    ]);
     Executable {
         entry: format!("@{name}::@{name}"),
         name,

@@ -40,6 +40,7 @@ mod plan;
 pub mod presets;
 pub mod profile;
 pub mod quantized;
+mod templates;
 
 pub use artifacts::{
     export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, OptionsError, Source,

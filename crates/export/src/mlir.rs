@@ -5,8 +5,13 @@
 //! shape operand without re-deriving it. Helpers pick the static op when all shapes are static and
 //! the `dynamic_*` op otherwise (IREE 3.13 rejects a `stablehlo.reshape` to a dynamic shape, so a
 //! unit dimension of a dynamic tensor is removed with a one-term reduce instead).
+//!
+//! The hand-written MLIR of the fused forms (their `linalg.generic` bodies, the argmax's reducer)
+//! is in `kernels/mlir/*.mlir`, filled by [`crate::templates`]; this file builds the ops around them.
 
 use std::fmt::Write as _;
+
+use crate::templates;
 
 /// One dimension: static, or dynamic with the SSA name of its `tensor<1xi32>` size.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -852,33 +857,19 @@ impl Body {
         let out_f = Ty::new(kept.clone(), Elem::F32);
         let out_i = Ty::new(kept, Elem::I32);
         let name = self.fresh();
-        let t = x.ty.text();
-        let it = idx.ty.text();
-        let mut s = String::new();
-        writeln!(
-            s,
-            "    {name}:2 = stablehlo.reduce({} init: {}), ({} init: {}) across dimensions = [{dim}] : ({t}, {it}, tensor<f32>, tensor<i32>) -> ({}, {})",
-            x.name,
-            ninf.name,
-            idx.name,
-            zero.name,
-            out_f.text(),
-            out_i.text()
-        )
-        .unwrap();
-        s.push_str(
-            "      reducer(%a: tensor<f32>, %b: tensor<f32>) (%ai: tensor<i32>, %bi: tensor<i32>) {\n\
-             \x20       %gt = stablehlo.compare GT, %a, %b : (tensor<f32>, tensor<f32>) -> tensor<i1>\n\
-             \x20       %eq = stablehlo.compare EQ, %a, %b : (tensor<f32>, tensor<f32>) -> tensor<i1>\n\
-             \x20       %lt = stablehlo.compare LT, %ai, %bi : (tensor<i32>, tensor<i32>) -> tensor<i1>\n\
-             \x20       %tie = stablehlo.and %eq, %lt : tensor<i1>\n\
-             \x20       %pick = stablehlo.or %gt, %tie : tensor<i1>\n\
-             \x20       %x = stablehlo.select %pick, %a, %b : tensor<i1>, tensor<f32>\n\
-             \x20       %y = stablehlo.select %pick, %ai, %bi : tensor<i1>, tensor<i32>\n\
-             \x20       stablehlo.return %x, %y : tensor<f32>, tensor<i32>\n\
-             \x20     }\n",
-        );
-        self.text.push_str(&s);
+        let text = templates::ARGMAX_REDUCE.fill(&[
+            ("NAME", &name),
+            ("X", &x.name),
+            ("NINF", &ninf.name),
+            ("IDX", &idx.name),
+            ("ZERO", &zero.name),
+            ("DIM", &dim.to_string()),
+            ("X_TY", &x.ty.text()),
+            ("IDX_TY", &idx.ty.text()),
+            ("OUT_F", &out_f.text()),
+            ("OUT_I", &out_i.text()),
+        ]);
+        writeln!(self.text, "{text}").unwrap();
         results2(&name, out_f, out_i)
     }
 
@@ -1046,14 +1037,19 @@ impl Body {
             let [a, qv, sc, acc] = args else {
                 kv_core::error::invariant("a block argument per input, then the accumulator")
             };
-            let (qf, w, p, sum) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
-            (
-                format!(
-                    "{qf} = arith.sitofp {qv} : {qe} to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
-                     {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
-                ),
-                sum,
-            )
+            let [qf, w, p, sum] = std::array::from_fn(|_| b.fresh());
+            let ops = templates::DEQUANT_PRODUCT.fill(&[
+                ("QF", &qf),
+                ("QV", qv),
+                ("QE", qe),
+                ("SC", sc),
+                ("W", &w),
+                ("A", a),
+                ("P", &p),
+                ("ACC", acc),
+                ("SUM", &sum),
+            ]);
+            (ops, sum)
         })
     }
 
@@ -1122,17 +1118,24 @@ impl Body {
                 kv_core::error::invariant("a block argument per input, then the accumulator")
             };
             let [j, ji, c16, sh, left, up, mask, bits, wf, p, sum]: [String; 11] = std::array::from_fn(|_| b.fresh());
-            (
-                format!(
-                    "{j} = linalg.index {pair_dim} : index\n{ji} = arith.index_cast {j} : index to i32\n\
-                     {c16} = arith.constant 16 : i32\n{sh} = arith.muli {ji}, {c16} : i32\n\
-                     {left} = arith.subi {c16}, {sh} : i32\n{up} = arith.shli {word}, {left} : i32\n\
-                     {mask} = arith.constant -65536 : i32\n{bits} = arith.andi {up}, {mask} : i32\n\
-                     {wf} = arith.bitcast {bits} : i32 to f32\n\
-                     {p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"
-                ),
-                sum,
-            )
+            let ops = templates::PAIR_PRODUCT.fill(&[
+                ("J", &j),
+                ("PAIR_DIM", &pair_dim.to_string()),
+                ("JI", &ji),
+                ("C16", &c16),
+                ("SH", &sh),
+                ("LEFT", &left),
+                ("UP", &up),
+                ("WORD", word),
+                ("MASK", &mask),
+                ("BITS", &bits),
+                ("WF", &wf),
+                ("A", a),
+                ("P", &p),
+                ("ACC", acc),
+                ("SUM", &sum),
+            ]);
+            (ops, sum)
         }
     }
 
@@ -1192,20 +1195,15 @@ impl Body {
             let (was, accs) = args[2..].split_at(ws.len());
             let mut body = String::new();
             let xs = b.fresh();
-            writeln!(body, "{xs} = arith.mulf {xa}, {sa} : f32").unwrap();
+            writeln!(body, "{}", templates::MULF.fill(&[("OUT", &xs), ("A", xa), ("B", sa)])).unwrap();
             let mut yields = Vec::with_capacity(accs.len());
             for (w, acc) in was.iter().zip(accs) {
                 let (ops, sum) = b.widened_product(&[xs.clone(), w.clone(), acc.clone()]);
                 writeln!(body, "{ops}").unwrap();
                 yields.push(sum);
             }
-            let (sq, sum) = (b.fresh(), b.fresh());
-            let acc = &accs[ws.len()];
-            writeln!(
-                body,
-                "{sq} = arith.mulf {xa}, {xa} : f32\n{sum} = arith.addf {acc}, {sq} : f32"
-            )
-            .unwrap();
+            let (ops, sum) = b.f32_product(&[xa.clone(), xa.clone(), accs[ws.len()].clone()]);
+            writeln!(body, "{ops}").unwrap();
             yields.push(sum);
             (body, yields)
         });
@@ -1235,9 +1233,10 @@ impl Body {
             let (xa, da, pa, sa) = (&args[0], &args[1], &args[2], &args[3]);
             let (was, accs) = args[4..].split_at(ws.len());
             let [xs, u, us] = std::array::from_fn(|_| b.fresh());
-            let mut body = format!(
-                "{xs} = arith.mulf {xa}, {sa} : f32\n{u} = arith.mulf {da}, {pa} : f32\n{us} = arith.mulf {u}, {sa} : f32\n"
-            );
+            let mut body = String::new();
+            for (out, l, r) in [(&xs, xa, sa), (&u, da, pa), (&us, &u, sa)] {
+                writeln!(body, "{}", templates::MULF.fill(&[("OUT", out), ("A", l), ("B", r)])).unwrap();
+            }
             let mut yields = Vec::with_capacity(accs.len());
             for (w, acc) in was.iter().zip(accs.chunks(2)) {
                 let (ops, wf) = b.widened(w);
@@ -1248,7 +1247,10 @@ impl Body {
                     yields.push(sum);
                 }
             }
-            for ((l, r), acc) in [(xa, xa), (xa, &u), (&u, &u), (da, da)].into_iter().zip(&accs[2 * ws.len()..]) {
+            for ((l, r), acc) in [(xa, xa), (xa, &u), (&u, &u), (da, da)]
+                .into_iter()
+                .zip(&accs[2 * ws.len()..])
+            {
                 let (ops, sum) = b.f32_product(&[l.clone(), r.clone(), acc.clone()]);
                 writeln!(body, "{ops}").unwrap();
                 yields.push(sum);
@@ -1297,16 +1299,25 @@ impl Body {
             };
             let (ops, sum) = b.widened_product(&[xa.clone(), wa.clone(), acc.clone()]);
             let [count, mean, eps_c, var, c, t, t2, h, m] = std::array::from_fn(|_| b.fresh());
-            let (n_bits, eps_bits) = ((n as f32).to_bits(), eps.to_bits());
-            (
-                format!(
-                    "{ops}\n{count} = arith.constant 0x{n_bits:08X} : f32\n{mean} = arith.divf {sa}, {count} : f32\n\
-                     {eps_c} = arith.constant 0x{eps_bits:08X} : f32\n{var} = arith.addf {mean}, {eps_c} : f32\n\
-                     {c} = math.rsqrt {var} : f32\n{t} = arith.mulf {da}, {c} : f32\n{t2} = arith.mulf {t}, {pa} : f32\n\
-                     {h} = arith.addf {ba}, {t2} : f32\n{m} = arith.maximumf {max}, {h} : f32"
-                ),
-                vec![sum, m],
-            )
+            let settle = templates::SETTLE_STREAM.fill(&[
+                ("COUNT", &count),
+                ("N_BITS", &f32_hex(n as f32)),
+                ("MEAN", &mean),
+                ("SUM_SQ", sa),
+                ("EPS_C", &eps_c),
+                ("EPS_BITS", &f32_hex(eps)),
+                ("VAR", &var),
+                ("C", &c),
+                ("T", &t),
+                ("D", da),
+                ("T2", &t2),
+                ("POST", pa),
+                ("H", &h),
+                ("BASE", ba),
+                ("M", &m),
+                ("MAX", max),
+            ]);
+            (format!("{ops}\n{settle}"), vec![sum, m])
         });
         let [product, settled] = <[V; 2]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("two outputs"));
         (
@@ -1326,7 +1337,7 @@ impl Body {
                 kv_core::error::invariant("a block argument for the input and the accumulator")
             };
             let m = b.fresh();
-            (format!("{m} = arith.maximumf {acc}, {a} : f32"), vec![m])
+            (templates::ROW_MAX.fill(&[("M", &m), ("ACC", acc), ("A", a)]), vec![m])
         });
         max.pop()
             .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
@@ -1350,13 +1361,19 @@ impl Body {
                 kv_core::error::invariant("a block argument per input and output")
             };
             let [diff, e, p, acc1, sum1] = std::array::from_fn(|_| b.fresh());
-            (
-                format!(
-                    "{diff} = arith.subf {s}, {m} : f32\n{e} = math.exp {diff} : f32\n{p} = arith.mulf {e}, {x} : f32\n\
-                     {acc1} = arith.addf {acc}, {p} : f32\n{sum1} = arith.addf {sum}, {e} : f32"
-                ),
-                vec![acc1, sum1],
-            )
+            let ops = templates::EXP_PRODUCT.fill(&[
+                ("DIFF", &diff),
+                ("S", s),
+                ("MAX", m),
+                ("E", &e),
+                ("P", &p),
+                ("X", x),
+                ("ACC1", &acc1),
+                ("ACC", acc),
+                ("SUM1", &sum1),
+                ("SUM", sum),
+            ]);
+            (ops, vec![acc1, sum1])
         });
         let [acc, sum] = <[V; 2]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("two outputs"));
         (acc, sum)
@@ -1369,10 +1386,8 @@ impl Body {
             kv_core::error::invariant("a block argument per input, then the accumulator")
         };
         let (p, sum) = (self.fresh(), self.fresh());
-        (
-            format!("{p} = arith.mulf {x}, {y} : f32\n{sum} = arith.addf {acc}, {p} : f32"),
-            sum,
-        )
+        let ops = templates::F32_PRODUCT.fill(&[("P", &p), ("X", x), ("Y", y), ("ACC", acc), ("SUM", &sum)]);
+        (ops, sum)
     }
 
     /// The body of an i16 × f32 product (block arguments `x`, the weight's bf16 bits, the
@@ -1382,24 +1397,17 @@ impl Body {
             kv_core::error::invariant("a block argument per input, then the accumulator")
         };
         let (widen, wf) = self.widened(bits);
-        let (p, sum) = (self.fresh(), self.fresh());
-        (
-            format!("{widen}\n{p} = arith.mulf {a}, {wf} : f32\n{sum} = arith.addf {acc}, {p} : f32"),
-            sum,
-        )
+        let (product, sum) = self.f32_product(&[a.clone(), wf, acc.clone()]);
+        (format!("{widen}\n{product}"), sum)
     }
 
     /// The ops widening a block argument of bf16 bits in `i16` to `f32` (sign-extend, shift into
     /// the high half, bitcast), and the widened value's name.
     fn widened(&mut self, bits: &str) -> (String, String) {
         let [wide, c16, up, wf] = std::array::from_fn(|_| self.fresh());
-        (
-            format!(
-                "{wide} = arith.extsi {bits} : i16 to i32\n{c16} = arith.constant 16 : i32\n\
-                 {up} = arith.shli {wide}, {c16} : i32\n{wf} = arith.bitcast {up} : i32 to f32"
-            ),
-            wf,
-        )
+        let ops =
+            templates::WIDEN_I16.fill(&[("WIDE", &wide), ("BITS", bits), ("C16", &c16), ("UP", &up), ("WF", &wf)]);
+        (ops, wf)
     }
 
     /// [`Self::block_contract_q`] over values packed in `i32` words: `x [R, nb, W, E]`, `q [O, nb,
@@ -1417,17 +1425,27 @@ impl Body {
                 kv_core::error::invariant("a block argument per input, then the accumulator")
             };
             let [j, ji, cb, ctop, sh, left, up, qv, qf, w, p, sum]: [String; 12] = std::array::from_fn(|_| b.fresh());
-            (
-                format!(
-                    "{j} = linalg.index 4 : index\n{ji} = arith.index_cast {j} : index to i32\n\
-                     {cb} = arith.constant {bits} : i32\n{ctop} = arith.constant {top} : i32\n\
-                     {sh} = arith.muli {ji}, {cb} : i32\n{left} = arith.subi {ctop}, {sh} : i32\n\
-                     {up} = arith.shli {word}, {left} : i32\n{qv} = arith.shrsi {up}, {ctop} : i32\n\
-                     {qf} = arith.sitofp {qv} : i32 to f32\n{w} = arith.mulf {qf}, {sc} : f32\n\
-                     {p} = arith.mulf {a}, {w} : f32\n{sum} = arith.addf {acc}, {p} : f32"
-                ),
-                sum,
-            )
+            let ops = templates::WORD_DEQUANT_PRODUCT.fill(&[
+                ("J", &j),
+                ("JI", &ji),
+                ("CB", &cb),
+                ("BITS", &bits.to_string()),
+                ("CTOP", &ctop),
+                ("TOP", &top.to_string()),
+                ("SH", &sh),
+                ("LEFT", &left),
+                ("UP", &up),
+                ("WORD", word),
+                ("QV", &qv),
+                ("QF", &qf),
+                ("W", &w),
+                ("SC", sc),
+                ("A", a),
+                ("P", &p),
+                ("ACC", acc),
+                ("SUM", &sum),
+            ]);
+            (ops, sum)
         })
     }
 

@@ -120,10 +120,7 @@ pub struct EmitOptions {
 /// subgroup): the op's `tile_sizes` (a workgroup's outputs, then the reduction's tile) and the
 /// threads of a workgroup.
 fn subgroup_reduce_info(tile_sizes: &str, workgroup: usize) -> String {
-    format!(
-        "#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = {tile_sizes}>, \
-         translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{workgroup}, 1, 1]>>"
-    )
+    crate::templates::SUBGROUP_REDUCE_INFO.fill(&[("TILE_SIZES", tile_sizes), ("WORKGROUP", &workgroup.to_string())])
 }
 
 /// The MLIR module with the single function of `graph`.

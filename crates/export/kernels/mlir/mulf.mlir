@@ -1,0 +1,1 @@
+{{OUT}} = arith.mulf {{A}}, {{B}} : f32

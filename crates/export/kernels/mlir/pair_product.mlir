@@ -1,0 +1,11 @@
+{{J}} = linalg.index {{PAIR_DIM}} : index
+{{JI}} = arith.index_cast {{J}} : index to i32
+{{C16}} = arith.constant 16 : i32
+{{SH}} = arith.muli {{JI}}, {{C16}} : i32
+{{LEFT}} = arith.subi {{C16}}, {{SH}} : i32
+{{UP}} = arith.shli {{WORD}}, {{LEFT}} : i32
+{{MASK}} = arith.constant -65536 : i32
+{{BITS}} = arith.andi {{UP}}, {{MASK}} : i32
+{{WF}} = arith.bitcast {{BITS}} : i32 to f32
+{{P}} = arith.mulf {{A}}, {{WF}} : f32
+{{SUM}} = arith.addf {{ACC}}, {{P}} : f32

@@ -1,0 +1,1 @@
+#hal.executable.target<"llvm-cpu", "{{FORMAT}}"> = [#hal.executable.object<{path = "{{OBJECT}}"}>]

@@ -1,0 +1,1 @@
+{{M}} = arith.maximumf {{ACC}}, {{A}} : f32

@@ -1,0 +1,9 @@
+{{COUNT}} = arith.constant {{N_BITS}} : f32
+{{MEAN}} = arith.divf {{SUM_SQ}}, {{COUNT}} : f32
+{{EPS_C}} = arith.constant {{EPS_BITS}} : f32
+{{VAR}} = arith.addf {{MEAN}}, {{EPS_C}} : f32
+{{C}} = math.rsqrt {{VAR}} : f32
+{{T}} = arith.mulf {{D}}, {{C}} : f32
+{{T2}} = arith.mulf {{T}}, {{POST}} : f32
+{{H}} = arith.addf {{BASE}}, {{T2}} : f32
+{{M}} = arith.maximumf {{MAX}}, {{H}} : f32

@@ -1,0 +1,1 @@
+#iree_codegen.compilation_info<lowering_config = #iree_codegen.lowering_config<tile_sizes = {{TILE_SIZES}}>, translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.spirv_pipeline<SubgroupReduce> workgroup_size = [{{WORKGROUP}}, 1, 1]>>

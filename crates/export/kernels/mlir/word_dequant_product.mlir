@@ -1,0 +1,12 @@
+{{J}} = linalg.index 4 : index
+{{JI}} = arith.index_cast {{J}} : index to i32
+{{CB}} = arith.constant {{BITS}} : i32
+{{CTOP}} = arith.constant {{TOP}} : i32
+{{SH}} = arith.muli {{JI}}, {{CB}} : i32
+{{LEFT}} = arith.subi {{CTOP}}, {{SH}} : i32
+{{UP}} = arith.shli {{WORD}}, {{LEFT}} : i32
+{{QV}} = arith.shrsi {{UP}}, {{CTOP}} : i32
+{{QF}} = arith.sitofp {{QV}} : i32 to f32
+{{W}} = arith.mulf {{QF}}, {{SC}} : f32
+{{P}} = arith.mulf {{A}}, {{W}} : f32
+{{SUM}} = arith.addf {{ACC}}, {{P}} : f32
