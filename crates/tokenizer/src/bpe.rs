@@ -12,10 +12,12 @@ use crate::{PreSplit, Tokenizer};
 pub(crate) fn pre_split(text: &str, split: PreSplit) -> Vec<String> {
     let cps: Vec<char> = text.chars().collect();
     let mut offsets = vec![cps.len()];
-    if split == PreSplit::DigitsThenGpt2 {
-        offsets = split_each_number(&cps, &offsets);
-    }
-    offsets = split_gpt2(&cps, &offsets);
+    offsets = match split {
+        PreSplit::Gpt2 => split_gpt2(&cps, &offsets),
+        PreSplit::DigitsThenGpt2 => split_gpt2(&cps, &split_each_number(&cps, &offsets)),
+        PreSplit::Llama3 => split_llama3(&cps, &offsets, 3),
+        PreSplit::Qwen2 => split_llama3(&cps, &offsets, 1),
+    };
     let mut words = Vec::with_capacity(offsets.len());
     let mut start = 0;
     for len in offsets {
@@ -160,6 +162,114 @@ fn split_gpt2(cps: &[char], offsets: &[usize]) -> Vec<usize> {
     out
 }
 
+/// `unicode_regex_split_custom_llama3`, for numbers in runs of at most `digits`:
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+/// within each piece. llama.cpp scans Llama 3's regex by hand and runs Qwen2's (`\p{N}` alone)
+/// through `std::regex`; both agree with this scan on the corpus of `tests/data/gen_pre_goldens.py`.
+fn split_llama3(cps: &[char], offsets: &[usize], digits: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(offsets.len());
+    let mut start = 0;
+    for &len in offsets {
+        let (ini, end) = (start, start + len);
+        start = end;
+        let get = |pos: usize| if pos >= ini && pos < end { Some(cps[pos]) } else { None };
+        let letter = |pos: usize| get(pos).is_some_and(is_letter);
+        let number = |pos: usize| get(pos).is_some_and(is_number);
+        let space = |pos: usize| get(pos).is_some_and(is_whitespace);
+        // Neither whitespace, letter nor number, and inside the piece.
+        let other = |pos: usize| get(pos).is_some_and(|c| !(is_whitespace(c) || is_letter(c) || is_number(c)));
+        let lower = |pos: usize| get(pos).map(|c| c.to_lowercase().next().unwrap_or(c));
+        let newline = |c: Option<char>| matches!(c, Some('\r' | '\n'));
+        let mut prev_end = ini;
+        let mut add = |to: usize, out: &mut Vec<usize>| -> usize {
+            let n = to - prev_end;
+            if n > 0 {
+                out.push(n);
+            }
+            prev_end = to;
+            n
+        };
+        let mut pos = ini;
+        while pos < end {
+            let c = cps[pos];
+            if c == '\'' && pos + 1 < end {
+                let next = lower(pos + 1);
+                if matches!(next, Some('s' | 't' | 'm' | 'd')) {
+                    pos += add(pos + 2, &mut out);
+                    continue;
+                }
+                if pos + 2 < end
+                    && matches!(
+                        (next, lower(pos + 2)),
+                        (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))
+                    )
+                {
+                    pos += add(pos + 3, &mut out);
+                    continue;
+                }
+            }
+            if !(newline(Some(c)) || number(pos)) && (letter(pos) || letter(pos + 1)) {
+                pos += 1;
+                while letter(pos) {
+                    pos += 1;
+                }
+                add(pos, &mut out);
+                continue;
+            }
+            if number(pos) {
+                let mut run = pos;
+                while number(pos) {
+                    pos += 1;
+                    if pos - run >= digits {
+                        add(pos, &mut out);
+                        run = pos;
+                    }
+                }
+                add(pos, &mut out);
+                continue;
+            }
+            let lead = usize::from(c == ' ');
+            if other(pos + lead) {
+                pos += lead;
+                while other(pos) {
+                    pos += 1;
+                }
+                while newline(get(pos)) {
+                    pos += 1;
+                }
+                add(pos, &mut out);
+                continue;
+            }
+            let mut spaces = 0;
+            let mut last_newline_end = None;
+            while space(pos + spaces) {
+                if newline(get(pos + spaces)) {
+                    last_newline_end = Some(pos + spaces + 1);
+                }
+                spaces += 1;
+            }
+            if let Some(to) = last_newline_end {
+                pos = to;
+                add(pos, &mut out);
+                continue;
+            }
+            if spaces > 1 && get(pos + spaces).is_some() {
+                pos += spaces - 1;
+                add(pos, &mut out);
+                continue;
+            }
+            if spaces > 0 {
+                pos += spaces;
+                add(pos, &mut out);
+                continue;
+            }
+            pos += 1;
+            add(pos, &mut out);
+        }
+    }
+    out
+}
+
 struct Bigram {
     left: i32,
     right: i32,
@@ -220,6 +330,13 @@ pub(crate) fn decode_text(text: &str) -> Vec<u8> {
 pub(crate) fn tokenize(vocab: &Tokenizer, split: PreSplit, text: &str, out: &mut Vec<i32>) {
     for word in pre_split(text, split) {
         let word = byte_encode(&word);
+        // llama.cpp's `ignore_merges` (Llama 3): a word the vocabulary holds whole is that token.
+        if split == PreSplit::Llama3 {
+            if let Some(id) = vocab.token_id(&word) {
+                out.push(id);
+                continue;
+            }
+        }
         let bytes = word.as_bytes();
         let mut symbols: Vec<Symbol> = Vec::new();
         let mut offset = 0;

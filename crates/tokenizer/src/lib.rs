@@ -4,8 +4,8 @@
 //!   become `▁`, the highest-scoring adjacent pair that is a token is merged until none is left,
 //!   pieces that are not tokens fall back to `<0xXX>` byte tokens.
 //! - `tokenizer.ggml.model = "gpt2"`: byte-level BPE with ranked merges (SmolLM2), after the
-//!   pre-tokenizer split that `tokenizer.ggml.pre` names (`gpt2`, or `smollm`/`starcoder`-style
-//!   with every digit on its own).
+//!   pre-tokenizer split that `tokenizer.ggml.pre` names (`gpt2`; `smollm`/`starcoder`-style
+//!   with every digit on its own; `llama-bpe` (Llama 3); `qwen2` (Qwen 2.5 and 3)).
 //!
 //! Both first cut special tokens out of the text (llama.cpp's `tokenizer_st_partition`): control,
 //! user-defined and unknown tokens, longest first; with `parse_special` off only user-defined ones.
@@ -90,6 +90,29 @@ pub enum PreSplit {
     Gpt2,
     /// Every `\p{N}` alone, then GPT-2's regex (`smollm`, `starcoder`, `refact`, ...).
     DigitsThenGpt2,
+    /// Llama 3's regex (`llama-bpe`, `llama3`): contractions in either case, letters after at
+    /// most one other character, numbers in runs of up to three, `\r`/`\n` kept with what
+    /// precedes them; a word that is itself a token is not merged (llama.cpp's `ignore_merges`).
+    Llama3,
+    /// Qwen2's regex (`qwen2`: Qwen 2.5, Qwen 3): Llama 3's with every number alone.
+    Qwen2,
+}
+
+impl PreSplit {
+    /// The `tokenizer.ggml.pre` names llama.cpp gives this split, each checked against it
+    /// (`tests/data/llama_cpp_goldens.json`, `llama_cpp_pre_goldens.json`).
+    fn of_name(pre: &str) -> Option<PreSplit> {
+        Some(match pre {
+            "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+            | "jina-v2-code" | "roberta-bpe" => PreSplit::Gpt2,
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+                PreSplit::DigitsThenGpt2
+            }
+            "llama3" | "llama-v3" | "llama-bpe" => PreSplit::Llama3,
+            "qwen2" | "deepseek-r1-qwen" => PreSplit::Qwen2,
+            _ => return None,
+        })
+    }
 }
 
 /// A tokenizer built from a GGUF file's `tokenizer.ggml.*` metadata.
@@ -161,18 +184,12 @@ impl Tokenizer {
                     .get("tokenizer.ggml.pre")
                     .and_then(|v| v.as_str())
                     .unwrap_or("default");
-                let split = match pre {
-                    "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-                    | "jina-v2-code" | "roberta-bpe" => PreSplit::Gpt2,
-                    "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
-                        PreSplit::DigitsThenGpt2
-                    }
-                    other => {
-                        return Err(Error::Unsupported(format!(
-                            "BPE pre-tokenizer `{other}` (supported: gpt2-style, smollm/starcoder-style)"
-                        )))
-                    }
-                };
+                let split = PreSplit::of_name(pre).ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "BPE pre-tokenizer `{pre}` (supported: gpt2-style, smollm/starcoder-style, \
+                         llama-bpe, qwen2)"
+                    ))
+                })?;
                 let merges = file.get_str_array("tokenizer.ggml.merges")?;
                 let mut ranks = HashMap::with_capacity(merges.len());
                 for (rank, m) in merges.iter().enumerate() {

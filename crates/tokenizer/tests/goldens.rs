@@ -53,6 +53,83 @@ fn smollm2_matches_llama_cpp() {
     check_goldens("smollm2-135m");
 }
 
+/// SmolLM2's vocabulary under another `tokenizer.ggml.pre`, with the tokens and merges the
+/// goldens' generator appended (digit runs, whole words no merge reaches): the file rewritten.
+fn renamed_pre(pre: &str, goldens: &serde_json::Value) -> Tokenizer {
+    let file = GgufFile::open(model_store::ensure("smollm2-135m").unwrap()).unwrap();
+    let strings = |key: &str| -> Vec<gguf::Value> {
+        goldens[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| gguf::Value::String(v.as_str().unwrap().into()))
+            .collect()
+    };
+    let (tokens, merges) = (strings("extraTokens"), strings("extraMerges"));
+    let mut writer = gguf::GgufWriter::new();
+    for (key, value) in file.metadata() {
+        let extra = match key.as_str() {
+            "tokenizer.ggml.pre" => continue,
+            "tokenizer.ggml.tokens" => tokens.clone(),
+            "tokenizer.ggml.merges" => merges.clone(),
+            "tokenizer.ggml.token_type" => vec![gguf::Value::I32(1); tokens.len()],
+            "tokenizer.ggml.scores" => vec![gguf::Value::F32(0.0); tokens.len()],
+            _ => Vec::new(),
+        };
+        let value = match value {
+            gguf::Value::Array(ty, items) if !extra.is_empty() => {
+                gguf::Value::Array(*ty, items.iter().cloned().chain(extra).collect())
+            }
+            other => other.clone(),
+        };
+        writer.kv(key.clone(), value);
+    }
+    writer.kv("tokenizer.ggml.pre", gguf::Value::String(pre.into()));
+    Tokenizer::from_gguf(&GgufFile::from_bytes(writer.to_bytes()).unwrap()).unwrap()
+}
+
+/// The `qwen2` (Qwen 2.5, Qwen 3) and `llama-bpe` (Llama 3) pre-tokenizers against llama.cpp
+/// (`data/llama_cpp_pre_goldens.json`, `data/gen_pre_goldens.py`): a corpus of plain text,
+/// digit runs, contractions, \r\n and other whitespace, many scripts, and 300 seeded random
+/// strings of the characters where these splits differ from GPT-2's.
+fn check_pre_goldens(pre: &str) {
+    let all: serde_json::Value = serde_json::from_str(include_str!("data/llama_cpp_pre_goldens.json")).unwrap();
+    let tok = renamed_pre(pre, &all);
+    let cases = all[pre].as_array().unwrap();
+    assert!(cases.len() > 300);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<i32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap() as i32)
+            .collect();
+        let got = tok.encode_with(text, false, false);
+        if got != want {
+            failures.push(format!("{text:?}:\n  got  {got:?}\n  want {want:?}"));
+        }
+        assert_eq!(tok.decode_with(&got, true), text, "round trip of {text:?}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{pre}: {} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn qwen2_pre_tokenizer_matches_llama_cpp() {
+    check_pre_goldens("qwen2");
+}
+
+#[test]
+fn llama3_pre_tokenizer_matches_llama_cpp() {
+    check_pre_goldens("llama-bpe");
+}
+
 #[test]
 fn gemma3_specials_bos_eos_and_chat() {
     let tok = tokenizer("gemma3-270m");
