@@ -732,28 +732,64 @@ impl<B: PersistSnapshot> Conversation<B> {
             request_tokens,
             elapsed,
         };
-        let Some(format) = self.engine.format.filter(|_| !self.tools.is_empty()) else {
-            reply.text = tok.decode(ids).trim().to_string();
-            return reply;
+        let answer = parse_answer(tok, self.engine.format, &self.engine.stops, &self.tools, ids);
+        reply.text = if self.tools.is_empty() {
+            answer.text.trim().to_string()
+        } else {
+            answer.text
         };
-        // Control tokens rendered, so FunctionGemma's call markers are seen; the stop and turn
-        // markers are not part of the answer.
-        let mut decoded = tok.decode_with(ids, true);
-        for id in self.engine.stops.iter().copied().chain(tok.bos()) {
-            if let Some(t) = tok.token_text(id).filter(|t| !t.is_empty()) {
-                decoded = decoded.replace(t, "");
-            }
-        }
-        let parsed = format.parse(&decoded);
-        reply.text = parsed.text;
-        for call in parsed.calls {
-            match call.and_then(|c| tools::validate(&c, &self.tools).map(|()| c)) {
-                Ok(c) => reply.tool_calls.push(c),
-                Err(e) => reply.invalid_tool_calls.push(e.to_string()),
-            }
-        }
+        reply.tool_calls = answer.calls;
+        reply.invalid_tool_calls = answer.invalid;
         reply
     }
+}
+
+/// An answer's text and tool calls ([`parse_answer`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParsedAnswer {
+    /// The text around the calls (all of it without tools or a call format).
+    pub text: String,
+    /// The calls that parse and validate against the tools.
+    pub calls: Vec<ToolCall>,
+    /// Calls that do not parse or validate, and why.
+    pub invalid: Vec<String>,
+}
+
+/// Splits the ids of an answer into text and tool calls the way a [`Conversation`]'s reply is
+/// (the server's replies too): without tools or a call format, the decoded text; else control
+/// tokens rendered so that the format's call markers are seen, the `stops`' and BOS text
+/// removed, and each call validated against `tools`.
+pub fn parse_answer(
+    tok: &Tokenizer,
+    format: Option<ToolFormat>,
+    stops: &[i32],
+    tools: &[Tool],
+    ids: &[i32],
+) -> ParsedAnswer {
+    let Some(format) = format.filter(|_| !tools.is_empty()) else {
+        return ParsedAnswer {
+            text: tok.decode(ids),
+            ..ParsedAnswer::default()
+        };
+    };
+    let mut decoded = tok.decode_with(ids, true);
+    for id in stops.iter().copied().chain(tok.bos()) {
+        if let Some(t) = tok.token_text(id).filter(|t| !t.is_empty()) {
+            decoded = decoded.replace(t, "");
+        }
+    }
+    let parsed = format.parse(&decoded);
+    let mut answer = ParsedAnswer {
+        text: parsed.text,
+        ..ParsedAnswer::default()
+    };
+    for call in parsed.calls {
+        match call.and_then(|c| tools::validate(&c, tools).map(|()| c)) {
+            Ok(c) => answer.calls.push(c),
+            Err(e) => answer.invalid.push(e.to_string()),
+        }
+    }
+    answer
 }
 
 /// Visible text of the ids so far, handed out as it grows. A piece is held back while the text

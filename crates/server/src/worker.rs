@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kv_core::decoder::TokenConstraint;
 use kv_core::{DecodeOptions, KvBackend, KvDecoder, KvSpec, SamplingConfig};
-use tokenizer::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat};
+use tokenizer::tools::{Tool, ToolCall, ToolChoice, ToolFormat};
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -297,7 +297,8 @@ impl<B: KvBackend> Worker<B> {
             }
             (full[..cut].to_string(), Vec::new(), Vec::new())
         } else {
-            parse_calls(&model, &job.tools, &ids)
+            let answer = engine::parse_answer(tok, model.format, &model.stops, &job.tools, &ids);
+            (answer.text, answer.calls, answer.invalid)
         };
         let finish = if !tool_calls.is_empty() {
             Finish::ToolCalls
@@ -398,32 +399,6 @@ fn held_back(text: &str, stops: &[String]) -> usize {
         .map(str::len)
         .max()
         .unwrap_or(0)
-}
-
-/// The answer split into text and calls, as the engine parses a conversation's reply: control
-/// tokens rendered so that call markers are seen, stop and BOS text removed, each call validated
-/// against the tools.
-fn parse_calls(model: &ModelInfo, tools: &[Tool], ids: &[i32]) -> (String, Vec<ToolCall>, Vec<String>) {
-    let tok = &model.tokenizer;
-    let Some(format) = model.format else {
-        return (tok.decode(ids), Vec::new(), Vec::new());
-    };
-    let mut decoded = tok.decode_with(ids, true);
-    for id in model.stops.iter().copied().chain(tok.bos()) {
-        if let Some(t) = tok.token_text(id).filter(|t| !t.is_empty()) {
-            decoded = decoded.replace(t, "");
-        }
-    }
-    let parsed = format.parse(&decoded);
-    let mut calls = Vec::new();
-    let mut invalid = Vec::new();
-    for call in parsed.calls {
-        match call.and_then(|c| tools::validate(&c, tools).map(|()| c)) {
-            Ok(c) => calls.push(c),
-            Err(e) => invalid.push(e.to_string()),
-        }
-    }
-    (parsed.text, calls, invalid)
 }
 
 pub(crate) fn ms(d: Duration) -> f64 {
