@@ -16,9 +16,9 @@ VARIANTS=${VARIANTS:-packed i16-ampere}
 export_args() {
   case $1 in
     packed) echo "--targets vulkan" ;;
-    i16-ampere) echo "--targets vulkan --weights i16 --vulkan-target ampere --contract 1" ;;
-    i16-valhall) echo "--targets vulkan --weights i16 --vulkan-target valhall" ;;
-    i16-adreno) echo "--targets vulkan --weights i16 --vulkan-target adreno" ;;
+    i16-ampere) echo "--targets vulkan --weight-storage i16 --vulkan-target ampere --contract 1" ;;
+    i16-valhall) echo "--targets vulkan --weight-storage i16 --vulkan-target valhall" ;;
+    i16-adreno) echo "--targets vulkan --weight-storage i16 --vulkan-target adreno" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }

@@ -42,20 +42,20 @@ VARIANTS=${VARIANTS:-packed i16-ampere i16-ampere-v2 cpu cpu-v2}
 for v in $VARIANTS; do
   case $v in
     packed) export_twin packed --targets vulkan ;;
-    i16-ampere) export_twin i16-ampere --targets vulkan --weights i16 --vulkan-target ampere ;;
+    i16-ampere) export_twin i16-ampere --targets vulkan --weight-storage i16 --vulkan-target ampere ;;
     # The same, exported by this build (session 17: with the step module's embed_token, the
     # argmax in stages of 16).
-    i16-ampere-ahead) export_twin i16-ampere-ahead --targets vulkan --weights i16 --vulkan-target ampere ;;
+    i16-ampere-ahead) export_twin i16-ampere-ahead --targets vulkan --weight-storage i16 --vulkan-target ampere ;;
     # Q/K/V apart in the archive, as the source stores them (`export --projections apart`).
-    i16-ampere-apart) export_twin i16-ampere-apart --targets vulkan --weights i16 --vulkan-target ampere --projections apart ;;
-    i16-ampere-v2) export_twin i16-ampere-v2 --targets vulkan --weights i16 --vulkan-target ampere --contract 2 ;;
+    i16-ampere-apart) export_twin i16-ampere-apart --targets vulkan --weight-storage i16 --vulkan-target ampere --projections apart ;;
+    i16-ampere-v2) export_twin i16-ampere-v2 --targets vulkan --weight-storage i16 --vulkan-target ampere --contract 2 ;;
     # The prefill graph without its token-less variants (prefill-spans.sh).
-    i16-ampere-v2-nospans) export_twin i16-ampere-v2-nospans --targets vulkan --weights i16 --vulkan-target ampere \
+    i16-ampere-v2-nospans) export_twin i16-ampere-v2-nospans --targets vulkan --weight-storage i16 --vulkan-target ampere \
       --contract 2 --prefill-spans none ;;
     # The CPU runtime flags of each contract (export::CPU_RUNTIME_FLAGS, CPU_RUNTIME_FLAGS_V2).
-    cpu) export_twin cpu --targets cpu --cpu x86-64-v3 --weights bf16 \
+    cpu) export_twin cpu --targets cpu --cpu x86-64-v3 --weight-storage bf16 \
       --compile-flag=--iree-opt-level=O3 --compile-flag=--iree-dispatch-creation-enable-aggressive-fusion=false ;;
-    cpu-v2) export_twin cpu-v2 --targets cpu --cpu x86-64-v3 --weights bf16 --contract 2 \
+    cpu-v2) export_twin cpu-v2 --targets cpu --cpu x86-64-v3 --weight-storage bf16 --contract 2 \
       --compile-flag=--iree-opt-level=O3 --compile-flag=--iree-global-opt-data-tiling --compile-flag=--iree-llvmcpu-enable-ukernels=all ;;
   esac
 done

@@ -89,31 +89,6 @@ macro_rules! with_redecode {
     };
 }
 
-/// `--cpu`: the CPU the IREE CPU modules are compiled for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum CpuChoice {
-    /// Any x86-64 / the portable baseline (artifacts that travel; `export`'s default).
-    Generic,
-    /// AVX2 + FMA: runs on any x86-64 CPU that has them (Haswell, Zen and later).
-    #[value(name = "x86-64-v3")]
-    X86_64V3,
-    /// Every feature of the CPU compiling (e.g. AVX-512 BF16); the artifacts run only on CPUs
-    /// like it, so each CPU model and feature set gets its own cache entry. The default of the
-    /// commands that export for the machine they run on.
-    #[default]
-    Host,
-}
-
-impl CpuChoice {
-    pub fn name(self) -> &'static str {
-        match self {
-            CpuChoice::Generic => "generic",
-            CpuChoice::X86_64V3 => "x86-64-v3",
-            CpuChoice::Host => "host",
-        }
-    }
-}
-
 /// `--prefill`: how an IREE session runs a prompt from position 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum PrefillChoice {
@@ -149,30 +124,8 @@ pub struct TargetArgs {
     /// prefill graph's SEQ rows.
     #[arg(long, value_enum, default_value = "auto")]
     pub prefill: PrefillChoice,
-    /// The CPU an on-demand CPU export is compiled for (`host`: this one, its own cache entry).
-    #[arg(long, value_enum, default_value = "host")]
-    pub cpu: CpuChoice,
-    /// The GPU a Vulkan export is compiled for (`--iree-vulkan-target`: ampere, valhall, adreno,
-    /// rdna3, ...); its weights are then declared i16 and widened inside the decode step's
-    /// matmuls, which needs the GPU's 16-bit storage, and NVIDIA targets get configured
-    /// dispatches. Such modules run only on that GPU family (on lavapipe they compute wrong
-    /// results). Default: IREE's portable baseline with packed weights, which runs on any
-    /// driver, lavapipe included.
-    #[arg(long)]
-    pub vulkan_target: Option<String>,
-    /// The graph contract of an export made on demand: 1 (dynamic past, a prefill graph) or 2
-    /// (static shapes over caches the runtime owns, sliding layers on rings, prefills as calls
-    /// of a 128-row chunk graph; docs/contract-v2.md). Default: 2 on the CPU and for NVIDIA
-    /// `--vulkan-target`s; 1 on other Vulkan targets (lavapipe, phones) and under the seed's
-    /// window rule (which contract 2 does not run). Artifacts given with `--artifacts` say
-    /// their own.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
-    pub contract: Option<u32>,
-    /// The model's weight format: `bf16` as imported, or `q8` / `q4` block-quantized (a real
-    /// model imported so from its GGUF, a fixture or directory re-quantized once; every backend
-    /// computes with the same dequantized values).
-    #[arg(long, value_enum, default_value = "bf16")]
-    pub weights: crate::model::WeightsChoice,
+    #[command(flatten)]
+    pub flags: crate::flags::TargetFlags,
     /// What an on-demand CPU export's projections multiply: `auto` rounds their inputs to bf16
     /// (bf16 × bf16 → f32 matmuls, manifest `matmulInput`) for contract 2 on a `--cpu host`
     /// that has bf16 dot products (AVX-512 BF16), else f32; `f32` keeps the FP32 forward
@@ -213,15 +166,12 @@ pub struct ModelSource {
     pub model: String,
     /// `--artifacts`: an exported artifact directory for the IREE backends.
     pub artifacts: Option<PathBuf>,
-    /// `--cpu` and `--vulkan-target` for an export made on demand.
+    /// The target flags of an export made on demand.
     pub target: TargetArgs,
     /// `SEQ` of the redecode graphs of an export made on demand (`None`: the prefill's).
     pub redecode_seq: Option<usize>,
     /// Top-k results an export made on demand must have (sampling); 0 = none needed.
     pub top_k: usize,
-    /// The graph contract of an export made on demand (1, or 2: `docs/contract-v2.md`); `None`:
-    /// chosen per device ([`Self::contract_for`]).
-    pub contract: Option<u32>,
     /// What the reference rounds; `None`: what its manifest says (the model's own: nothing,
     /// the FP32 forward). `diverge --reference-input artifacts` sets the IREE artifacts'.
     pub reference_input: Option<kv_core::manifest::Rounding>,
@@ -235,14 +185,12 @@ impl ModelSource {
             target: TargetArgs::default(),
             redecode_seq: None,
             top_k: 0,
-            contract: None,
             reference_input: None,
         }
     }
 
     pub fn with_targets(mut self, target: &TargetArgs) -> Self {
         self.target = target.clone();
-        self.contract = target.contract;
         self
     }
 
@@ -250,7 +198,7 @@ impl ModelSource {
     pub fn model_dir(&self) -> Result<PathBuf> {
         match (
             &self.artifacts,
-            crate::model::resolve_with(&self.model, self.target.weights),
+            crate::model::resolve_with(&self.model, self.target.flags.weights()),
         ) {
             (_, Ok(dir)) => Ok(dir),
             (Some(dir), Err(_)) => Ok(dir.clone()),
@@ -264,22 +212,25 @@ impl ModelSource {
     fn target_for(&self, device: &str) -> export::Target {
         if device == "vulkan" {
             export::Target::Vulkan {
-                target: self.target.vulkan_target.clone(),
+                target: self.target.flags.vulkan_target.clone(),
             }
         } else {
             export::Target::Cpu {
-                cpu: self.target.cpu.name().into(),
+                cpu: self.target.flags.cpu.as_ref().map_or("host", |c| c.name()).into(),
             }
         }
     }
 
-    /// The contract of an export made on demand for `device` under `rule`: `--contract`, else
-    /// the library's default for the target ([`export::device::default_contract`]: 2 on the
-    /// CPU drivers and NVIDIA Vulkan targets, 1 on other Vulkan targets and under the seed's
-    /// window rule).
+    /// The contract of an export made on demand for `device` under `rule`: `--contract 1|2`,
+    /// else (`auto`, the default here) the library's default for the target
+    /// ([`export::device::default_contract`]: 2 on the CPU drivers and NVIDIA Vulkan targets, 1
+    /// on other Vulkan targets and under the seed's window rule).
     #[cfg(feature = "iree")]
     pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
-        self.contract
+        self.target
+            .flags
+            .contract
+            .and_then(crate::flags::ContractChoice::version)
             .unwrap_or_else(|| export::device::default_contract(&self.target_for(device), rule == RuleChoice::Seed))
     }
 
@@ -292,9 +243,10 @@ impl ModelSource {
             self.check_artifacts(dir)?;
             return Ok(dir.clone());
         }
-        let dir = crate::model::resolve_with(&self.model, self.target.weights)?;
+        let weights = self.target.flags.weights();
+        let dir = crate::model::resolve_with(&self.model, weights)?;
         let target = self.target_for(device);
-        let model = if fixtures::Fixture::is_fixture_name(&self.model) && self.target.weights.quant().is_none() {
+        let model = if fixtures::Fixture::is_fixture_name(&self.model) && weights.quant().is_none() {
             self.model.clone()
         } else {
             dir.display().to_string()
@@ -353,7 +305,7 @@ impl ModelSource {
     /// can check its modules.
     #[cfg(feature = "iree")]
     fn check_artifacts(&self, dir: &Path) -> Result<()> {
-        let model_dir = crate::model::resolve_with(&self.model, self.target.weights).with_context(|| {
+        let model_dir = crate::model::resolve_with(&self.model, self.target.flags.weights()).with_context(|| {
             format!(
                 "--model {}: needed to check --artifacts {} against it",
                 self.model,
@@ -484,20 +436,22 @@ mod tests {
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
         assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), 2);
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
-        source.target.vulkan_target = Some("ampere".into());
+        source.target.flags.vulkan_target = Some("ampere".into());
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2, "NVIDIA targets");
         assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), 1);
-        source.target.vulkan_target = Some("valhall".into());
+        source.target.flags.vulkan_target = Some("valhall".into());
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
-        source.target.vulkan_target = None;
+        source.target.flags.vulkan_target = None;
         // Contract 2 does not run the seed's step rule.
         assert_eq!(source.contract_for("local-task", RuleChoice::Seed), 1);
         // Contract 2 has a prefill graph too (a chunk graph of more rows).
         source.target.prefill = PrefillChoice::Graph;
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
-        source.contract = Some(1);
+        source.target.flags.contract = Some(crate::flags::ContractChoice::Auto);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        source.target.flags.contract = Some(crate::flags::ContractChoice::V1);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 1);
-        source.contract = Some(2);
+        source.target.flags.contract = Some(crate::flags::ContractChoice::V2);
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2);
     }
 }

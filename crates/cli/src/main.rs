@@ -4,6 +4,7 @@
 mod backends;
 mod commands;
 mod conversation;
+mod flags;
 mod model;
 mod report;
 mod text;

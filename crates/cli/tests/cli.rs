@@ -250,10 +250,10 @@ fn errors_are_one_line_and_fail() {
                 "/nonexistent/never-written",
                 "--targets",
                 "vulkan",
-                "--weights",
+                "--weight-storage",
                 "i16",
             ],
-            "needs --vulkan-target",
+            "--weight-storage i16 for Vulkan needs --vulkan-target",
         ),
         (
             &[
@@ -264,10 +264,71 @@ fn errors_are_one_line_and_fail() {
                 "/nonexistent/never-written",
                 "--targets",
                 "cpu,vulkan",
-                "--weights",
+                "--weight-storage",
                 "bf16",
             ],
             "miscompiles bf16",
+        ),
+        // `--weights` is the weight format on every command; its old values on `export`
+        // (how the graphs declare the weights) are refused naming the flag that took them.
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--weights",
+                "packed",
+            ],
+            "`export --weight-storage packed`",
+        ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--weights",
+                "i16",
+            ],
+            "`export --weight-storage i16`",
+        ),
+        (
+            &["generate", "--model", "tiny-llama:3", "--ids", "1", "--weights", "i16"],
+            "`export --weight-storage i16`",
+        ),
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--targets",
+                "cpu",
+                "--weights",
+                "bf16",
+            ],
+            "`--weight-storage bf16` for what `--weights bf16` meant before",
+        ),
+        // `--cpu`: `host`, `generic` or a CPU name, one parser on every command.
+        (
+            &[
+                "export",
+                "--model",
+                "tiny-llama:3",
+                "--out",
+                "/nonexistent/never-written",
+                "--cpu",
+                "x86/64",
+            ],
+            "a CPU is `host`, `generic` or an LLVM CPU name",
+        ),
+        (
+            &["generate", "--model", "tiny-llama:3", "--ids", "1", "--cpu", ""],
+            "a CPU is `host`, `generic` or an LLVM CPU name",
         ),
         (
             &[
@@ -279,7 +340,11 @@ fn errors_are_one_line_and_fail() {
                 "--contract",
                 "3",
             ],
-            "not in 1..=2",
+            "[possible values: auto, 1, 2]",
+        ),
+        (
+            &["generate", "--model", "tiny-llama:3", "--ids", "1", "--contract", "0"],
+            "[possible values: auto, 1, 2]",
         ),
         (
             &[
@@ -309,7 +374,7 @@ fn errors_are_one_line_and_fail() {
                 "--matmul-input",
                 "bf16",
             ],
-            "--matmul-input bf16 needs --weights bf16",
+            "--matmul-input bf16 needs --weight-storage bf16",
         ),
         (
             &[

@@ -1,7 +1,7 @@
 //! Writes the StableHLO of some graphs of a model without compiling it (for exploring compiler
 //! flags by hand with `iree-compile`):
 //!
-//! `cargo run -p export --example emit -- MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16]
+//! `cargo run -p export --example emit -- MODEL GRAPHS OUT.mlir [--weight-storage bf16|packed|i16]
 //! [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--fused-dequant true|false]`
 //!
 //! MODEL is a fixture name (only its manifest is read, nothing is materialized) or a directory
@@ -18,7 +18,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         eprintln!(
-            "usage: emit MODEL GRAPHS OUT.mlir [--weights bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--tiled-softmax true|false] [--fused-dequant true|false]"
+            "usage: emit MODEL GRAPHS OUT.mlir [--weight-storage bf16|packed|i16] [--layers N] [--seq N] [--redecode-seq N] [--contract 1|2] [--tiled-softmax true|false] [--fused-dequant true|false]"
         );
         std::process::exit(2);
     }
@@ -81,7 +81,7 @@ fn main() {
         match flag.as_str() {
             "--tiled-softmax" => options.tiled_softmax = value == "true",
             "--fused-dequant" => options.fused_dequant = value == "true",
-            "--weights" => {
+            "--weight-storage" => {
                 options.weights = match value.as_str() {
                     "bf16" => WeightFormat::Bf16,
                     "packed" => WeightFormat::PackedI32,

@@ -33,7 +33,7 @@ mkdir -p "$WORK"
 
 if [ ! -f "$WORK/v2/manifest.json" ]; then
   # (projections apart: the device links the twin's own archive, profile-chunk-device.sh)
-  ./target/release/skainet-kv export --model $TWIN --out "$WORK/v2" --targets vulkan --weights i16 \
+  ./target/release/skainet-kv export --model $TWIN --out "$WORK/v2" --targets vulkan --weight-storage i16 \
     --vulkan-target ampere --contract 2 --projections apart
 fi
 python3 - "$WORK/v2/manifest.json" <<'PY'

@@ -7,6 +7,8 @@ use clap::{Args, ValueEnum};
 use export::{ExportOptions, Layout, Source, Target, WeightFormat};
 use kv_core::manifest::{CacheType, MatmulInput};
 
+use crate::model::WeightsChoice;
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LayoutChoice {
     /// One module and one archive shared by every function.
@@ -15,16 +17,13 @@ pub enum LayoutChoice {
     Three,
 }
 
-/// How the weights are stored and declared in the graphs.
+/// `--weight-storage`: how the graphs declare the weights' bf16 tensors (the matrices of a bf16
+/// model; the norms and other unquantized tensors of a q8/q4 one).
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum WeightChoice {
-    /// Matrices block-quantized to int8 (an f32 scale per 32), dequantized inside the matmuls;
-    /// the model is quantized first (a real model imported so, a fixture or directory
-    /// re-quantized into the cache); norms stay bf16, declared as `bf16` for CPU-only exports
-    /// and packed otherwise.
-    Q8,
-    /// As `q8` with signed 4-bit values.
-    Q4,
+pub enum StorageChoice {
+    /// `packed` for bf16 weights (runs on every target); for `--weights q8|q4` `bf16` where every
+    /// target is the CPU, `packed` otherwise.
+    Auto,
     /// `bf16` tensors (CPU only: IREE 3.13 miscompiles bf16 on Vulkan).
     Bf16,
     /// Pairs of bf16 in `i32` words.
@@ -57,13 +56,8 @@ pub struct ExportArgs {
     /// cannot be given.
     #[arg(long = "target", value_delimiter = ',', conflicts_with_all = ["targets", "cpu", "vulkan_target"])]
     presets: Vec<String>,
-    /// `--iree-llvmcpu-target-cpu` for the CPU target (`generic` runs on any x86-64; `x86-64-v3`
-    /// needs AVX2 + FMA; `host` every feature of this CPU).
-    #[arg(long, default_value = "generic")]
-    cpu: String,
-    /// `--iree-vulkan-target` (default: IREE's `vp_android_baseline_2022`; e.g. `valhall` for Mali).
-    #[arg(long)]
-    vulkan_target: Option<String>,
+    #[command(flatten)]
+    target: crate::flags::TargetFlags,
     /// Ids per call of the chunk graph (default: the model's manifest).
     #[arg(help_heading = TUNING, long)]
     chunk: Option<usize>,
@@ -81,9 +75,13 @@ pub struct ExportArgs {
     /// Function-name prefix (default: `gemma` for Gemma 3, `llama` for the Llama family).
     #[arg(help_heading = TUNING, long)]
     prefix: Option<String>,
-    /// How the graphs declare the weights.
-    #[arg(long, value_enum, default_value = "packed")]
-    weights: WeightChoice,
+    /// How the graphs declare the weights' bf16 tensors: `bf16` (CPU only), `packed` (pairs in
+    /// i32 words, runs everywhere), `i16` (widened inside the decode step's matmuls: the fast
+    /// form on GPUs with 16-bit storage; Vulkan needs `--vulkan-target`), or `auto` (the
+    /// default): `packed` for bf16 weights, and for `--weights q8|q4` `bf16` where every target
+    /// is the CPU, `packed` otherwise.
+    #[arg(help_heading = TUNING, long, value_enum)]
+    weight_storage: Option<StorageChoice>,
     /// An extra `iree-compile` flag for every module (repeatable), after those the weight format
     /// needs (packed weights: `--iree-opt-const-expr-hoisting=false`).
     #[arg(help_heading = TUNING, long = "compile-flag", allow_hyphen_values = true)]
@@ -94,11 +92,6 @@ pub struct ExportArgs {
     /// reduction over the vocabulary per call. (`--top-k` is the old spelling, kept as an alias.)
     #[arg(help_heading = TUNING, long = "top-k-outputs", alias = "top-k", default_value_t = 0)]
     top_k: usize,
-    /// The graph contract: 1 (the seed's: dynamic past, a prefill graph) or 2 (static shapes over
-    /// caches the runtime owns, sliding layers on rings, a prefill graph of `--prefill-seq` rows
-    /// (default 128) that takes the caches like the chunk graph; docs/contract-v2.md).
-    #[arg(help_heading = TUNING, long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
-    contract: u32,
     /// Contract 2: rows a sliding layer's ring cache holds beyond its window, i.e. how far a
     /// session may write past a snapshot before it copies the ring (default 128, the ring then
     /// rounded up to 64 rows; a slack reaching maxPositions keeps a linear cache).
@@ -111,8 +104,8 @@ pub struct ExportArgs {
     prefill_spans: Option<Spans>,
     /// What the projections multiply: `f32`, or `bf16` (each projection's input rounded to bf16,
     /// bf16 × bf16 → f32 matmuls: the fast kernels of CPUs with bf16 dot products, e.g.
-    /// AVX-512 BF16). `bf16` needs `--weights bf16` and CPU targets only; the manifest records
-    /// it and the reference then rounds the same inputs.
+    /// AVX-512 BF16). `bf16` needs `--weight-storage bf16` and CPU targets only; the manifest
+    /// records it and the reference then rounds the same inputs.
     #[arg(help_heading = TUNING, long, value_enum, default_value = "f32")]
     matmul_input: MatmulInputChoice,
     /// The element type of contract 2's KV caches: `f32`, or `f16` (half the bytes the step
@@ -149,6 +142,16 @@ enum MatmulInputChoice {
 
 pub fn run(args: ExportArgs) -> Result<()> {
     check_sizes(&args)?;
+    let weights = args.target.weights();
+    if args.target.weights.is_some() && weights == WeightsChoice::Bf16 && args.weight_storage.is_none() {
+        // Before `--weights` named the format, `export --weights bf16` declared bf16 tensors;
+        // `auto` now declares bf16 weights packed, so the old spelling is refused, not reread.
+        bail!(
+            "--weights bf16: --weights is the weight format now (bf16 is the default); how export declares \
+             bf16 weights in the graphs is --weight-storage: `--weight-storage bf16` for what `--weights bf16` \
+             meant before, `packed` or `auto` for the default"
+        );
+    }
     if crate::model::resolve(&args.model).is_err() && !std::path::Path::new(&args.model).is_dir() {
         crate::model::resolve(&args.model)?;
     }
@@ -160,16 +163,18 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let mut targets = Vec::new();
     for t in &args.targets {
         targets.push(match t.trim() {
-            "cpu" => Target::Cpu { cpu: args.cpu.clone() },
+            "cpu" => Target::Cpu {
+                cpu: args.target.cpu.as_ref().map_or("generic", |c| c.name()).into(),
+            },
             "vulkan" => Target::Vulkan {
-                target: args.vulkan_target.clone(),
+                target: args.target.vulkan_target.clone(),
             },
             other => bail!("--targets: unknown target `{other}` (cpu, vulkan)"),
         });
     }
     // The presets in place of --targets/--cpu/--vulkan-target (clap refuses those beside them),
     // their flags before the --compile-flag ones.
-    let mut vulkan_target = args.vulkan_target.clone();
+    let mut vulkan_target = args.target.vulkan_target.clone();
     let mut compile_flags = args.compile_flags.clone();
     if !presets.is_empty() {
         let mut chosen = ExportOptions::default();
@@ -178,19 +183,17 @@ pub fn run(args: ExportArgs) -> Result<()> {
         vulkan_target = chosen.vulkan_target;
         compile_flags = chosen.compile_flags.into_iter().chain(compile_flags).collect();
     }
-    let quant = match args.weights {
-        WeightChoice::Q8 => Some(crate::model::WeightsChoice::Q8),
-        WeightChoice::Q4 => Some(crate::model::WeightsChoice::Q4),
-        _ => None,
-    };
-    let source = match quant {
-        Some(w) => Source::Dir(crate::model::resolve_with(&args.model, w)?),
+    let source = match weights {
+        WeightsChoice::Q8 | WeightsChoice::Q4 => Source::Dir(crate::model::resolve_with(&args.model, weights)?),
         // A real model's name is the store's (installed and imported as bf16 on first use), not
         // a fixture's FAMILY:SEED.
-        None if crate::model::is_real_model(&args.model) => Source::Dir(crate::model::resolve(&args.model)?),
-        None => Source::parse(&args.model),
+        WeightsChoice::Bf16 if crate::model::is_real_model(&args.model) => {
+            Source::Dir(crate::model::resolve(&args.model)?)
+        }
+        WeightsChoice::Bf16 => Source::parse(&args.model),
     };
     let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
+    let contract = crate::flags::export_contract(args.target.contract, &targets);
     // The rules of valid combinations (bf16 or q4 on Vulkan, i16 on the portable target, bf16
     // matmul inputs, f16 caches, prefill spans) are the library's (`export::OptionsError`),
     // checked before anything is emitted; this command only parses.
@@ -205,16 +208,17 @@ pub fn run(args: ExportArgs) -> Result<()> {
         },
         prefix: args.prefix,
         vulkan_target,
-        weights: match args.weights {
-            WeightChoice::Bf16 => WeightFormat::Bf16,
-            WeightChoice::Packed => WeightFormat::PackedI32,
-            WeightChoice::I16 => WeightFormat::I16,
-            WeightChoice::Q8 | WeightChoice::Q4 if cpu_only => WeightFormat::Bf16,
-            WeightChoice::Q8 | WeightChoice::Q4 => WeightFormat::PackedI32,
+        weights: match (args.weight_storage.unwrap_or(StorageChoice::Auto), weights) {
+            (StorageChoice::Bf16, _) => WeightFormat::Bf16,
+            (StorageChoice::Packed, _) => WeightFormat::PackedI32,
+            (StorageChoice::I16, _) => WeightFormat::I16,
+            (StorageChoice::Auto, WeightsChoice::Bf16) => WeightFormat::PackedI32,
+            (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) if cpu_only => WeightFormat::Bf16,
+            (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) => WeightFormat::PackedI32,
         },
         compile_flags,
         top_k: args.top_k,
-        contract: args.contract,
+        contract,
         ring_slack: args.ring_slack,
         prefill_spans: args.prefill_spans.map(|s| s.0),
         matmul_input: match args.matmul_input {
@@ -260,10 +264,10 @@ pub(crate) fn flags_of(rule: &export::OptionsError) -> &'static str {
     use export::OptionsError as E;
     match rule {
         E::Contract(_) => "--contract",
-        E::Bf16OnVulkan => "--weights bf16 with a Vulkan target",
-        E::I16OnPortableVulkan => "--weights i16 for Vulkan needs --vulkan-target",
+        E::Bf16OnVulkan => "--weight-storage bf16 with a Vulkan target",
+        E::I16OnPortableVulkan => "--weight-storage i16 for Vulkan needs --vulkan-target",
         E::Q4OnNamedVulkan(_) => "--weights q4 with --vulkan-target",
-        E::Bf16MatmulInputs => "--matmul-input bf16 needs --weights bf16 and CPU targets only",
+        E::Bf16MatmulInputs => "--matmul-input bf16 needs --weight-storage bf16 and CPU targets only",
         E::PrefillSpansNeedContract2 => "--prefill-spans needs --contract 2",
         E::F16Caches => "--cache-type f16 needs --contract 2 and CPU targets only",
     }

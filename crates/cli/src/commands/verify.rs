@@ -19,8 +19,9 @@ pub struct VerifyArgs {
     /// The model the artifacts must have been exported from (as `generate --model`).
     #[arg(long)]
     model: Option<String>,
-    /// The model's weight format, with --model.
-    #[arg(long, value_enum, default_value = "bf16", requires = "model")]
+    /// The model's weight format, with --model (`bf16`, `q8`, `q4`: as `--weights` of the other
+    /// commands).
+    #[arg(long, value_parser = crate::flags::WeightsParser, default_value = "bf16", requires = "model")]
     weights: crate::model::WeightsChoice,
 }
 

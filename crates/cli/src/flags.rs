@@ -1,0 +1,218 @@
+//! The target flags shared by `export` and the commands that export on demand (`generate`,
+//! `bench`, `chat`, `serve`, ...): one type, one parser and one help text per flag, so a flag
+//! means the same on every command. Where a default differs per command (`--cpu`,
+//! `--contract`), the field is an `Option` and the help says which default each takes and why.
+
+use clap::builder::{EnumValueParser, PossibleValue, TypedValueParser};
+use clap::ValueEnum;
+use kv_core::contract::{V1_VERSION, V2_VERSION};
+
+use crate::model::WeightsChoice;
+
+/// `--weights`, `--cpu`, `--vulkan-target` and `--contract`, flattened into every command that
+/// exports (under the heading of the flags around them).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TargetFlags {
+    /// The model's weight format: `bf16` as imported (the default), or `q8` / `q4`
+    /// block-quantized (int8 or signed 4-bit, an f16 scale per block of 32; a real model imported
+    /// so from its GGUF blocks, a fixture or directory re-quantized once), dequantized inside the
+    /// matmuls; every backend computes with the same dequantized values. (How `export` declares
+    /// the weights in the graphs is `--weight-storage`.)
+    #[arg(long, value_parser = WeightsParser)]
+    pub weights: Option<WeightsChoice>,
+    /// The CPU the CPU modules are compiled for (`--iree-llvmcpu-target-cpu`): `host`, every
+    /// feature of this CPU (e.g. AVX-512 BF16; the artifacts run only on CPUs like it, so each
+    /// CPU model and feature set gets its own cache entry); `generic`, any x86-64 / the portable
+    /// baseline; or an LLVM CPU name (`x86-64-v3`: AVX2 + FMA, `znver4`, ...). Default: `generic`
+    /// on `export` (artifacts that travel to other machines), `host` on the commands that export
+    /// on demand (artifacts that run here).
+    #[arg(long, value_parser = parse_cpu)]
+    pub cpu: Option<CpuChoice>,
+    /// The GPU the Vulkan modules are compiled for (`--iree-vulkan-target`: ampere, valhall,
+    /// adreno, rdna3, ...); such modules run only on that GPU family (on lavapipe they compute
+    /// wrong results). An export made on demand for it declares the weights i16, widened inside
+    /// the decode step's matmuls, which needs the GPU's 16-bit storage (`export --weight-storage
+    /// i16`), and NVIDIA targets get configured dispatches. Default: IREE's portable baseline
+    /// (`vp_android_baseline_2022`) with packed weights, which runs on any driver, lavapipe
+    /// included.
+    #[arg(long)]
+    pub vulkan_target: Option<String>,
+    /// The graph contract: `1` (the seed's: dynamic past, a prefill graph), `2` (static shapes
+    /// over caches the runtime owns, sliding layers on rings, a prefill graph of `--prefill-seq`
+    /// rows, default 128, that takes the caches like the chunk graph; docs/contract-v2.md), or
+    /// `auto`, the library's choice per target (`export::device::default_contract`): 2 on the CPU
+    /// and for NVIDIA `--vulkan-target`s, 1 on other Vulkan targets (lavapipe, phones) and under
+    /// the seed's window rule; an export for several targets takes 1 where any target's is 1.
+    /// Default: `1` on `export` (an export script's artifacts do not change under it), `auto` on
+    /// the commands that export on demand. Artifacts given with `--artifacts` say their own.
+    #[arg(long, value_enum)]
+    pub contract: Option<ContractChoice>,
+}
+
+impl TargetFlags {
+    /// `--weights`, `bf16` when not given.
+    pub fn weights(&self) -> WeightsChoice {
+        self.weights.unwrap_or_default()
+    }
+}
+
+/// `--cpu`: the CPU the IREE CPU modules are compiled for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CpuChoice {
+    /// Every feature of the CPU compiling.
+    Host,
+    /// Any x86-64 / the portable baseline.
+    Generic,
+    /// An LLVM CPU name (`x86-64-v3`, `znver4`, ...), passed to `iree-compile` as it is.
+    Named(String),
+}
+
+// Read by the IREE backends' on-demand exports and `export`, both behind the `iree` feature.
+#[cfg_attr(not(feature = "iree"), allow(dead_code))]
+impl CpuChoice {
+    /// The name `iree-compile` and the cache keys take.
+    pub fn name(&self) -> &str {
+        match self {
+            CpuChoice::Host => "host",
+            CpuChoice::Generic => "generic",
+            CpuChoice::Named(name) => name,
+        }
+    }
+}
+
+/// `--cpu`'s parser: `host`, `generic`, or a CPU name of letters, digits, `-`, `_` and `.` (it
+/// becomes part of a compiler flag and of a cache key).
+pub fn parse_cpu(text: &str) -> Result<CpuChoice, String> {
+    match text {
+        "host" => Ok(CpuChoice::Host),
+        "generic" => Ok(CpuChoice::Generic),
+        name if !name.is_empty()
+            && !name.starts_with('-')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) =>
+        {
+            Ok(CpuChoice::Named(name.into()))
+        }
+        other => Err(format!(
+            "`{other}`: a CPU is `host`, `generic` or an LLVM CPU name of letters, digits, `-`, `_` and `.` \
+             (e.g. `x86-64-v3`)"
+        )),
+    }
+}
+
+/// `--contract`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ContractChoice {
+    /// The library's choice per target.
+    Auto,
+    /// Contract 1.
+    #[value(name = "1")]
+    V1,
+    /// Contract 2.
+    #[value(name = "2")]
+    V2,
+}
+
+#[cfg_attr(not(feature = "iree"), allow(dead_code))]
+impl ContractChoice {
+    /// The version asked for; `None` for `auto`.
+    pub fn version(self) -> Option<u32> {
+        match self {
+            ContractChoice::Auto => None,
+            ContractChoice::V1 => Some(V1_VERSION),
+            ContractChoice::V2 => Some(V2_VERSION),
+        }
+    }
+}
+
+/// `--weights`' parser: the formats `bf16`, `q8`, `q4`; the values `--weights` took on `export`
+/// before it named the format (`packed`, `i16`: how the graphs declare the weights) are refused
+/// naming the flag that took them over, rather than read as something else.
+#[derive(Clone)]
+pub struct WeightsParser;
+
+impl TypedValueParser for WeightsParser {
+    type Value = WeightsChoice;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<WeightsChoice, clap::Error> {
+        if let Some(old @ ("packed" | "i16")) = value.to_str() {
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::InvalidValue,
+                format!(
+                    "--weights {old}: --weights is the weight format (bf16, q8, q4); how export declares the \
+                     weights in the graphs is `export --weight-storage {old}`\n"
+                ),
+            )
+            .with_cmd(cmd));
+        }
+        EnumValueParser::<WeightsChoice>::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            WeightsChoice::value_variants()
+                .iter()
+                .filter_map(ValueEnum::to_possible_value),
+        ))
+    }
+}
+
+/// The contract of an export for `targets` under `choice` (`None`: `export`'s default, 1):
+/// `auto` takes the library's default of each target and 1 where any is 1, since the targets
+/// share one manifest and one contract.
+#[cfg(feature = "iree")]
+pub fn export_contract(choice: Option<ContractChoice>, targets: &[export::Target]) -> u32 {
+    match choice.unwrap_or(ContractChoice::V1).version() {
+        Some(version) => version,
+        None => targets
+            .iter()
+            .map(|t| export::device::default_contract(t, false))
+            .min()
+            .unwrap_or(V1_VERSION),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus_are_host_generic_or_a_name() {
+        assert_eq!(parse_cpu("host"), Ok(CpuChoice::Host));
+        assert_eq!(parse_cpu("generic"), Ok(CpuChoice::Generic));
+        assert_eq!(
+            parse_cpu("x86-64-v3").map(|c| c.name().to_string()),
+            Ok("x86-64-v3".into())
+        );
+        assert_eq!(parse_cpu("znver4"), Ok(CpuChoice::Named("znver4".into())));
+        for bad in ["", "-x", "a b", "a/b", "x86;rm"] {
+            assert!(parse_cpu(bad).unwrap_err().contains("LLVM CPU name"), "{bad:?}");
+        }
+    }
+
+    #[cfg(feature = "iree")]
+    #[test]
+    fn an_export_s_auto_contract_is_1_where_any_target_s_is() {
+        let ampere = export::Target::Vulkan {
+            target: Some("ampere".into()),
+        };
+        let cpu = export::Target::cpu();
+        let auto = Some(ContractChoice::Auto);
+        assert_eq!(export_contract(None, std::slice::from_ref(&cpu)), 1, "export's default");
+        assert_eq!(export_contract(auto, std::slice::from_ref(&cpu)), 2);
+        assert_eq!(export_contract(auto, &[cpu.clone(), ampere.clone()]), 2);
+        assert_eq!(export_contract(auto, &[cpu.clone(), export::Target::vulkan()]), 1);
+        assert_eq!(export_contract(auto, &[ampere]), 2);
+        assert_eq!(
+            export_contract(Some(ContractChoice::V2), &[export::Target::vulkan()]),
+            2
+        );
+        assert_eq!(export_contract(Some(ContractChoice::V1), &[cpu]), 1);
+    }
+}
