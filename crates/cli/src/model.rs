@@ -118,7 +118,8 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
 
 /// The model directory of `--model` with weights `weights`: a real model imported in that format
 /// (quantized from the GGUF blocks), a fixture or a directory re-quantized once into
-/// `quantized/` in the cache (a directory already quantized is used as it is).
+/// `quantized/` in the cache by the exporter's [`export::quantized::quantized_copy`] (a directory
+/// already quantized is used as it is).
 pub fn resolve_with(model: &str, weights: WeightsChoice) -> Result<PathBuf> {
     if is_gguf_path(model) {
         return import_gguf(Path::new(model), weights);
@@ -135,53 +136,9 @@ pub fn resolve_with(model: &str, weights: WeightsChoice) -> Result<PathBuf> {
     let dir = resolve_plain(model)?;
     match weights.quant() {
         None => Ok(dir),
-        Some(format) => quantized_copy(&dir, format).with_context(|| format!("quantizing {model} to {}", format.key())),
+        Some(format) => export::quantized::quantized_copy(&dir, format)
+            .with_context(|| format!("quantizing {model} to {}", format.key())),
     }
-}
-
-/// `src` re-quantized to `format` under `quantized/` in the cache, rebuilt when the source's
-/// manifest or archive changes.
-fn quantized_copy(src: &std::path::Path, format: kv_core::quant::QuantFormat) -> Result<PathBuf> {
-    let manifest = kv_core::Manifest::load(src)?;
-    if manifest.quantization.is_some() {
-        return Ok(src.to_path_buf());
-    }
-    let archive = src.join(manifest.weights_file().unwrap_or_default());
-    let meta = std::fs::metadata(&archive).with_context(|| format!("reading {}", archive.display()))?;
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
-    let src_abs = std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf());
-    // The scale type the quantizer writes is part of the stamp: a change re-quantizes.
-    let stamp = format!(
-        "{}\n{}\n{mtime}\n{}\nscales {}",
-        src_abs.display(),
-        meta.len(),
-        manifest.to_json(),
-        kv_core::quant::ScaleType::default().key()
-    );
-    let label: String = src_abs
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
-    let root = kv_paths::Root::Cache.join("quantized")?;
-    let dir = root.join(format!("{}-{}", label.trim_matches('-'), format.key()));
-    let fresh = |dir: &std::path::Path| {
-        std::fs::read_to_string(dir.join("quantized-from.txt")).is_ok_and(|s| s == stamp)
-            && kv_core::Manifest::load(dir).is_ok()
-    };
-    let build = |tmp: &std::path::Path| -> Result<()> {
-        kv_core::quant::quantize_dir(src, tmp, format)?;
-        std::fs::write(tmp.join("quantized-from.txt"), &stamp)?;
-        Ok(())
-    };
-    // Under the cache's lock: processes quantizing the same model at once wait for the first.
-    kv_paths::fill_entry(&dir, fresh, build, &mut |_| {}).map_err(|e| {
-        e.into_error(|what, path, source| anyhow::Error::new(source).context(format!("{what} {}", path.display())))
-    })
 }
 
 fn resolve_plain(model: &str) -> Result<PathBuf> {
