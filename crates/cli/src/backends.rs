@@ -160,6 +160,35 @@ pub enum MatmulInputChoice {
     F32,
 }
 
+/// The backend and the model source of a command that runs one `--model` on one `--backend`
+/// (`chat`, `demo`, `generate`, `serve`): `--backend`, else [`default_backend`]; the source
+/// with the command's target flags and the top-k logits its sampling needs (0: none).
+pub fn select(
+    model: &str,
+    backend: Option<BackendChoice>,
+    artifacts: Option<&Path>,
+    target: &TargetArgs,
+    top_k: usize,
+) -> (BackendChoice, ModelSource) {
+    let choice = backend.unwrap_or_else(|| default_backend(crate::model::is_real_model(model)));
+    let source = ModelSource {
+        top_k,
+        ..ModelSource::new(model, artifacts.map(Path::to_path_buf)).with_targets(target)
+    };
+    (choice, source)
+}
+
+/// The backend of a command given no `--backend`: `iree-cpu` (compiled for this CPU) for a real
+/// model, `reference` for fixtures and directories (and in a build without IREE).
+pub fn default_backend(real: bool) -> BackendChoice {
+    #[cfg(feature = "iree")]
+    if real {
+        return BackendChoice::IreeCpu;
+    }
+    let _ = real;
+    BackendChoice::Reference
+}
+
 /// Where the model and its compiled artifacts are.
 pub struct ModelSource {
     /// `--model` as given (a real model, a fixture name or a directory).

@@ -74,9 +74,13 @@ pub fn run(args: ChatArgs) -> Result<()> {
     kv_core::limits::check_positions("--max-new", args.max_new)?;
     let real = crate::model::is_real_model(&args.model);
     let sampling = args.sampling.config()?;
-    let choice = args.backend.unwrap_or(crate::commands::demo::default_backend(real));
-    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
-    source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
+    let (choice, source) = backends::select(
+        &args.model,
+        args.backend,
+        args.artifacts.as_deref(),
+        &args.target,
+        sampling.as_ref().map_or(0, |c| c.candidates),
+    );
     // Read what can be wrong before a session (or an export) is paid for.
     let tools_json = match &args.system.tools {
         Some(file) => {

@@ -19,7 +19,7 @@ use tokenizer::{Message, Tokenizer, Tool, ToolFormat};
 
 use crate::conversation::Conversation;
 
-use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
+use crate::backends::{self, BackendChoice, RuleChoice, TargetArgs};
 use crate::report::{ids_to_string, ms};
 use crate::text::{print_now, TextStream};
 
@@ -434,8 +434,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             chat_scenario(&args.model, tok, max_new, &args.system, constrained)
         })
         .transpose()?;
-    let choice = args.backend.unwrap_or(default_backend(real));
-    let source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
+    let (choice, source) = backends::select(&args.model, args.backend, args.artifacts.as_deref(), &args.target, 0);
     let (backend, open) = backends::open_kv(choice, &source, args.window_rule)?;
     let scenario = match chat {
         Some(chat) => chat,
@@ -459,17 +458,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
         print_table(&report)?;
     }
     Ok(())
-}
-
-/// IREE on this CPU for real models (fast, compiled for `host`); the reference where IREE is not
-/// built in, and for fixtures (no compiler needed: the README's first command works anywhere).
-pub(crate) fn default_backend(real: bool) -> BackendChoice {
-    #[cfg(feature = "iree")]
-    if real {
-        return BackendChoice::IreeCpu;
-    }
-    let _ = real;
-    BackendChoice::Reference
 }
 
 /// The real scenario's per-stage timing table (the answers were streamed above it).

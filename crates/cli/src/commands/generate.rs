@@ -11,7 +11,7 @@ use kv_core::sampling::{SamplingConfig, DEFAULT_CANDIDATES};
 use kv_core::{DecodeOptions, KvDecoder};
 use serde::Serialize;
 
-use crate::backends::{self, BackendChoice, ModelSource, RuleChoice, TargetArgs};
+use crate::backends::{self, BackendChoice, RuleChoice, TargetArgs};
 use crate::conversation::{self, Answer, Conversation, SystemArgs};
 use crate::report::{ids_to_string, ms, parse_ids};
 use crate::text::{Prompt, PromptArgs, TextStream};
@@ -325,13 +325,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         _ => None,
     };
     let constrained = constraint.is_some();
-    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
-    source.top_k = sampling.as_ref().map_or(0, |c| c.candidates);
-    let choice = args
-        .backend
-        .unwrap_or(crate::commands::demo::default_backend(crate::model::is_real_model(
-            &args.model,
-        )));
+    let (choice, source) = backends::select(
+        &args.model,
+        args.backend,
+        args.artifacts.as_deref(),
+        &args.target,
+        sampling.as_ref().map_or(0, |c| c.candidates),
+    );
     let (backend, _) = backends::open_kv(choice, &source, args.window_rule)?;
     // Calls are printed parsed, once the answer is complete.
     let mut stream = match (&prompt.tokenizer, args.json || parse_tools) {

@@ -82,9 +82,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     } else {
         None
     };
-    let choice = args.backend.unwrap_or(default_backend(real));
-    let mut source = ModelSource::new(&args.model, args.artifacts.clone()).with_targets(&args.target);
-    source.top_k = args.top_k;
+    let (choice, source) = backends::select(
+        &args.model,
+        args.backend,
+        args.artifacts.as_deref(),
+        &args.target,
+        args.top_k,
+    );
     let mut sessions = Vec::with_capacity(args.sessions);
     for _ in 0..args.sessions {
         sessions.push(backends::open_kv(choice, &source, RuleChoice::Exact)?.0);
@@ -174,14 +178,4 @@ fn fixture_or_export_tokenizer(args: &ServeArgs, source: &ModelSource, session: 
         args.model,
         kv_core::digests::TOKENIZER_FILE
     )
-}
-
-/// As `demo`: IREE on this CPU for real models, the reference for fixtures (no compiler needed).
-fn default_backend(real: bool) -> BackendChoice {
-    #[cfg(feature = "iree")]
-    if real {
-        return BackendChoice::IreeCpu;
-    }
-    let _ = real;
-    BackendChoice::Reference
 }
