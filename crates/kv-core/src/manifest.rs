@@ -741,140 +741,80 @@ mod wire {
         pub(super) provenance: Provenance,
     }
 
-    impl From<super::Manifest> for Manifest {
-        fn from(m: super::Manifest) -> Self {
-            let super::Manifest {
-                contract,
-                spec,
-                functions,
-                prefill_args,
-                prefill_outputs,
-                prefill_with_past_args,
-                prefill_with_past_outputs,
-                with_past_args,
-                with_past_outputs,
-                parameter_scope,
-                parameters,
-                embedding_parameter,
-                embed_function,
-                top_k,
-                allowed_mask,
-                architecture,
-                quantization,
-                matmul_input,
-                cache_type,
-                fused_projections,
-                modules,
-                encoded_parameters,
-                provenance,
-            } = m;
-            Manifest {
-                contract_version: contract.version(),
-                spec,
-                v2: contract.v2().cloned().unwrap_or_default(),
-                functions,
-                prefill_args,
-                prefill_outputs,
-                prefill_with_past_args,
-                prefill_with_past_outputs,
-                with_past_args,
-                with_past_outputs,
-                parameter_scope,
-                parameters,
-                embedding_parameter,
-                embed_function,
-                top_k,
-                allowed_mask,
-                architecture,
-                quantization,
-                matmul_input,
-                cache_type,
-                fused_projections,
-                modules,
-                encoded_parameters,
-                provenance,
+    /// The two conversions, which move every field but the contract as it is: `$field` lists
+    /// them once (each struct literal must name every field, so one added to either struct and
+    /// not here does not compile).
+    macro_rules! conversions {
+        ($($field:ident),* $(,)?) => {
+            impl From<super::Manifest> for Manifest {
+                fn from(m: super::Manifest) -> Self {
+                    Manifest {
+                        contract_version: m.contract.version(),
+                        v2: m.contract.v2().cloned().unwrap_or_default(),
+                        $($field: m.$field,)*
+                    }
+                }
             }
-        }
+
+            impl TryFrom<Manifest> for super::Manifest {
+                type Error = crate::Error;
+
+                /// The version and the v2 keys become a [`Contract`]; everything else moves as it is.
+                fn try_from(m: Manifest) -> crate::Result<Self> {
+                    Ok(super::Manifest {
+                        contract: contract(m.contract_version, m.v2)?,
+                        $($field: m.$field,)*
+                    })
+                }
+            }
+        };
     }
 
-    impl TryFrom<Manifest> for super::Manifest {
-        type Error = crate::Error;
+    conversions!(
+        spec,
+        functions,
+        prefill_args,
+        prefill_outputs,
+        prefill_with_past_args,
+        prefill_with_past_outputs,
+        with_past_args,
+        with_past_outputs,
+        parameter_scope,
+        parameters,
+        embedding_parameter,
+        embed_function,
+        top_k,
+        allowed_mask,
+        architecture,
+        quantization,
+        matmul_input,
+        cache_type,
+        fused_projections,
+        modules,
+        encoded_parameters,
+        provenance,
+    );
 
-        /// The version and the v2 keys become a [`Contract`]; everything else moves as it is.
-        fn try_from(m: Manifest) -> crate::Result<Self> {
-            let Manifest {
-                contract_version,
-                spec,
-                v2,
-                functions,
-                prefill_args,
-                prefill_outputs,
-                prefill_with_past_args,
-                prefill_with_past_outputs,
-                with_past_args,
-                with_past_outputs,
-                parameter_scope,
-                parameters,
-                embedding_parameter,
-                embed_function,
-                top_k,
-                allowed_mask,
-                architecture,
-                quantization,
-                matmul_input,
-                cache_type,
-                fused_projections,
-                modules,
-                encoded_parameters,
-                provenance,
-            } = m;
-            let contract = match contract_version {
-                super::CONTRACT_VERSION => match v2.first_key_set() {
-                    None => Contract::V1,
-                    Some(key) => {
-                        return Err(crate::Error::manifest(
-                            key,
-                            "contract v2's (contract v1 graphs take the rows a call needs: no ring, no prefill chunk or spans)",
-                        ))
-                    }
-                },
-                super::CONTRACT_V2 => Contract::V2(v2),
-                other => {
-                    return Err(crate::Error::manifest(
-                        "contractVersion",
-                        format!(
-                            "{other} is not supported (this runtime speaks {} and {})",
-                            super::CONTRACT_VERSION,
-                            super::CONTRACT_V2
-                        ),
-                    ))
-                }
-            };
-            Ok(super::Manifest {
-                contract,
-                spec,
-                functions,
-                prefill_args,
-                prefill_outputs,
-                prefill_with_past_args,
-                prefill_with_past_outputs,
-                with_past_args,
-                with_past_outputs,
-                parameter_scope,
-                parameters,
-                embedding_parameter,
-                embed_function,
-                top_k,
-                allowed_mask,
-                architecture,
-                quantization,
-                matmul_input,
-                cache_type,
-                fused_projections,
-                modules,
-                encoded_parameters,
-                provenance,
-            })
+    /// `contractVersion` and the v2 keys as a [`Contract`]: a v2 key in a v1 manifest and a
+    /// version this runtime does not speak are refused.
+    fn contract(version: u32, v2: V2Spec) -> crate::Result<Contract> {
+        match version {
+            super::CONTRACT_VERSION => match v2.first_key_set() {
+                None => Ok(Contract::V1),
+                Some(key) => Err(crate::Error::manifest(
+                    key,
+                    "contract v2's (contract v1 graphs take the rows a call needs: no ring, no prefill chunk or spans)",
+                )),
+            },
+            super::CONTRACT_V2 => Ok(Contract::V2(v2)),
+            other => Err(crate::Error::manifest(
+                "contractVersion",
+                format!(
+                    "{other} is not supported (this runtime speaks {} and {})",
+                    super::CONTRACT_VERSION,
+                    super::CONTRACT_V2
+                ),
+            )),
         }
     }
 }
