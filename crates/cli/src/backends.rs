@@ -8,6 +8,9 @@ use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
 use clap::ValueEnum;
 use kv_core::WindowRule;
 
+#[cfg(feature = "iree")]
+use crate::flags::{CacheTypeChoice, MatmulInputChoice};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
     /// The FP32 ndarray reference (host).
@@ -126,38 +129,6 @@ pub struct TargetArgs {
     pub prefill: PrefillChoice,
     #[command(flatten)]
     pub flags: crate::flags::TargetFlags,
-    /// What an on-demand CPU export's projections multiply: `auto` rounds their inputs to bf16
-    /// (bf16 × bf16 → f32 matmuls, manifest `matmulInput`) for contract 2 on a `--cpu host`
-    /// that has bf16 dot products (AVX-512 BF16), else f32; `f32` keeps the FP32 forward
-    /// everywhere.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub matmul_input: MatmulInputChoice,
-    /// The KV caches of an on-demand CPU export: `auto` keeps them in f16 (manifest
-    /// `cacheType`) for contract 2 on a `--cpu host` that converts f16 in hardware (x86 F16C,
-    /// aarch64): half the bytes a step reads from its caches and half their memory; `f32`
-    /// keeps f32 caches.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub cache_type: CacheTypeChoice,
-}
-
-/// `--cache-type` of the commands that export on demand.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum CacheTypeChoice {
-    /// f16 where the CPU converts f16 in hardware and the export is contract 2 on `--cpu host`.
-    #[default]
-    Auto,
-    /// f32 caches.
-    F32,
-}
-
-/// `--matmul-input` of the commands that export on demand.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum MatmulInputChoice {
-    /// bf16 where the CPU has bf16 dot products and the export is contract 2 on `--cpu host`.
-    #[default]
-    Auto,
-    /// The FP32 forward: activations enter the matmuls unrounded.
-    F32,
 }
 
 /// The backend and the model source of a command that runs one `--model` on one `--backend`
@@ -293,14 +264,8 @@ impl ModelSource {
             seed_rule: rule == RuleChoice::Seed,
             top_k: self.top_k,
             redecode_seq,
-            matmul_input: match self.target.matmul_input {
-                MatmulInputChoice::Auto => None,
-                MatmulInputChoice::F32 => Some(kv_core::manifest::MatmulInput::F32),
-            },
-            cache_type: match self.target.cache_type {
-                CacheTypeChoice::Auto => None,
-                CacheTypeChoice::F32 => Some(kv_core::manifest::CacheType::F32),
-            },
+            matmul_input: self.target.flags.matmul_input.and_then(MatmulInputChoice::asked),
+            cache_type: self.target.flags.cache_type.and_then(CacheTypeChoice::asked),
         };
         let root = export::cache_root()?;
         // Said once per process and only by the one that exports: the others wait for it.

@@ -1,16 +1,18 @@
 //! The target flags shared by `export` and the commands that export on demand (`generate`,
 //! `bench`, `chat`, `serve`, ...): one type, one parser and one help text per flag, so a flag
 //! means the same on every command. Where a default differs per command (`--cpu`,
-//! `--contract`), the field is an `Option` and the help says which default each takes and why.
+//! `--contract`, `--matmul-input`, `--cache-type`), the field is an `Option` and the help says
+//! which default each takes and why.
 
 use clap::builder::{EnumValueParser, PossibleValue, TypedValueParser};
 use clap::ValueEnum;
 use kv_core::contract::{V1_VERSION, V2_VERSION};
+use kv_core::manifest::{CacheType, MatmulInput};
 
 use crate::model::WeightsChoice;
 
-/// `--weights`, `--cpu`, `--vulkan-target` and `--contract`, flattened into every command that
-/// exports (under the heading of the flags around them).
+/// `--weights`, `--cpu`, `--vulkan-target`, `--contract`, `--matmul-input` and `--cache-type`,
+/// flattened into every command that exports (under the heading of the flags around them).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TargetFlags {
     /// The model's weight format: `bf16` as imported (the default), or `q8` / `q4`
@@ -47,6 +49,71 @@ pub struct TargetFlags {
     /// the commands that export on demand. Artifacts given with `--artifacts` say their own.
     #[arg(long, value_enum)]
     pub contract: Option<ContractChoice>,
+    /// What the projections multiply: `f32` (the FP32 forward), `bf16` (each projection's input
+    /// rounded to bf16, bf16 × bf16 → f32 matmuls: the fast kernels of CPUs with bf16 dot
+    /// products, e.g. AVX-512 BF16; needs weights declared bf16, as CPU targets' runtime settings
+    /// and `export --weight-storage bf16` declare them, and CPU targets only; the manifest
+    /// records it, and the reference then rounds the same inputs), or `auto`, the target's
+    /// runtime setting: bf16 for contract 2 on a `--cpu host` that has bf16 dot products, else
+    /// f32 (an export: bf16 only where every target's is and the weights are declared bf16).
+    /// Default: `f32` on `export` (an export script's artifacts do not change under it), `auto`
+    /// on the commands that export on demand.
+    #[arg(long, value_enum)]
+    pub matmul_input: Option<MatmulInputChoice>,
+    /// The element type of contract 2's KV caches: `f32`, `f16` (half the bytes a step reads
+    /// from its caches and half the memory a session and its snapshots hold; each K and V row
+    /// rounded to f16 where it is computed; needs contract 2 and CPU targets only, and a CPU
+    /// that converts f16 in hardware to be fast, x86 F16C or aarch64; the manifest records it,
+    /// and the reference then rounds the same rows), or `auto`, the target's runtime setting:
+    /// f16 for contract 2 on a `--cpu host` that converts f16 in hardware, else f32 (an export:
+    /// f16 only where every target's is). Default: `f32` on `export`, `auto` on the commands
+    /// that export on demand.
+    #[arg(long, value_enum)]
+    pub cache_type: Option<CacheTypeChoice>,
+}
+
+/// `--matmul-input`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MatmulInputChoice {
+    /// The target's runtime setting.
+    Auto,
+    /// The FP32 forward: activations enter the matmuls unrounded.
+    F32,
+    /// Each projection's input rounded to bf16.
+    Bf16,
+}
+
+impl MatmulInputChoice {
+    /// The rounding asked for; `None` for `auto`.
+    pub fn asked(self) -> Option<MatmulInput> {
+        match self {
+            MatmulInputChoice::Auto => None,
+            MatmulInputChoice::F32 => Some(MatmulInput::F32),
+            MatmulInputChoice::Bf16 => Some(MatmulInput::Bf16),
+        }
+    }
+}
+
+/// `--cache-type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CacheTypeChoice {
+    /// The target's runtime setting.
+    Auto,
+    /// f32 caches.
+    F32,
+    /// f16 caches.
+    F16,
+}
+
+impl CacheTypeChoice {
+    /// The element type asked for; `None` for `auto`.
+    pub fn asked(self) -> Option<CacheType> {
+        match self {
+            CacheTypeChoice::Auto => None,
+            CacheTypeChoice::F32 => Some(CacheType::F32),
+            CacheTypeChoice::F16 => Some(CacheType::F16),
+        }
+    }
 }
 
 impl TargetFlags {
@@ -178,6 +245,37 @@ pub fn export_contract(choice: Option<ContractChoice>, targets: &[export::Target
     }
 }
 
+/// `--matmul-input` and `--cache-type` of an export for `targets` under `contract` whose
+/// weights are declared `weights` (`None`: `export`'s default, f32): `auto` takes the targets'
+/// runtime settings ([`export::runtime_options_for`]) where they all agree on the rounding
+/// and, for bf16 inputs, the weights are declared bf16; f32 otherwise.
+#[cfg(feature = "iree")]
+pub fn export_rounding(
+    flags: &TargetFlags,
+    targets: &[export::Target],
+    contract: u32,
+    weights: export::WeightFormat,
+) -> (MatmulInput, CacheType) {
+    let runtime: Vec<export::ExportOptions> = targets
+        .iter()
+        .map(|t| export::runtime_options_for(t, contract))
+        .collect();
+    let every = |f: &dyn Fn(&export::ExportOptions) -> bool| !runtime.is_empty() && runtime.iter().all(f);
+    let matmul_input = match flags.matmul_input.unwrap_or(MatmulInputChoice::F32).asked() {
+        Some(asked) => asked,
+        None if weights == export::WeightFormat::Bf16 && every(&|o| o.matmul_input == MatmulInput::Bf16) => {
+            MatmulInput::Bf16
+        }
+        None => MatmulInput::F32,
+    };
+    let cache_type = match flags.cache_type.unwrap_or(CacheTypeChoice::F32).asked() {
+        Some(asked) => asked,
+        None if every(&|o| o.cache_type == CacheType::F16) => CacheType::F16,
+        None => CacheType::F32,
+    };
+    (matmul_input, cache_type)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +312,53 @@ mod tests {
             2
         );
         assert_eq!(export_contract(Some(ContractChoice::V1), &[cpu]), 1);
+    }
+
+    /// `auto` on an export: the runtime settings where every target has them (f32 on a
+    /// generic CPU and on Vulkan whatever the host is); the explicit values as they are.
+    #[cfg(feature = "iree")]
+    #[test]
+    fn an_export_s_auto_rounding_is_the_targets_runtime_settings() {
+        use export::{Target, WeightFormat};
+        let auto = TargetFlags {
+            matmul_input: Some(MatmulInputChoice::Auto),
+            cache_type: Some(CacheTypeChoice::Auto),
+            ..TargetFlags::default()
+        };
+        let f32s = (MatmulInput::F32, CacheType::F32);
+        assert_eq!(
+            export_rounding(&TargetFlags::default(), &[Target::cpu()], 2, WeightFormat::Bf16),
+            f32s
+        );
+        assert_eq!(export_rounding(&auto, &[Target::cpu()], 2, WeightFormat::Bf16), f32s);
+        let host = Target::Cpu { cpu: "host".into() };
+        let runtime = export::runtime_options_for(&host, 2);
+        assert_eq!(
+            export_rounding(&auto, std::slice::from_ref(&host), 2, WeightFormat::Bf16),
+            (runtime.matmul_input, runtime.cache_type)
+        );
+        assert_eq!(
+            export_rounding(&auto, std::slice::from_ref(&host), 2, WeightFormat::PackedI32).0,
+            MatmulInput::F32,
+            "bf16 inputs need bf16 weight declarations"
+        );
+        assert_eq!(
+            export_rounding(&auto, &[host.clone(), Target::vulkan()], 2, WeightFormat::Bf16),
+            f32s
+        );
+        assert_eq!(
+            export_rounding(&auto, std::slice::from_ref(&host), 1, WeightFormat::Bf16),
+            f32s
+        );
+        let asked = TargetFlags {
+            matmul_input: Some(MatmulInputChoice::Bf16),
+            cache_type: Some(CacheTypeChoice::F16),
+            ..TargetFlags::default()
+        };
+        assert_eq!(
+            export_rounding(&asked, &[Target::vulkan()], 1, WeightFormat::PackedI32),
+            (MatmulInput::Bf16, CacheType::F16),
+            "asked for, then refused by the library's rules"
+        );
     }
 }

@@ -374,7 +374,39 @@ fn errors_are_one_line_and_fail() {
                 "--matmul-input",
                 "bf16",
             ],
-            "--matmul-input bf16 needs --weight-storage bf16",
+            "--matmul-input bf16 needs CPU targets only and weights declared bf16 (export --weight-storage bf16)",
+        ),
+        // `--matmul-input` and `--cache-type` take the same values on every command, and the
+        // library's rules refuse the same combinations for an export made on demand.
+        (
+            &[
+                "generate",
+                "--model",
+                "tiny-llama:3",
+                "--ids",
+                "1",
+                "--backend",
+                "iree-vulkan",
+                "--matmul-input",
+                "bf16",
+            ],
+            "--matmul-input bf16 needs CPU targets only",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "tiny-llama:3",
+                "--ids",
+                "1",
+                "--backend",
+                "iree-cpu",
+                "--contract",
+                "1",
+                "--cache-type",
+                "f16",
+            ],
+            "--cache-type f16 needs --contract 2 and CPU targets only",
         ),
         (
             &[

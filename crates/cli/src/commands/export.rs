@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use export::{ExportOptions, Layout, Source, Target, WeightFormat};
-use kv_core::manifest::{CacheType, MatmulInput};
 
 use crate::model::WeightsChoice;
 
@@ -102,19 +101,6 @@ pub struct ExportArgs {
     /// the prefill graph's rows, doubling, below its own span (`seq` rounded up), at most two.
     #[arg(help_heading = TUNING, long, value_parser = parse_spans)]
     prefill_spans: Option<Spans>,
-    /// What the projections multiply: `f32`, or `bf16` (each projection's input rounded to bf16,
-    /// bf16 × bf16 → f32 matmuls: the fast kernels of CPUs with bf16 dot products, e.g.
-    /// AVX-512 BF16). `bf16` needs `--weight-storage bf16` and CPU targets only; the manifest
-    /// records it and the reference then rounds the same inputs.
-    #[arg(help_heading = TUNING, long, value_enum, default_value = "f32")]
-    matmul_input: MatmulInputChoice,
-    /// The element type of contract 2's KV caches: `f32`, or `f16` (half the bytes the step
-    /// reads from its caches and half the memory a session and its snapshots hold; each K and V
-    /// row rounded to f16 where it is computed). `f16` needs `--contract 2` and CPU targets
-    /// only, and a CPU that converts f16 in hardware to be fast (x86 F16C, aarch64); the manifest
-    /// records it and the reference then rounds the same rows.
-    #[arg(help_heading = TUNING, long, value_enum, default_value = "f32")]
-    cache_type: CacheTypeChoice,
     /// How the archive stores each layer's Q/K/V projections: `fused`, one matrix (one product
     /// in the graphs: fewer GPU dispatches; the manifest says `fusedProjections`), or `apart`,
     /// the source's three.
@@ -126,18 +112,6 @@ pub struct ExportArgs {
 enum ProjectionsChoice {
     Fused,
     Apart,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum CacheTypeChoice {
-    F32,
-    F16,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum MatmulInputChoice {
-    F32,
-    Bf16,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
@@ -194,6 +168,15 @@ pub fn run(args: ExportArgs) -> Result<()> {
     };
     let cpu_only = targets.iter().all(|t| matches!(t, Target::Cpu { .. }));
     let contract = crate::flags::export_contract(args.target.contract, &targets);
+    let storage = match (args.weight_storage.unwrap_or(StorageChoice::Auto), weights) {
+        (StorageChoice::Bf16, _) => WeightFormat::Bf16,
+        (StorageChoice::Packed, _) => WeightFormat::PackedI32,
+        (StorageChoice::I16, _) => WeightFormat::I16,
+        (StorageChoice::Auto, WeightsChoice::Bf16) => WeightFormat::PackedI32,
+        (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) if cpu_only => WeightFormat::Bf16,
+        (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) => WeightFormat::PackedI32,
+    };
+    let (matmul_input, cache_type) = crate::flags::export_rounding(&args.target, &targets, contract, storage);
     // The rules of valid combinations (bf16 or q4 on Vulkan, i16 on the portable target, bf16
     // matmul inputs, f16 caches, prefill spans) are the library's (`export::OptionsError`),
     // checked before anything is emitted; this command only parses.
@@ -208,27 +191,14 @@ pub fn run(args: ExportArgs) -> Result<()> {
         },
         prefix: args.prefix,
         vulkan_target,
-        weights: match (args.weight_storage.unwrap_or(StorageChoice::Auto), weights) {
-            (StorageChoice::Bf16, _) => WeightFormat::Bf16,
-            (StorageChoice::Packed, _) => WeightFormat::PackedI32,
-            (StorageChoice::I16, _) => WeightFormat::I16,
-            (StorageChoice::Auto, WeightsChoice::Bf16) => WeightFormat::PackedI32,
-            (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) if cpu_only => WeightFormat::Bf16,
-            (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) => WeightFormat::PackedI32,
-        },
+        weights: storage,
         compile_flags,
         top_k: args.top_k,
         contract,
         ring_slack: args.ring_slack,
         prefill_spans: args.prefill_spans.map(|s| s.0),
-        matmul_input: match args.matmul_input {
-            MatmulInputChoice::F32 => MatmulInput::F32,
-            MatmulInputChoice::Bf16 => MatmulInput::Bf16,
-        },
-        cache_type: match args.cache_type {
-            CacheTypeChoice::F32 => CacheType::F32,
-            CacheTypeChoice::F16 => CacheType::F16,
-        },
+        matmul_input,
+        cache_type,
         fuse_projections: args.projections == ProjectionsChoice::Fused,
         ..ExportOptions::default()
     };
@@ -267,7 +237,9 @@ pub(crate) fn flags_of(rule: &export::OptionsError) -> &'static str {
         E::Bf16OnVulkan => "--weight-storage bf16 with a Vulkan target",
         E::I16OnPortableVulkan => "--weight-storage i16 for Vulkan needs --vulkan-target",
         E::Q4OnNamedVulkan(_) => "--weights q4 with --vulkan-target",
-        E::Bf16MatmulInputs => "--matmul-input bf16 needs --weight-storage bf16 and CPU targets only",
+        E::Bf16MatmulInputs => {
+            "--matmul-input bf16 needs CPU targets only and weights declared bf16 (export --weight-storage bf16)"
+        }
         E::PrefillSpansNeedContract2 => "--prefill-spans needs --contract 2",
         E::F16Caches => "--cache-type f16 needs --contract 2 and CPU targets only",
     }
