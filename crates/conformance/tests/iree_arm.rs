@@ -5,9 +5,11 @@
 //! has no IREE runtime here, see docs/reliability.md).
 #![cfg(all(feature = "iree", target_arch = "aarch64"))]
 
-/// The machine code's problems on both executors; the host-side checks and the sampler (pure
-/// Rust, run under qemu by the reference suite too) on `local_task` only in CI, both in
-/// `scripts/test-long.sh`.
+/// The machine code's problems on `local_sync`; on `local_task` in CI only those where the
+/// executor's threads meet the session's buffers (calls compared with the reference, snapshots
+/// outliving later calls); the host-side checks and the sampler (pure Rust: the x86 suites and
+/// armv7's reference tests run them) and the rest on both in `scripts/test-long.sh`. Each
+/// problem costs minutes under qemu (CI time, issue 34).
 mod local_sync {
     conformance::conformance_suite!(
         conformance::iree::IreeFactory {
@@ -38,12 +40,32 @@ mod local_sync {
 }
 
 mod local_task {
-    conformance::conformance_suite!(conformance::iree::IreeFactory {
-        device: "local-task",
-        layout: export::Layout::Shared,
-        contract: 1,
-        cache_type: kv_core::manifest::CacheType::F32
-    });
+    conformance::conformance_suite!(
+        conformance::iree::IreeFactory {
+            device: "local-task",
+            layout: export::Layout::Shared,
+            contract: 1,
+            cache_type: kv_core::manifest::CacheType::F32
+        },
+        ci: [
+            kv_matches_reference_call_by_call,
+            snapshots_branch_and_outlive_later_calls,
+            bad_input_is_refused_and_session_survives
+        ],
+        long: [
+            prefill_equals_prefix_chunks_and_steps,
+            snapshot_trees_replay_fresh_runs,
+            cached_path_matches_naive_recompute,
+            seed_step_rule_sees_one_key_more,
+            gqa_and_llama_families_match_naive,
+            redecode_matches_kv_stream,
+            foreign_snapshot_is_refused,
+            redecode_refuses_prompts_without_room,
+            snapshot_files_continue_like_the_session,
+            seeded_sampling_matches_the_reference,
+            masked_calls_match_the_reference
+        ]
+    );
 }
 
 /// The NEON q4 kernel (`export::kernels::KernelIsa::Aarch64Neon`, issue 32): a q4 export of
