@@ -42,6 +42,12 @@ pub mod profile;
 pub mod quantized;
 mod templates;
 
+/// Test support: each fused form of the emitter alone (`tests/forms.rs`). Not a stable API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::emit::forms::{emit_form, Form, RMS_EPS};
+}
+
 pub use artifacts::{
     export_artifacts, nvidia_target, weight_compile_flags, ExportOptions, Layout, OptionsError, Source,
     QUANTIZED_COMPILE_FLAGS,

@@ -39,6 +39,8 @@ use crate::ExportError;
 
 mod attention;
 mod attention_v2;
+#[doc(hidden)]
+pub mod forms;
 mod head;
 mod layer;
 mod norms;

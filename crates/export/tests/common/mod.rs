@@ -18,24 +18,26 @@ use kv_core::{Graph, KvBackend, LayerKv, Manifest, WindowRule};
 pub enum Array {
     F32(Vec<usize>, Vec<f32>),
     I32(Vec<usize>, Vec<i32>),
+    I16(Vec<usize>, Vec<i16>),
+    I8(Vec<usize>, Vec<i8>),
 }
 
 impl Array {
     pub fn shape(&self) -> &[usize] {
         match self {
-            Array::F32(s, _) | Array::I32(s, _) => s,
+            Array::F32(s, _) | Array::I32(s, _) | Array::I16(s, _) | Array::I8(s, _) => s,
         }
     }
     pub fn f32(&self) -> &[f32] {
         match self {
             Array::F32(_, v) => v,
-            Array::I32(..) => panic!("expected an f32 array"),
+            _ => panic!("expected an f32 array"),
         }
     }
     pub fn i32(&self) -> &[i32] {
         match self {
             Array::I32(_, v) => v,
-            Array::F32(..) => panic!("expected an i32 array"),
+            _ => panic!("expected an i32 array"),
         }
     }
 }
@@ -44,6 +46,8 @@ pub fn write_npy(path: &Path, a: &Array) {
     let (descr, shape, bytes): (&str, &[usize], Vec<u8>) = match a {
         Array::F32(s, v) => ("<f4", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
         Array::I32(s, v) => ("<i4", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        Array::I16(s, v) => ("<i2", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        Array::I8(s, v) => ("|i1", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
     };
     let dims = match shape.len() {
         0 => String::new(),

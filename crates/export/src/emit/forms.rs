@@ -1,0 +1,212 @@
+//! Each fused form alone: a module of one function `@form` that runs one of the emitter's forms
+//! on its arguments, weights included (they are seeded into the emitter's loaded parameters, so
+//! no archive is needed), for `tests/forms.rs` to compile for the CPU and compare with a plain
+//! computation. Test support, not the exporter's API: reached through `export::testing`.
+//!
+//! The forms configured for a tuned GPU carry IREE's SPIR-V `compilation_info`, which IREE's CPU
+//! backend refuses ("'func.func' op missing subgroup size"); [`emit_form`] drops those
+//! attributes, which only schedule a dispatch and leave its arithmetic as it is.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kv_core::{Activation, Architecture, KvSpec, Manifest};
+
+use super::layer::Residual;
+use super::products::pair_splits;
+use super::{EmitOptions, FuncEmitter, WeightFormat};
+use crate::mlir::{Elem, Ty, V};
+use crate::profile::GpuTuning;
+
+/// The RMS norms' epsilon in every form.
+pub const RMS_EPS: f32 = 1e-6;
+
+/// A fused form and the sizes to emit it at. Each variant lists the function's arguments, in
+/// order, and its results.
+#[derive(Clone, Copy, Debug)]
+pub enum Form {
+    /// `rmsnorm(x [rows, n], w [n])`, the factor in one reduction (`rms_factor`) or, with
+    /// `parallel` (as for packed weights over few rows), in runs of 32 then across the runs
+    /// (`rms_factor_parallel`; `n` a multiple of 32 above 32). Result `[rows, n]`.
+    RmsNorm { rows: usize, n: usize, parallel: bool },
+    /// `rmsnorm(x [1, n], norm [n]) · Wᵢᵀ` for `weights` i16 weights `Wᵢ [out, n]` (bf16 bits), the
+    /// norm's sum of squares taken in the products' dispatch (`normed_products`). Arguments `x`,
+    /// `norm`, then the weights; results `weights` × `[1, out]`.
+    NormedProducts { n: usize, out: usize, weights: usize },
+    /// [`Form::NormedProducts`] of a residual stream whose post-norm addition is pending:
+    /// `h = x + rmsnorm(d, post)`, never written out. Arguments `x [1, n]`, `d [1, n]`,
+    /// `post [n]`, `norm [n]`, then the weights `[out, n]` i16 (`out ≥ n`); results as there.
+    CarriedNormedProducts { n: usize, out: usize, weights: usize },
+    /// `x [1, inner] · Wᵀ` (`W [n, inner]` i16) and the stream `base + rmsnorm(d, post)` written
+    /// out in the same dispatch (`proj_settling`). Arguments `x`, `W`, `base [1, n]`, `d [1, n]`,
+    /// `post [n]`; results the product and the stream, `[1, n]` each.
+    ProductSettling { n: usize, inner: usize },
+    /// `x [rows, inner] · (q · s)ᵀ` of q4 blocks, dequantized in the contraction's body
+    /// (`Body::block_contract_q`, the CPU's one-row q4 form). Arguments `x`, `q [out, inner/32,
+    /// 32]` as i8 in `-8..8` (made i4 before the form), `s [out, inner/32]` f32; result
+    /// `[rows, out]`.
+    Q4Product { rows: usize, out: usize, inner: usize },
+    /// The same product over q4 blocks packed in `i32` words (`Body::block_contract_words`, the
+    /// Vulkan targets' form): `q [out, inner/32, 4]` i32, element `j` of a word in its bits
+    /// `4j .. 4j + 4`, two's complement.
+    Q4WordsProduct { rows: usize, out: usize, inner: usize },
+    /// `x [rows, inner] · Wᵀ` of bf16 pairs packed in words, `w [out, inner/2]` i32 (element `2k`
+    /// in the low half of word `k`), read in place in runs (`Body::contract_pairs_split`, as the
+    /// portable Vulkan target's step does). Result `[rows, out]`.
+    PairsProduct { rows: usize, out: usize, inner: usize },
+    /// One softmax over the keys of `sc [q, p]` (the cache's) and `sn [q, r]` (the call's), the
+    /// cache's reduced in tiles of 64 keys with `tiled` (`softmax_split`). Results the two
+    /// blocks of probabilities.
+    SoftmaxSplit { q: usize, p: usize, r: usize, tiled: bool },
+    /// One query row's attention over a cache head (`attention_row`, NVIDIA's one-row form):
+    /// scores `sc [g, p]`, `sn [g, 1]`, values `vc [p, d]`, `vn [1, d]`; result `[g, d]`.
+    AttentionRow { g: usize, p: usize, d: usize },
+    /// The feed-forward gate `activation(g [rows, n])`: gelu-tanh or silu. Result `[rows, n]`.
+    Gate {
+        activation: Activation,
+        rows: usize,
+        n: usize,
+    },
+}
+
+/// The MLIR module of `form` alone: `@form` in `module @module`.
+pub fn emit_form(form: Form) -> String {
+    let spec = KvSpec::default();
+    let arch = Architecture {
+        rms_eps: RMS_EPS,
+        ..Architecture::gemma3(&spec, 4 * spec.hidden_size)
+    };
+    let manifest = Manifest::new(spec.clone(), Some(arch.clone()), "form");
+    let weights = match form {
+        Form::RmsNorm { parallel: true, .. } | Form::PairsProduct { .. } => WeightFormat::PackedI32,
+        Form::RmsNorm { parallel: false, .. } => WeightFormat::Bf16,
+        _ => WeightFormat::I16,
+    };
+    let options = EmitOptions {
+        weights,
+        tuning: Some(GpuTuning::NVIDIA),
+        tiled_softmax: matches!(form, Form::SoftmaxSplit { tiled: true, .. }),
+        ..EmitOptions::default()
+    };
+    let table = HashMap::new();
+    let mut globals = BTreeMap::new();
+    let mut f = FuncEmitter::new(&spec, None, &arch, &options, &table, &manifest, true, &mut globals);
+    let mut args: Vec<V> = Vec::new();
+    let mut arg = |dims: &[usize], elem: Elem| {
+        let v = V {
+            name: format!("%arg{}", args.len()),
+            ty: Ty::fixed(dims, elem),
+        };
+        args.push(v.clone());
+        v
+    };
+    let results: Vec<V> = match form {
+        Form::RmsNorm { rows, n, .. } => {
+            let x = arg(&[rows, n], Elem::F32);
+            let w = arg(&[n], Elem::F32);
+            vec![f.rmsnorm(&x, &w)]
+        }
+        Form::NormedProducts { n, out, weights } | Form::CarriedNormedProducts { n, out, weights } => {
+            let carried = matches!(form, Form::CarriedNormedProducts { .. });
+            let x = arg(&[1, n], Elem::F32);
+            let residual = if carried {
+                let d = arg(&[1, n], Elem::F32);
+                f.loaded.insert("post".into(), arg(&[n], Elem::F32));
+                Residual {
+                    base: x,
+                    pending: Some((d, "post".into())),
+                }
+            } else {
+                Residual::settled(x)
+            };
+            f.loaded.insert("norm".into(), arg(&[n], Elem::F32));
+            let names: Vec<String> = (0..weights).map(|i| format!("w{i}")).collect();
+            for name in &names {
+                f.loaded.insert(format!("{name}#raw"), arg(&[out, n], Elem::I16));
+            }
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            f.normed_products(&residual, "norm", &names)
+                .unwrap_or_else(|| panic!("{form:?}: the normed products do not apply"))
+        }
+        Form::ProductSettling { n, inner } => {
+            let x = arg(&[1, inner], Elem::F32);
+            f.loaded.insert("w#raw".into(), arg(&[n, inner], Elem::I16));
+            let base = arg(&[1, n], Elem::F32);
+            let d = arg(&[1, n], Elem::F32);
+            f.loaded.insert("post".into(), arg(&[n], Elem::F32));
+            let residual = Residual {
+                base,
+                pending: Some((d, "post".into())),
+            };
+            let (product, stream) = f.proj_settling(&x, "w", &residual);
+            vec![product, stream]
+        }
+        Form::Q4Product { rows, out, inner } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let q = arg(&[out, inner / 32, 32], Elem::I8);
+            let s = arg(&[out, inner / 32], Elem::F32);
+            let q = f.b.convert(&q, Elem::I4);
+            let x3 = f.b.reshape_static(&x, &[rows, inner / 32, 32]);
+            vec![f.b.block_contract_q(&x3, &q, &s)]
+        }
+        Form::Q4WordsProduct { rows, out, inner } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let q = arg(&[out, inner / 32, 4], Elem::I32);
+            let s = arg(&[out, inner / 32], Elem::F32);
+            let x4 = f.b.reshape_static(&x, &[rows, inner / 32, 4, 8]);
+            vec![f.b.block_contract_words(&x4, &q, &s, 4)]
+        }
+        Form::PairsProduct { rows, out, inner } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let w = arg(&[out, inner / 2], Elem::I32);
+            vec![f.b.contract_pairs_split(&x, &w, pair_splits(out, inner / 2))]
+        }
+        Form::SoftmaxSplit { q, p, r, tiled } => {
+            let sc = arg(&[q, p], Elem::F32);
+            let sn = arg(&[q, r], Elem::F32);
+            let (pc, pn) = f.softmax_split(&sc, &sn, tiled);
+            vec![pc, pn]
+        }
+        Form::AttentionRow { g, p, d } => {
+            let sc = arg(&[g, p], Elem::F32);
+            let sn = arg(&[g, 1], Elem::F32);
+            let vc = arg(&[p, d], Elem::F32);
+            let vn = arg(&[1, d], Elem::F32);
+            vec![f.attention_row(&sc, &sn, &vc, &vn, GpuTuning::NVIDIA.attention)]
+        }
+        Form::Gate { activation, rows, n } => {
+            let g = arg(&[rows, n], Elem::F32);
+            vec![match activation {
+                Activation::GeluTanh => f.gelu_tanh(&g),
+                Activation::Silu => f.silu(&g),
+            }]
+        }
+    };
+    let body = std::mem::take(&mut f.b).finish();
+    let sig: Vec<String> = args.iter().map(|a| format!("{}: {}", a.name, a.ty.text())).collect();
+    let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+    let types: Vec<String> = results.iter().map(|r| r.ty.text()).collect();
+    let text = format!(
+        "module @module {{\n  func.func @form({}) -> ({}) {{\n{body}    return {} : {}\n  }}\n}}\n",
+        sig.join(", "),
+        types.join(", "),
+        names.join(", "),
+        types.join(", ")
+    );
+    without_compilation_info(&text)
+}
+
+/// `text` without its ` attrs = {compilation_info = …}` (whose text holds no braces).
+fn without_compilation_info(text: &str) -> String {
+    const ATTRS: &str = " attrs = {compilation_info = ";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(ATTRS) {
+        out.push_str(&rest[..i]);
+        let end = rest[i..]
+            .find('}')
+            .unwrap_or_else(|| kv_core::error::invariant("an attribute dictionary is closed"));
+        rest = &rest[i + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
