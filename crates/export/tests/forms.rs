@@ -15,7 +15,7 @@ use common::{run_module, Array, Noise};
 use export::testing::{emit_form, Form, RMS_EPS};
 use export::Target;
 use kv_core::Activation;
-use ndarray::{concatenate, s, Array1, Array2, ArrayView1, ArrayView2, Axis};
+use ndarray::{concatenate, s, Array1, Array2, Array3, ArrayView1, ArrayView2, Axis};
 
 /// `|got - want| ≤ ABS`, or within `REL` of the larger magnitude: f32 sums of a few hundred
 /// terms of size ≤ 16 in another order than ndarray's, and `exp`/`tanh`/`rsqrt` of IREE's math
@@ -305,6 +305,79 @@ fn attention_of_one_row() {
     let probs = softmax_rows(&sc, &sn);
     let want = probs.dot(&concatenate![Axis(0), vc, vn]);
     assert_close("attention row", seed, &got[0], want.view());
+}
+
+fn array3(noise: &mut Noise, dims: (usize, usize, usize)) -> Array3<f32> {
+    Array3::from_shape_vec(dims, noise.row(dims.0 * dims.1 * dims.2)).unwrap()
+}
+
+fn f32s3(a: &Array3<f32>) -> Array {
+    Array::F32(a.shape().to_vec(), a.iter().copied().collect())
+}
+
+/// `rope(rmsnorm(x, w)) · scale` of one head's row `x [d]` at the tables' row `cos`, `sin`:
+/// `n·cos + swap_halves(n)·sin` of the normed `n`.
+fn norm_rope_row(
+    x: ArrayView1<f32>,
+    w: ArrayView1<f32>,
+    cos: ArrayView1<f32>,
+    sin: ArrayView1<f32>,
+    scale: f32,
+) -> Array1<f32> {
+    let d = x.len();
+    let factor = 1.0 / (x.mapv(|v| v * v).mean().unwrap() + RMS_EPS).sqrt();
+    let n = &x * &w * factor;
+    Array1::from_shape_fn(d, |i| (n[i] * cos[i] + n[(i + d / 2) % d] * sin[i]) * scale)
+}
+
+#[test]
+fn norm_then_rotation_per_head() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, heads, d) = (3, 2, 16);
+    let x = array3(&mut noise, (rows, heads, d));
+    let w = Array1::from(noise.row(d));
+    let (cos, sin) = (matrix(&mut noise, rows, d), matrix(&mut noise, rows, d));
+    let inputs = [f32s3(&x), vector(&w), f32s(&cos), f32s(&sin)];
+    let got = run(Form::NormRope { rows, heads, d }, &inputs, 1);
+    let mut want = Array2::zeros((rows * heads, d));
+    for r in 0..rows {
+        for h in 0..heads {
+            let row = norm_rope_row(x.slice(s![r, h, ..]), w.view(), cos.row(r), sin.row(r), 1.0);
+            want.row_mut(r * heads + h).assign(&row);
+        }
+    }
+    let got = Array::F32(vec![rows * heads, d], got[0].f32().to_vec());
+    assert_close("norm_rope", seed, &got, want.view());
+}
+
+#[test]
+fn qk_norms_and_rotation_over_the_fused_product() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, nh, nkv, d) = (2, 4, 2, 16);
+    let heads = nh + 2 * nkv;
+    let y = array3(&mut noise, (rows, heads, d));
+    let (qw, kw) = (Array1::from(noise.row(d)), Array1::from(noise.row(d)));
+    let (cos, sin) = (matrix(&mut noise, rows, d), matrix(&mut noise, rows, d));
+    let inputs = [f32s3(&y), vector(&qw), vector(&kw), f32s(&cos), f32s(&sin)];
+    let got = run(Form::QkvNormRope { rows, nh, nkv, d }, &inputs, 1);
+    let mut want = Array2::zeros((rows * heads, d));
+    for r in 0..rows {
+        for h in 0..heads {
+            let x = y.slice(s![r, h, ..]);
+            let row = if h < nh {
+                norm_rope_row(x, qw.view(), cos.row(r), sin.row(r), 1.0 / (d as f32).sqrt())
+            } else if h < nh + nkv {
+                norm_rope_row(x, kw.view(), cos.row(r), sin.row(r), 1.0)
+            } else {
+                x.to_owned()
+            };
+            want.row_mut(r * heads + h).assign(&row);
+        }
+    }
+    let got = Array::F32(vec![rows * heads, d], got[0].f32().to_vec());
+    assert_close("qkv_norm_rope", seed, &got, want.view());
 }
 
 fn gate(activation: Activation) {

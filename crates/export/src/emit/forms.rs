@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use kv_core::params::layer_param;
 use kv_core::{Activation, Architecture, KvSpec, Manifest};
 
 use super::layer::Residual;
@@ -60,6 +61,20 @@ pub enum Form {
     /// One query row's attention over a cache head (`attention_row`, NVIDIA's one-row form):
     /// scores `sc [g, p]`, `sn [g, 1]`, values `vc [p, d]`, `vn [1, d]`; result `[g, d]`.
     AttentionRow { g: usize, p: usize, d: usize },
+    /// `rope(rmsnorm(x, w))` of `x [rows, heads, d]` per head (Gemma's Q/K norms), the norm's
+    /// factor applied after the rotation (`norm_rope`). Arguments `x`, `w [d]`, `cos [rows, d]`,
+    /// `sin [rows, d]` (the rotation is `x·cos + swap_halves(x)·sin`); result `[rows, heads, d]`.
+    NormRope { rows: usize, heads: usize, d: usize },
+    /// The Q/K norms, rotation and query scale (`1/√d`, Gemma 3's) over a fused Q/K/V product
+    /// `y [rows, nh + 2·nkv, d]` in one expression (`qkv_norm_rope`): query heads normed by
+    /// `qw [d]`, rotated and scaled, key heads normed by `kw [d]` and rotated, value heads passed
+    /// through. Arguments `y`, `qw`, `kw`, `cos [rows, d]`, `sin [rows, d]`; result as `y`.
+    QkvNormRope {
+        rows: usize,
+        nh: usize,
+        nkv: usize,
+        d: usize,
+    },
     /// The feed-forward gate `activation(g [rows, n])`: gelu-tanh or silu. Result `[rows, n]`.
     Gate {
         activation: Activation,
@@ -70,7 +85,10 @@ pub enum Form {
 
 /// The MLIR module of `form` alone: `@form` in `module @module`.
 pub fn emit_form(form: Form) -> String {
-    let spec = KvSpec::default();
+    let mut spec = KvSpec::default();
+    if let Form::QkvNormRope { nh, nkv, d, .. } = form {
+        (spec.n_heads, spec.n_kv_heads, spec.head_dim) = (nh, nkv, d);
+    }
     let arch = Architecture {
         rms_eps: RMS_EPS,
         ..Architecture::gemma3(&spec, 4 * spec.hidden_size)
@@ -172,6 +190,23 @@ pub fn emit_form(form: Form) -> String {
             let vc = arg(&[p, d], Elem::F32);
             let vn = arg(&[1, d], Elem::F32);
             vec![f.attention_row(&sc, &sn, &vc, &vn, GpuTuning::NVIDIA.attention)]
+        }
+        Form::NormRope { rows, heads, d } => {
+            let x = arg(&[rows, heads, d], Elem::F32);
+            f.loaded.insert("w".into(), arg(&[d], Elem::F32));
+            let cos = arg(&[rows, d], Elem::F32);
+            let sin = arg(&[rows, d], Elem::F32);
+            vec![f.norm_rope(&x, "w", &cos, &sin)]
+        }
+        Form::QkvNormRope { rows, nh, nkv, d } => {
+            let y = arg(&[rows, nh + 2 * nkv, d], Elem::F32);
+            f.loaded
+                .insert(layer_param(0, "attn_q_norm.weight"), arg(&[d], Elem::F32));
+            f.loaded
+                .insert(layer_param(0, "attn_k_norm.weight"), arg(&[d], Elem::F32));
+            let cos = arg(&[rows, d], Elem::F32);
+            let sin = arg(&[rows, d], Elem::F32);
+            vec![f.qkv_norm_rope(&y, 0, &cos, &sin)]
         }
         Form::Gate { activation, rows, n } => {
             let g = arg(&[rows, n], Elem::F32);
