@@ -42,7 +42,8 @@ pub enum Form {
     /// `post [n]`; results the product and the stream, `[1, n]` each.
     ProductSettling { n: usize, inner: usize },
     /// `x [rows, inner] · (q · s)ᵀ` of q4 blocks, dequantized in the contraction's body
-    /// (`Body::block_contract_q`, the CPU's one-row q4 form). Arguments `x`, `q [out, inner/32,
+    /// (`Body::block_contract_q`: the CPU's one-row q4 form without our kernel, and any row
+    /// count's without fused dequantization). Arguments `x`, `q [out, inner/32,
     /// 32]` as i8 in `-8..8` (made i4 before the form), `s [out, inner/32]` f32; result
     /// `[rows, out]`.
     Q4Product { rows: usize, out: usize, inner: usize },
