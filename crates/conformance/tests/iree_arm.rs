@@ -5,11 +5,12 @@
 //! has no IREE runtime here, see docs/reliability.md).
 #![cfg(all(feature = "iree", target_arch = "aarch64"))]
 
-/// The machine code's problems on `local_sync`; on `local_task` in CI only those where the
-/// executor's threads meet the session's buffers (calls compared with the reference, snapshots
-/// outliving later calls); the host-side checks and the sampler (pure Rust: the x86 suites and
-/// armv7's reference tests run them) and the rest on both in `scripts/test-long.sh`. Each
-/// problem costs minutes under qemu (CI time, issue 34).
+/// The machine code's problems on `local_sync` (but the families one: four more aarch64
+/// exports and minutes of qemu for forms the x86 suites check); on `local_task` in CI only
+/// those where the executor's threads meet the session's buffers (calls compared with the
+/// reference, snapshots outliving later calls); the host-side checks and the sampler (pure
+/// Rust: the x86 suites and armv7's reference tests run them) and the rest on both in
+/// `scripts/test-long.sh`. Each problem costs minutes under qemu (CI time, issue 34).
 mod local_sync {
     conformance::conformance_suite!(
         conformance::iree::IreeFactory {
@@ -23,12 +24,12 @@ mod local_sync {
             snapshot_trees_replay_fresh_runs,
             cached_path_matches_naive_recompute,
             seed_step_rule_sees_one_key_more,
-            gqa_and_llama_families_match_naive,
             snapshots_branch_and_outlive_later_calls,
             redecode_matches_kv_stream,
             kv_matches_reference_call_by_call
         ],
         long: [
+            gqa_and_llama_families_match_naive,
             bad_input_is_refused_and_session_survives,
             foreign_snapshot_is_refused,
             redecode_refuses_prompts_without_room,
