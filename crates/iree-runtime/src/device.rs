@@ -269,6 +269,21 @@ impl Device {
         timeline.wait(point.value, "wait")
     }
 
+    /// A value the driver reports under `category` / `key` (`iree_hal_device_query_i64`). The
+    /// Vulkan driver answers, among others, `vulkan.feature` / `storage_buffer_16bit_access`,
+    /// `shader_int16`, `shader_float16` (1 where the feature is enabled on this device: IREE
+    /// enables each one the physical device reports) and `vulkan.device` / `subgroup_size`; a
+    /// key the driver does not know is an error.
+    pub fn query_i64(&self, category: &str, key: &str) -> Result<i64> {
+        let mut value = 0i64;
+        // SAFETY: the device is live; both views outlive the call; `value` is written by IREE.
+        let status = unsafe {
+            sys::iree_hal_device_query_i64(self.as_ptr(), string_view(category), string_view(key), &mut value)
+        };
+        check(status, format!("query {category}::{key} of `{}`", self.name()))?;
+        Ok(value)
+    }
+
     /// Whether `other` is this very device (a clone of it), not another device of the driver.
     pub fn same_as(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

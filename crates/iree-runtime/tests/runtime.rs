@@ -289,6 +289,20 @@ fn unknown_device_lists_valid_names() {
     }
 }
 
+/// The Vulkan driver reports the device's features (lavapipe here: 16-bit storage buffers and
+/// 16-bit integers, a subgroup of at least 4 lanes); a key it does not know is an error naming it.
+#[test]
+fn vulkan_reports_its_features() {
+    let device = Device::open(&instance(), "vulkan").unwrap();
+    for key in ["storage_buffer_16bit_access", "shader_int16"] {
+        assert_eq!(device.query_i64("vulkan.feature", key).unwrap(), 1, "{key}");
+    }
+    let subgroup = device.query_i64("vulkan.device", "subgroup_size").unwrap();
+    assert!(subgroup >= 4 && (subgroup as u64).is_power_of_two(), "{subgroup}");
+    let err = device.query_i64("vulkan.feature", "no_such_feature").unwrap_err();
+    assert!(err.to_string().contains("no_such_feature"), "{err}");
+}
+
 /// Both ways of serving a parameter file give the same numbers on the CPU drivers (the sessions
 /// of local-task/local-sync map theirs by default), and a mapped file outlives the provider and
 /// session that imported buffers from it until the last buffer goes.
