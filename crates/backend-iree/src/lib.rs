@@ -22,6 +22,7 @@
 
 mod convert;
 mod embedding;
+mod features;
 mod kv;
 mod open;
 mod redecode;
@@ -29,6 +30,7 @@ mod shared;
 
 pub use convert::iree_status;
 pub use embedding::Embedding;
+pub use features::{VulkanFeatures, PORTABLE_16BIT_TARGET};
 pub use iree_runtime::StatusCode;
 pub use kv::{IreeKvBackend, IreeSnapshot};
 pub use open::{declared_input_dims, IreeOptions, PrefillRoute, DEFAULT_CHUNKED_PREFILL_CALLS, DEVICES};

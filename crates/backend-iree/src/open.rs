@@ -260,6 +260,9 @@ pub(crate) fn open_sessions(
         workers: options.workers,
     };
     let device = shared::device(&device_key)?;
+    if options.device == "vulkan" {
+        crate::features::check_target(&device, &target)?;
+    }
 
     // What IREE runs must be what the exporter wrote (`kv_core::digests`): the manifest of an
     // artifact directory here, each module and archive below before it is loaded.

@@ -34,9 +34,11 @@ pub struct TargetFlags {
     /// adreno, rdna3, ...); such modules run only on that GPU family (on lavapipe they compute
     /// wrong results). An export made on demand for it declares the weights i16, widened inside
     /// the decode step's matmuls, which needs the GPU's 16-bit storage (`export --weight-storage
-    /// i16`), and NVIDIA targets get configured dispatches. Default: IREE's portable baseline
-    /// (`vp_android_baseline_2022`) with packed weights, which runs on any driver, lavapipe
-    /// included.
+    /// i16`), and NVIDIA targets get configured dispatches. `portable-16bit`: IREE's portable
+    /// baseline with 16-bit storage (i16 weights, no subgroup operations, no vendor workgroup
+    /// sizes: any GPU whose driver reports 16-bit storage, lavapipe included). Default: IREE's
+    /// portable baseline (`vp_android_baseline_2022`) with packed weights, which runs on any
+    /// driver, lavapipe included.
     #[arg(long)]
     pub vulkan_target: Option<String>,
     /// The graph contract: `1` (the seed's: dynamic past, a prefill graph), `2` (static shapes

@@ -193,6 +193,25 @@ fn iree_cpu_tracks_the_reference_on_quantized_weights() {
     );
 }
 
+/// `--vulkan-target portable-16bit` (IREE's portable profile with 16-bit storage, i16 weights
+/// loaded as they are, no subgroup operations) on lavapipe, which reports 16-bit storage: the
+/// reference's tokens and caches within tolerance under both contracts. (On the plain portable
+/// profile the same i16 loads are emulated and read the wrong elements: the export refuses it.)
+#[cfg(feature = "iree")]
+#[test]
+fn portable_16bit_i16_weights_track_the_reference_on_lavapipe() {
+    for contract in ["1", "2"] {
+        check_report(
+            &diverge_with(
+                "tiny-gemma3:7",
+                "reference,iree-vulkan",
+                &["--vulkan-target", "portable-16bit", "--contract", contract],
+            ),
+            false,
+        );
+    }
+}
+
 /// q4 on Llama's grouped heads under contract 2, on the CPU, against a reference that reads the
 /// artifacts' inputs, with `SKAINET_KV_Q4_KERNEL=kernel` (`export::kernels::Q4_KERNEL_ENV`).
 #[cfg(feature = "iree")]

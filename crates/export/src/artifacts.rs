@@ -198,7 +198,7 @@ pub enum OptionsError {
     Bf16OnVulkan,
     #[error(
         "i16 weights for IREE's portable Vulkan target: its 16-bit loads are emulated and read the wrong elements; \
-         name a GPU target with 16-bit storage (ampere, valhall, adreno, ...) or take packed weights"
+         name a target with 16-bit storage (portable-16bit, ampere, valhall, adreno, ...) or take packed weights"
     )]
     I16OnPortableVulkan,
     #[error(
@@ -372,6 +372,12 @@ mod tests {
                 gpu(None, WeightFormat::I16),
                 None,
                 Err(OptionsError::I16OnPortableVulkan),
+            ),
+            (
+                "i16 on the portable target with 16-bit storage",
+                gpu(Some(crate::profile::PORTABLE_16BIT), WeightFormat::I16),
+                None,
+                Ok(()),
             ),
             (
                 "i16 with the export's vulkan target",

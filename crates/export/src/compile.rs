@@ -63,8 +63,12 @@ impl Target {
                     "--iree-hal-target-device=vulkan".to_string(),
                     "--iree-execution-model=async-external".to_string(),
                 ];
-                if let Some(t) = target {
-                    f.push(format!("--iree-vulkan-target={t}"));
+                match target.as_deref() {
+                    Some(crate::profile::PORTABLE_16BIT) => {
+                        f.extend(crate::profile::PORTABLE_16BIT_FLAGS.iter().map(|s| s.to_string()))
+                    }
+                    Some(t) => f.push(format!("--iree-vulkan-target={t}")),
+                    None => {}
                 }
                 f
             }

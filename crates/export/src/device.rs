@@ -118,6 +118,10 @@ mod tests {
         assert_eq!(default_contract(&Target::cpu(), false), 2);
         assert_eq!(default_contract(&Target::Cpu { cpu: "host".into() }, false), 2);
         assert_eq!(default_contract(&vulkan(None), false), 1);
+        assert_eq!(
+            default_contract(&vulkan(Some(crate::profile::PORTABLE_16BIT)), false),
+            1
+        );
         assert_eq!(default_contract(&vulkan(Some("ampere")), false), 2, "NVIDIA targets");
         assert_eq!(default_contract(&vulkan(Some("valhall")), false), 1);
         assert_eq!(default_contract(&Target::cpu(), true), 1, "the seed's rule");

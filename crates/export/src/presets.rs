@@ -35,7 +35,7 @@ pub enum PresetKind {
 /// f16 and bf16 matmul microkernels; the f32 graphs' code is the baseline's where nothing
 /// needs them. A module built with a feature the phone lacks may stop on an illegal
 /// instruction, hence two CPU presets.
-pub const PRESETS: [Preset; 5] = [
+pub const PRESETS: [Preset; 6] = [
     Preset {
         name: "android-arm64",
         kind: PresetKind::Cpu {
@@ -56,6 +56,14 @@ pub const PRESETS: [Preset; 5] = [
         name: "vulkan-portable",
         kind: PresetKind::Vulkan { target: None },
         about: "Vulkan, IREE's portable target (vp_android_baseline_2022: Android's 2022 baseline profile)",
+    },
+    Preset {
+        name: "vulkan-portable-16bit",
+        kind: PresetKind::Vulkan {
+            target: Some(crate::profile::PORTABLE_16BIT),
+        },
+        about: "Vulkan, the portable target with 16-bit storage (--vulkan-target portable-16bit: GPUs whose driver \
+                reports storageBuffer16BitAccess; give --weights i16)",
     },
     Preset {
         name: "vulkan-valhall",
@@ -155,6 +163,7 @@ mod tests {
     fn vulkan_presets_map_to_vulkan_targets() {
         for (name, target) in [
             ("vulkan-portable", None),
+            ("vulkan-portable-16bit", Some("portable-16bit")),
             ("vulkan-valhall", Some("valhall")),
             ("vulkan-adreno", Some("adreno")),
         ] {

@@ -53,16 +53,38 @@ pub enum GpuFamily {
     /// One of IREE 3.13's NVIDIA targets (architectures, `sm_NN`, products such as `rtx4090`):
     /// 32-wide subgroups, where the configured forms of [`GpuTuning::NVIDIA`] were measured.
     Nvidia,
+    /// [`PORTABLE_16BIT`]: IREE's portable baseline with 16-bit storage buffers and 16-bit
+    /// integers, so i16 weights load as they are; no subgroup operations and no vendor
+    /// workgroup sizes, so one module serves every GPU whose driver reports 16-bit storage.
+    Portable16,
     /// Any other named target (`valhall`, `adreno`, `rdna3`): 16-bit storage, IREE's own
     /// configuration.
     Named,
 }
+
+/// `--vulkan-target portable-16bit`: IREE's `vp_android_baseline_2022` with the SPIR-V
+/// capabilities of 16-bit storage buffers added ([`PORTABLE_16BIT_FLAGS`]). Without them IREE
+/// emulates 16-bit loads in 32-bit words (and read the wrong elements: `OptionsError::I16OnPortableVulkan`);
+/// with them the kernels load `i16` directly. Needs the device's `storageBuffer16BitAccess` and
+/// `shaderInt16` (most Mali and Adreno drivers, NVIDIA, lavapipe), which the runtime checks at
+/// open.
+pub const PORTABLE_16BIT: &str = "portable-16bit";
+
+/// The `iree-compile` flags of [`PORTABLE_16BIT`] modules, in place of `--iree-vulkan-target=NAME`.
+/// `--iree-vulkan-target-features` replaces the profile's `spirv:v1.3,cap:Shader`; the
+/// profile's limits (128 threads a workgroup, 16 KiB of shared memory, no subgroup operations)
+/// stay.
+pub const PORTABLE_16BIT_FLAGS: [&str; 2] = [
+    "--iree-vulkan-target=vp_android_baseline_2022",
+    "--iree-vulkan-target-features=spirv:v1.3,cap:Shader,cap:Int16,cap:StorageBuffer16BitAccess,ext:SPV_KHR_16bit_storage",
+];
 
 impl GpuFamily {
     /// The family of `--iree-vulkan-target` `target` (`None`: IREE's default).
     pub fn of(target: Option<&str>) -> GpuFamily {
         match target {
             None => GpuFamily::Portable,
+            Some(PORTABLE_16BIT) => GpuFamily::Portable16,
             Some(name) if crate::nvidia_target(name) => GpuFamily::Nvidia,
             Some(_) => GpuFamily::Named,
         }
@@ -72,7 +94,7 @@ impl GpuFamily {
     pub fn tuning(self) -> Option<GpuTuning> {
         match self {
             GpuFamily::Nvidia => Some(GpuTuning::NVIDIA),
-            GpuFamily::Portable | GpuFamily::Named => None,
+            GpuFamily::Portable | GpuFamily::Portable16 | GpuFamily::Named => None,
         }
     }
 }
@@ -352,6 +374,17 @@ mod tests {
             profile(vec![vulkan(None)], Some("ampere")).compile_targets(),
             vec![vulkan(Some("ampere"))]
         );
+        // The portable profile with 16-bit storage: its own family, IREE's configuration, and
+        // the baseline's flags with the 16-bit capabilities in place of a GPU's name.
+        assert_eq!(GpuFamily::of(Some(PORTABLE_16BIT)), GpuFamily::Portable16);
+        assert_eq!(profile(vec![vulkan(Some(PORTABLE_16BIT))], None).gpu_tuning(), None);
+        let flags = vulkan(Some(PORTABLE_16BIT)).flags();
+        assert!(flags.ends_with(&strings(&PORTABLE_16BIT_FLAGS)), "{flags:?}");
+        assert!(
+            !flags.iter().any(|f| f == "--iree-vulkan-target=portable-16bit"),
+            "{flags:?}"
+        );
+        assert_eq!(vulkan(Some(PORTABLE_16BIT)).key(), "vulkan-portable-16bit");
     }
 
     #[test]

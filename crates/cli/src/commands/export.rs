@@ -49,7 +49,8 @@ pub struct ExportArgs {
     targets: Vec<String>,
     /// Presets for an app, comma-separated, at most one CPU and one Vulkan: `android-arm64`
     /// (Armv8.2-A with dot product and fp16), `android-arm64-v9` (also i8mm and bf16),
-    /// `vulkan-portable`, `vulkan-valhall` (Mali), `vulkan-adreno` (docs/android.md). They set
+    /// `vulkan-portable`, `vulkan-portable-16bit`, `vulkan-valhall` (Mali), `vulkan-adreno`
+    /// (docs/android.md). They set
     /// the targets, CPU triple and features and Vulkan target, and leave in `--out` only what
     /// an app ships (`files.json` lists it); `--targets`, `--cpu` and `--vulkan-target` then
     /// cannot be given.
