@@ -6,16 +6,27 @@
 #   scripts/h200/portable.sh prepare      # here: release build, the twin's exports, the tools
 #   bash scripts/h200/portable.sh run     # there, with the device tool, carry [".cache/device", ".gl"]
 #
-# VARIANTS picks exports (default "packed i16-ampere"; also i16-valhall, i16-adreno, which load on
-# NVIDIA but assume another subgroup size: their diverge fails there). ROUNDS (default 3)
-# alternations of the bare step and bench; PROFILE=variant adds a dispatch-events profile of its
-# step ($OUT/<variant>-explain.txt). The run fails if any diverge does.
+# VARIANTS picks exports (default "packed i16-ampere"; also packed-v2 (the portable target under
+# contract 2), i16-p16 / i16-p16-v2 (`--vulkan-target portable-16bit`: the portable profile with
+# 16-bit storage, i16 weights), i16-ampere-v2, and i16-valhall, i16-adreno, which load on NVIDIA
+# but assume another subgroup size: their diverge fails there). Mind the 64 MiB carry: ~10 MB a
+# variant, 13 MB the binary. ROUNDS (default 3) alternations of the bare step and bench;
+# PROFILE="variant ..." adds a dispatch-events profile of each one's step
+# ($OUT/<variant>-explain.txt). The run fails if any diverge does.
+#
+# Session 23 (issue 36, no device lent then) left this run to make, in one call:
+#   VARIANTS="packed packed-v2 i16-p16-v2 i16-ampere-v2" scripts/h200/portable.sh prepare
+#   ROUNDS=2 PROFILE="packed packed-v2" bash scripts/h200/portable.sh run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VARIANTS=${VARIANTS:-packed i16-ampere}
 export_args() {
   case $1 in
     packed) echo "--targets vulkan" ;;
+    packed-v2) echo "--targets vulkan --contract 2" ;;
+    i16-p16) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-16bit --contract 1" ;;
+    i16-p16-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-16bit --contract 2" ;;
+    i16-ampere-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target ampere --contract 2" ;;
     i16-ampere) echo "--targets vulkan --weight-storage i16 --vulkan-target ampere --contract 1" ;;
     i16-valhall) echo "--targets vulkan --weight-storage i16 --vulkan-target valhall" ;;
     i16-adreno) echo "--targets vulkan --weight-storage i16 --vulkan-target adreno" ;;
@@ -83,12 +94,12 @@ for round in $(seq "${ROUNDS:-3}"); do
     timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 --utterances 4 --repeat 1 2>&1 | tail -9
   done
 done
-if [ -n "${PROFILE:-}" ]; then
-  v=$PROFILE
+for v in ${PROFILE:-}; do
   timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
     --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_min_time=5x \
     --device_profiling_mode=dispatch-events --device_profiling_output="$OUT/$v-step.ireeprof" >"$OUT/$v-hal.log" 2>&1
   $D/tools/iree-profile explain "$OUT/$v-step.ireeprof" >"$OUT/$v-explain.txt" 2>&1
+  echo "== profile of the bare step, $v"
   grep -E "^  #[0-9]+ " "$OUT/$v-explain.txt" | head -12
-fi
+done
 diverge_verdict

@@ -63,7 +63,7 @@ pub const PRESETS: [Preset; 6] = [
             target: Some(crate::profile::PORTABLE_16BIT),
         },
         about: "Vulkan, the portable target with 16-bit storage (--vulkan-target portable-16bit: GPUs whose driver \
-                reports storageBuffer16BitAccess; give --weights i16)",
+                reports storageBuffer16BitAccess; give --weight-storage i16)",
     },
     Preset {
         name: "vulkan-valhall",
