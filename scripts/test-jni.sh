@@ -17,7 +17,11 @@ STDLIB="$KOTLIN_HOME/lib/kotlin-stdlib.jar"
 OUT="${CARGO_TARGET_DIR:-target}/jni-test"
 LIBS="${CARGO_TARGET_DIR:-target}/debug"
 
-cargo build -p skainet-iree-kv -p skainet-iree-redecode
+# With the workspace selected, so that the features resolve for the workspace as `cargo test
+# --workspace` resolves them (bar dev-dependencies: a few crates from bindgen up rebuild):
+# `-p skainet-iree-kv -p skainet-iree-redecode` resolved them for these packages alone and
+# rebuilt 19 crates, kv-core, tokenizer and llguidance among them (~3 min; CI time, issue 34).
+cargo build --workspace --lib
 
 # Exactly the ABI of CONTRACT §5 plus IreeKvSnapshotFile, nothing more, nothing less.
 prefix=Java_sk_ainet_transformers_iree_android
@@ -44,7 +48,9 @@ check_exports() { # lib expected [nm]
 check_exports "$LIBS/libskainet_iree_kv.so" "$expect_kv"
 check_exports "$LIBS/libskainet_iree_redecode.so" "$expect_redecode"
 
-cargo run -q -p skainet-jni --features fixture --bin jni-fixture -- "$OUT/fixture"
+# The same for the helper binary alone: only skainet-jni is rebuilt, with its `fixture` feature.
+cargo build -q --workspace --bin jni-fixture --features skainet-jni/fixture
+"$LIBS/jni-fixture" "$OUT/fixture"
 
 rm -rf "$OUT/classes"
 mkdir -p "$OUT/classes"
