@@ -44,7 +44,10 @@ export CMAKE_TOOLCHAIN_FILE="$PWD/crates/jni/cmake/aarch64-linux-gnu.cmake"
 export IREE_HOST_BIN_DIR="$PWD/.tools/venv/bin"
 export BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu"
 stage "$target: IREE runtime + JNI libraries"
-cargo build --target "$target" -p skainet-iree-kv -p skainet-iree-redecode
+# The JNI libraries and stage 3's suite select the same packages, so that their shared crates
+# resolve one set of features and build once for this target (CI time, issue 34).
+arm_packages=(-p skainet-iree-kv -p skainet-iree-redecode -p conformance)
+cargo build --target "$target" "${arm_packages[@]}"
 prefix=Java_sk_ainet_transformers_iree_android
 # Per library: each class's count of exports and the total (the kv library also exports
 # IreeKvSnapshotFile's 3 methods and the app-level Engine's 3 and Conversation's 6 beside the seed's 10).
@@ -70,7 +73,7 @@ done
 #    compared with the FP32 reference like on x86. Fewer property cases than on x86 (qemu is slow).
 stage "$target: IREE conformance on local-sync and local-task under qemu"
 # SKAINET_ARM_LONG=1 (scripts/test-long.sh arm) adds the problems CI leaves to local-task.
-SKAINET_IREE_CASES="${SKAINET_IREE_ARM_CASES:-2}" cargo test --target "$target" -p conformance --test iree_arm \
+SKAINET_IREE_CASES="${SKAINET_IREE_ARM_CASES:-2}" cargo test --target "$target" "${arm_packages[@]}" --test iree_arm \
     ${SKAINET_ARM_LONG:+-- --include-ignored}
 # The app-level API's Rust side (crates/jni/tests/app.rs: the quickstart, cancel and a catalog file
 # through skainet_jni::app on the android-arm64 contract 2 export). Long only: building the test
