@@ -21,6 +21,12 @@ pub const V2_VERSION: u32 = 2;
 /// 32 on the CPU (the weights are read once per call), and 256 no less (`docs/journal`, session 8).
 pub const DEFAULT_PREFILL_CHUNK: usize = 128;
 
+/// Rows of contract v2's small chunk graph by default, where the chunk graph has more: a chunk
+/// call's cost falls with its rows down to the LM head's (one row), and feeds of a few ids (a
+/// short prompt, an utterance after a restore, grammar-forced ids) are most calls
+/// (`docs/contract-v2.md`, "The small chunk graph").
+pub const DEFAULT_SMALL_CHUNK: usize = 8;
+
 /// Token-less prefill variants an export makes at most ([`V2Spec::default_prefill_spans`]):
 /// the largest spans are kept, as they serve most calls of a long prefill.
 pub const MAX_PREFILL_SPANS: usize = 2;
@@ -86,6 +92,11 @@ pub struct V2Spec {
     /// each cache (not all of them) and skips the LM head.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prefill_spans: Vec<usize>,
+    /// `smallChunk`: the rows of a second chunk graph beside the `chunk`-row one
+    /// (`<chunk function>_rows<S>`, the chunk graph's arguments and results over `S` rows): a
+    /// feed's piece of at most `S` ids runs it instead ([`Self::chunk_rows`]); 0 = none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub small_chunk: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -105,6 +116,7 @@ impl V2Spec {
             ("prefillChunk", self.prefill_chunk != 0),
             ("prefillSpan", self.prefill_span != 0),
             ("prefillSpans", !self.prefill_spans.is_empty()),
+            ("smallChunk", self.small_chunk != 0),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -112,16 +124,19 @@ impl V2Spec {
 
     /// The layout of a v2 export of `spec`: a ring of `spec.ring_rows(ring_slack)` rows, a
     /// prefill graph of [`Self::prefill_chunk_rows`] (`prefill_rows`) rows when `prefill`, and
-    /// its default spans ([`Self::default_prefill_spans`]) unless `spans` are given.
+    /// its default spans ([`Self::default_prefill_spans`]) unless `spans` are given, and a small
+    /// chunk graph of [`Self::small_chunk_rows`] (`small_rows`) rows.
     pub fn for_export(
         spec: &KvSpec,
         ring_slack: Option<usize>,
         prefill: bool,
         prefill_rows: Option<usize>,
         spans: Option<Vec<usize>>,
+        small_rows: Option<usize>,
     ) -> V2Spec {
         let mut v2 = V2Spec {
             sliding_cache_rows: spec.ring_rows(ring_slack),
+            small_chunk: Self::small_chunk_rows(spec, small_rows),
             ..V2Spec::default()
         };
         if prefill {
@@ -154,6 +169,12 @@ impl V2Spec {
                 ),
             ));
         }
+        if self.small_chunk >= spec.chunk {
+            return Err(Error::manifest(
+                "smallChunk",
+                format!("{} rows must be fewer than chunk {}", self.small_chunk, spec.chunk),
+            ));
+        }
         self.validate_spans(spec)
     }
 
@@ -165,6 +186,7 @@ impl V2Spec {
             ("prefillChunk", self.prefill_chunk),
             ("prefillSpan", self.prefill_span),
             ("prefillSpans", self.prefill_spans.len()),
+            ("smallChunk", self.small_chunk),
         ] {
             crate::limits::check_positions(key(k), value)?;
         }
@@ -291,6 +313,26 @@ impl V2Spec {
         let extra = spans.len().saturating_sub(MAX_PREFILL_SPANS);
         spans.drain(..extra);
         (span, spans)
+    }
+
+    /// The rows of the smallest chunk graph that holds a piece of `n` ids: the small chunk
+    /// graph's (`smallChunk`) when it holds them, else the chunk graph's (`chunk`; a piece of
+    /// more is refused by the plan).
+    pub fn chunk_rows(&self, spec: &KvSpec, n: usize) -> usize {
+        match self.small_chunk {
+            0 => spec.chunk,
+            small if n <= small => small,
+            _ => spec.chunk,
+        }
+    }
+
+    /// The rows the small chunk graph would have for `rows` requested (`None`:
+    /// [`DEFAULT_SMALL_CHUNK`]): 0 (none) unless fewer than a chunk's.
+    pub fn small_chunk_rows(spec: &KvSpec, rows: Option<usize>) -> usize {
+        match rows.unwrap_or(DEFAULT_SMALL_CHUNK) {
+            rows if rows < spec.chunk => rows,
+            _ => 0,
+        }
     }
 
     /// The rows the prefill graph would have for `rows` requested (`None`:

@@ -311,6 +311,12 @@ impl Functions {
         self.prefill.as_ref().map(|p| format!("{p}_span{span}"))
     }
 
+    /// The chunk graph's variant over `rows` rows (`V2Spec::small_chunk`):
+    /// `<chunk>_rows<rows>`, in the chunk graph's module, with its argument and result names.
+    pub fn small_chunk(&self, rows: usize) -> Option<String> {
+        self.prefill_with_past.as_ref().map(|c| format!("{c}_rows{rows}"))
+    }
+
     pub fn get(&self, graph: Graph) -> Option<&str> {
         match graph {
             Graph::Prefill => self.prefill.as_deref(),
@@ -922,6 +928,12 @@ impl Manifest {
                     return Err(Error::manifest(
                         "prefillSpans",
                         "variants of a prefill graph this manifest does not name (functions.prefill)",
+                    ));
+                }
+                if v2.small_chunk != 0 && self.functions.prefill_with_past.is_none() {
+                    return Err(Error::manifest(
+                        "smallChunk",
+                        "a variant of a chunk graph this manifest does not name (functions.prefillWithPast)",
                     ));
                 }
                 v2.validate(&self.spec)?;

@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::mask::chunk_mask;
 use crate::rope::RopeTable;
+use crate::contract::V2Spec;
 use crate::spec::{KvSpec, LayerKind};
 
 /// How many rows a sliding layer is given on a step call.
@@ -151,34 +152,57 @@ pub fn plan_chunk(spec: &KvSpec, position: usize, tokens: &[i32]) -> Result<Chun
     chunk_at(spec, position, tokens)
 }
 
+/// [`plan_chunk`] for a chunk graph of `rows` rows (`V2Spec::chunk_rows`: the small chunk
+/// graph's or the chunk graph's): the tokens, select row, tables and masks padded to `rows`. A
+/// piece longer than `rows` is refused as longer than the chunk.
+pub fn plan_chunk_rows(spec: &KvSpec, rows: usize, position: usize, tokens: &[i32]) -> Result<ChunkPlan> {
+    if position == 0 {
+        return Err(Error::NotPrefilled { op: "chunk" });
+    }
+    chunk_at(&with_rows(spec, rows), position, tokens)
+}
+
+fn with_rows(spec: &KvSpec, rows: usize) -> KvSpec {
+    KvSpec {
+        chunk: rows,
+        ..spec.clone()
+    }
+}
+
 /// Validates a prefill (as [`plan_prefill`]) and plans it as chunk calls from an empty cache:
 /// the first at position 0 with no past rows, each later one after the previous. A short prompt
 /// then costs `ceil(n / C)` chunk calls instead of one call over all `SEQ` rows. Every piece is
 /// planned (and so validated) before the caller runs any.
 pub fn plan_chunked_prefill(spec: &KvSpec, tokens: &[i32]) -> Result<Vec<ChunkPlan>> {
-    plan_pieces(spec, 0, tokens, |_| false)
+    plan_pieces(spec, &V2Spec::default(), tokens, |_| false)
 }
 
 /// Contract v2's prefill from position 0: while `big(remaining tokens)` says so, pieces of
-/// `prefill_chunk` rows (`V2Spec::prefill_chunk`; the last padded), the rest chunk calls. A
-/// plan of `prefill_chunk` rows is one for the prefill graph (more rows than a chunk:
-/// `V2Spec::validate`); 0 = chunk calls only.
+/// `layout.prefill_chunk` rows (the last padded), the rest chunk calls, each of the smallest
+/// chunk graph that holds what is left (`V2Spec::chunk_rows`: the small chunk graph's rows for
+/// the last piece when it holds it). A plan of `prefill_chunk` rows is one for the prefill graph
+/// (more rows than a chunk: `V2Spec::validate`), of `small_chunk` rows one for the small chunk
+/// graph (fewer); 0 = no such graph.
 pub fn plan_pieces(
     spec: &KvSpec,
-    prefill_chunk: usize,
+    layout: &V2Spec,
     tokens: &[i32],
     big: impl Fn(usize) -> bool,
 ) -> Result<Vec<ChunkPlan>> {
     plan_prefill(spec, tokens)?;
-    let wide = KvSpec {
-        chunk: prefill_chunk,
-        ..spec.clone()
-    };
+    let wide = with_rows(spec, layout.prefill_chunk);
+    let small = with_rows(spec, layout.small_chunk);
     let mut plans = Vec::new();
     let mut at = 0;
     while at < tokens.len() {
         let left = tokens.len() - at;
-        let spec = if prefill_chunk > 0 && big(left) { &wide } else { spec };
+        let spec = if layout.prefill_chunk > 0 && big(left) {
+            &wide
+        } else if layout.chunk_rows(spec, left) == layout.small_chunk {
+            &small
+        } else {
+            spec
+        };
         let n = left.min(spec.chunk);
         plans.push(chunk_at(spec, at, &tokens[at..at + n])?);
         at += n;

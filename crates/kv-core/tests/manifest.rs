@@ -592,6 +592,7 @@ fn the_stored_contract_keeps_its_bytes() {
             prefill_chunk: 64,
             prefill_span: 128,
             prefill_spans: vec![64],
+            small_chunk: 0,
         })
     );
     assert_eq!(m.to_json(), stored);
@@ -602,7 +603,39 @@ fn the_stored_contract_keeps_its_bytes() {
         text.starts_with("{\n  \"contractVersion\": 1,\n  \"nLayers\": 4,"),
         "{text}"
     );
-    for key in ["slidingCacheRows", "prefillChunk", "prefillSpan"] {
+    for key in ["slidingCacheRows", "prefillChunk", "prefillSpan", "smallChunk"] {
         assert!(!text.contains(key), "{key} in a v1 manifest");
     }
+}
+
+/// `smallChunk` (the small chunk graph's rows) is stored after the other v2 keys and read back;
+/// a manifest without it has none (0); it must be fewer than `chunk`, name a chunk graph, and
+/// is contract v2's only.
+#[test]
+fn small_chunk_is_stored_and_checked_by_key() {
+    let key_of = |e: Error| match e {
+        Error::Manifest { key, .. } => key,
+        other => panic!("{other:?}"),
+    };
+    let mut m = Manifest::new(small(), None, "gemma").into_v2(V2Spec {
+        small_chunk: 3,
+        ..V2Spec::default()
+    });
+    m.validate().unwrap();
+    let text = m.to_json();
+    assert!(text.contains("\"smallChunk\": 3"), "{text}");
+    let back = Manifest::from_json(&text).unwrap();
+    assert_eq!(back.v2().unwrap().small_chunk, 3);
+    assert_eq!(
+        back.functions.small_chunk(3).as_deref(),
+        Some("module.gemma_prefill_with_past_rows3")
+    );
+    let chunk = m.spec.chunk;
+    m.contract.v2_mut().unwrap().small_chunk = chunk;
+    assert_eq!(key_of(m.validate().unwrap_err()), "smallChunk");
+    m.contract.v2_mut().unwrap().small_chunk = 3;
+    m.functions.prefill_with_past = None;
+    assert_eq!(key_of(m.validate().unwrap_err()), "smallChunk");
+    let v1 = text.replace("\"contractVersion\": 2", "\"contractVersion\": 1");
+    assert_eq!(key_of(Manifest::from_json(&v1).unwrap_err()), "smallChunk");
 }

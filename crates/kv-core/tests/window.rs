@@ -389,8 +389,9 @@ proptest! {
 }
 
 /// Contract v2's prefill planning: pieces of `prefillChunk` rows while `big` says so, then
-/// chunk calls. Only IREE's v2 backend plans wide pieces, so nothing else here would notice a
-/// wide piece planned with the chunk's width.
+/// chunk calls, the last of the small chunk graph's rows where it holds what is left. Only
+/// IREE's v2 backend plans wide or small pieces, so nothing else here would notice a piece
+/// planned with the chunk's width.
 #[test]
 fn plan_pieces_takes_prefill_chunk_rows_while_big() {
     use kv_core::window::plan_pieces;
@@ -402,13 +403,55 @@ fn plan_pieces_takes_prefill_chunk_rows_while_big() {
             .map(|p| (p.position, p.n, p.tokens.len()))
             .collect::<Vec<_>>()
     };
-    let wide = plan_pieces(&v2, 6, &tokens, |left| left >= 6).unwrap();
+    let layout = |prefill_chunk, small_chunk| V2Spec {
+        prefill_chunk,
+        small_chunk,
+        ..V2Spec::default()
+    };
+    let wide = plan_pieces(&v2, &layout(6, 0), &tokens, |left| left >= 6).unwrap();
     assert_eq!(shape(&wide), [(0, 6, 6), (6, 2, 4)]);
     assert_eq!(wide[0].tokens, [1, 2, 3, 4, 5, 6]);
     assert_eq!(wide[1].tokens, [7, 8, 0, 0]);
-    let narrow = plan_pieces(&v2, 6, &tokens, |_| false).unwrap();
+    let narrow = plan_pieces(&v2, &layout(6, 0), &tokens, |_| false).unwrap();
     assert_eq!(shape(&narrow), [(0, 4, 4), (4, 4, 4)]);
     // Without a prefill chunk the spec has no wide pieces, whatever `big` says.
-    let none = plan_pieces(&spec(3), 0, &tokens, |_| true).unwrap();
+    let none = plan_pieces(&spec(3), &layout(0, 0), &tokens, |_| true).unwrap();
     assert_eq!(shape(&none), [(0, 4, 4), (4, 4, 4)]);
+    // A small chunk graph of 2 rows takes what is left when it holds it, padded to its rows.
+    let small = plan_pieces(&v2, &layout(6, 2), &tokens, |left| left >= 6).unwrap();
+    assert_eq!(shape(&small), [(0, 6, 6), (6, 2, 2)]);
+    assert_eq!(small[1].tokens, [7, 8]);
+    assert_eq!(small[1].select, [0.0, 1.0]);
+    let tail = plan_pieces(&v2, &layout(0, 2), &tokens[..7], |_| false).unwrap();
+    assert_eq!(shape(&tail), [(0, 4, 4), (4, 3, 4)]);
+    let one = plan_pieces(&v2, &layout(0, 2), &tokens[..5], |_| false).unwrap();
+    assert_eq!(shape(&one), [(0, 4, 4), (4, 1, 2)]);
+    assert_eq!(one[1].tokens, [5, 0]);
+}
+
+/// The smallest chunk graph that holds a piece (`V2Spec::chunk_rows`), and a plan over it:
+/// padded to its rows, refused past the chunk graph's like any chunk call.
+#[test]
+fn chunk_rows_pick_the_small_graph_up_to_its_rows() {
+    use kv_core::window::plan_chunk_rows;
+    let s = spec(3);
+    let layout = V2Spec {
+        small_chunk: 2,
+        ..V2Spec::default()
+    };
+    let rows: Vec<usize> = (1..=4).map(|n| layout.chunk_rows(&s, n)).collect();
+    assert_eq!(rows, [2, 2, 4, 4]);
+    assert_eq!(V2Spec::default().chunk_rows(&s, 1), 4);
+    let plan = plan_chunk_rows(&s, 2, 5, &[9]).unwrap();
+    assert_eq!((plan.position, plan.n, plan.tokens.len(), plan.select.len()), (5, 1, 2, 2));
+    assert_eq!(plan.kinds[0].rope.rows, 2);
+    assert!(matches!(
+        plan_chunk_rows(&s, layout.chunk_rows(&s, 5), 5, &[1; 5]),
+        Err(Error::BadTokenCount { n: 5, max: 4, .. })
+    ));
+    assert!(matches!(plan_chunk_rows(&s, 2, 0, &[1]), Err(Error::NotPrefilled { .. })));
+    assert!(matches!(plan_chunk_rows(&s, 2, 5, &[]), Err(Error::BadTokenCount { n: 0, .. })));
+    assert_eq!(V2Spec::small_chunk_rows(&s, None), 0, "8 rows are not fewer than a chunk of 4");
+    assert_eq!(V2Spec::small_chunk_rows(&s, Some(2)), 2);
+    assert_eq!(V2Spec::small_chunk_rows(&s, Some(4)), 0);
 }
