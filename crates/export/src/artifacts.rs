@@ -121,6 +121,11 @@ pub struct ExportOptions {
     /// `None`: [`KvSpec::default_prefill_spans`]. The prefill graph's own span is always the
     /// default (`seq` rounded up to `prefillChunk`).
     pub prefill_spans: Option<Vec<usize>>,
+    /// Contract 2: the rows of the small chunk graph beside the chunk graph (`smallChunk`,
+    /// `V2Spec::small_chunk`), which runs a feed's pieces of at most that many ids; `None`:
+    /// [`kv_core::contract::DEFAULT_SMALL_CHUNK`] (8) where the chunk has more rows; `Some(0)`
+    /// or a count not below the chunk's: none.
+    pub small_chunk: Option<usize>,
     /// What the projections multiply ([`MatmulInput`]): `Bf16` rounds each projection's input to
     /// bf16 for bf16 × bf16 → f32 matmuls. Takes effect with [`WeightFormat::Bf16`] and weights
     /// that are not block-quantized, and is then recorded in the manifest (`matmulInput`);
@@ -177,6 +182,7 @@ impl Default for ExportOptions {
             contract: kv_core::manifest::CONTRACT_VERSION,
             ring_slack: None,
             prefill_spans: None,
+            small_chunk: None,
             matmul_input: MatmulInput::F32,
             cache_type: CacheType::F32,
             fuse_projections: true,

@@ -323,6 +323,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
     if let Some(spans) = &options.prefill_spans {
         settings["prefillSpans"] = serde_json::json!(spans);
     }
+    if let Some(rows) = options.small_chunk {
+        settings["smallChunk"] = serde_json::json!(rows);
+    }
     if !options.matmul_input.is_f32() {
         settings["matmulInput"] = serde_json::json!(options.matmul_input);
     }

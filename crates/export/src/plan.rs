@@ -57,6 +57,50 @@ impl ModulePlan {
     }
 }
 
+/// `text`, the module of `graphs`, with the chunk graph's variant over `smallChunk` rows
+/// (`V2Spec::small_chunk`, [`kv_core::manifest::Functions::small_chunk`]) added when the
+/// manifest has one and the module holds the chunk graph.
+///
+/// The variant is the chunk graph emitted for a geometry whose `chunk` is `smallChunk`, under
+/// its own name: its function text is taken from a module of its own and put before the end of
+/// `text`. It reads the parameters the chunk graph reads, so its module's declarations
+/// (parameter globals, kernel sources) are `text`'s already; one that is not is an error rather
+/// than a module that does not verify. (The emitter takes its rows from the geometry; splicing
+/// here keeps its text, and so every other function's, as it was.)
+fn with_small_chunk(m: &Manifest, graphs: &[Graph], text: String, options: &EmitOptions) -> Result<String> {
+    let rows = m.v2().map_or(0, |v2| v2.small_chunk);
+    if rows == 0 || !graphs.contains(&Graph::Chunk) {
+        return Ok(text);
+    }
+    let mut small = m.clone();
+    small.spec.chunk = rows;
+    if let Some(v2) = small.contract.v2_mut() {
+        v2.small_chunk = 0;
+    }
+    small.functions.prefill_with_past = m.functions.small_chunk(rows);
+    let small_text = emit_module(&small, &[Graph::Chunk], options)?;
+    let unexpected = |what: &str| {
+        ExportError::Unsupported(format!(
+            "the small chunk graph ({rows} rows) as a module of its own: {what}"
+        ))
+    };
+    let funcs_at = small_text
+        .find("\n  func.func ")
+        .ok_or_else(|| unexpected("no function"))?
+        + 1;
+    let (head, funcs) = small_text.split_at(funcs_at);
+    let funcs = funcs.strip_suffix("}\n").ok_or_else(|| unexpected("no module end"))?;
+    if let Some(decl) = head.lines().skip(1).find(|line| !text.contains(line)) {
+        return Err(unexpected(&format!(
+            "a declaration the chunk graph's module lacks: {decl}"
+        )));
+    }
+    let end = text
+        .strip_suffix("}\n")
+        .ok_or_else(|| unexpected("the chunk graph's module has no end"))?;
+    Ok(format!("{end}{funcs}}}\n"))
+}
+
 /// One archive file to write: [`ExportPlan::write`] writes each once.
 struct ArchivePlan {
     file: String,
@@ -139,6 +183,7 @@ impl ExportPlan {
                 graphs.contains(&Graph::Prefill),
                 options.prefill_seq,
                 options.prefill_spans.clone(),
+                options.small_chunk,
             )
         });
         if layout.as_ref().is_some_and(|l| l.prefill_chunk == 0) {
@@ -327,7 +372,8 @@ impl ExportPlan {
         let mut modules = Vec::new();
         let mut jobs = Vec::new();
         for mut module in planned {
-            module.text = emit_module(&m, &module.graphs, &emit_opts(&module.keys, &module.flags))?;
+            let emit = emit_opts(&module.keys, &module.flags);
+            module.text = with_small_chunk(&m, &module.graphs, emit_module(&m, &module.graphs, &emit)?, &emit)?;
             let ModulePlan {
                 stem,
                 graphs,

@@ -102,6 +102,12 @@ pub struct ExportArgs {
     /// the prefill graph's rows, doubling, below its own span (`seq` rounded up), at most two.
     #[arg(help_heading = TUNING, long, value_parser = parse_spans)]
     prefill_spans: Option<Spans>,
+    /// Contract 2: rows of the small chunk graph beside the chunk graph, which runs the pieces
+    /// of a feed of at most that many ids (a short prompt, an utterance's tail, grammar-forced
+    /// ids) at a fraction of a chunk call's cost. Default 8 where the chunk has more rows; 0 =
+    /// none.
+    #[arg(help_heading = TUNING, long)]
+    small_chunk: Option<usize>,
     /// How the archive stores each layer's Q/K/V projections: `fused`, one matrix (one product
     /// in the graphs: fewer GPU dispatches; the manifest says `fusedProjections`), or `apart`,
     /// the source's three.
@@ -198,6 +204,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         contract,
         ring_slack: args.ring_slack,
         prefill_spans: args.prefill_spans.map(|s| s.0),
+        small_chunk: args.small_chunk,
         matmul_input,
         cache_type,
         fuse_projections: args.projections == ProjectionsChoice::Fused,
@@ -284,6 +291,7 @@ fn check_sizes(args: &ExportArgs) -> Result<()> {
         ("--prefill-seq", args.prefill_seq),
         ("--redecode-seq", args.redecode_seq),
         ("--ring-slack", args.ring_slack),
+        ("--small-chunk", args.small_chunk),
     ] {
         if let Some(value) = value {
             check_positions(flag, value)?;
