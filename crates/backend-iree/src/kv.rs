@@ -132,6 +132,19 @@ impl IreeSnapshot {
     }
 }
 
+/// Which function of a graph a call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Variant {
+    /// The graph's own function.
+    Own,
+    /// The prefill graph's token-less variant over that span (`V2Spec::prefill_spans`): its
+    /// results are the prefill's but the token and top-k.
+    Span(usize),
+    /// The chunk graph's variant over `smallChunk` rows (`V2Spec::small_chunk`): the chunk
+    /// graph's arguments and results over fewer rows.
+    SmallChunk,
+}
+
 /// A KV-cache session: prefill, chunk and step graphs on one device.
 ///
 /// Calls take `&mut self`: they replace the per-layer caches and run IREE invocations, which
@@ -156,6 +169,8 @@ pub struct IreeKvBackend {
     /// Contract v2: the prefill graph's token-less variants by span (`V2Spec::prefill_spans`),
     /// in the prefill graph's session.
     spans: Vec<(usize, Function)>,
+    /// Contract v2: the chunk graph's variant over `smallChunk` rows (`V2Spec::small_chunk`).
+    small: Option<Function>,
     args: HashMap<Graph, Vec<Name>>,
     outputs: HashMap<Graph, Vec<Name>>,
     embedding: Embedding,
@@ -319,6 +334,7 @@ impl IreeKvBackend {
             archives,
             functions,
             spans,
+            small,
             target,
         } = opened;
         // The seed reads the table from the with-past archive; its key there is `embeddingParameter`.
@@ -368,6 +384,7 @@ impl IreeKvBackend {
             archives,
             functions,
             spans,
+            small,
             args,
             outputs,
             embedding,
@@ -445,26 +462,32 @@ impl IreeKvBackend {
         inputs: HashMap<Name, BufferView>,
         expect: &dyn Fn(Name) -> (Vec<usize>, ElementType),
     ) -> Result<HashMap<Name, BufferView>> {
-        self.call_variant(graph, None, inputs, expect)
+        self.call_variant(graph, Variant::Own, inputs, expect)
     }
 
-    /// [`Self::call`] of `graph`'s own function, or with `span` of the prefill graph's
-    /// token-less variant over that span (`V2Spec::prefill_spans`): its results are the
-    /// prefill's but the token and top-k.
+    /// [`Self::call`] of `graph`'s own function or of one of its variants ([`Variant`]).
     fn call_variant(
         &mut self,
         graph: Graph,
-        span: Option<usize>,
+        variant: Variant,
         mut inputs: HashMap<Name, BufferView>,
         expect: &dyn Fn(Name) -> (Vec<usize>, ElementType),
     ) -> Result<HashMap<Name, BufferView>> {
         let (index, own) = self.functions.get(&graph).ok_or_else(|| self.missing(graph))?;
-        let function = match span {
-            None => own,
-            Some(span) => match self.spans.iter().find(|(s, _)| *s == span) {
+        let function = match variant {
+            Variant::Own => own,
+            Variant::Span(span) => match self.spans.iter().find(|(s, _)| *s == span) {
                 Some((_, f)) => f,
                 None => kv_core::error::invariant("a prefill variant the session did not open"),
             },
+            Variant::SmallChunk => match &self.small {
+                Some(f) => f,
+                None => kv_core::error::invariant("a small chunk graph the session did not open"),
+            },
+        };
+        let span = match variant {
+            Variant::Span(span) => Some(span),
+            _ => None,
         };
         let ordered: Vec<BufferView> = self.args[&graph]
             .iter()

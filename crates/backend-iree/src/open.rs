@@ -101,6 +101,9 @@ pub(crate) struct Opened {
     /// The prefill graph's token-less variants by span (`V2Spec::prefill_spans`), in its
     /// session; empty without a prefill graph.
     pub spans: Vec<(usize, Function)>,
+    /// The chunk graph's variant over `smallChunk` rows (`V2Spec::small_chunk`), in its
+    /// session; `None` without one.
+    pub small: Option<Function>,
     pub target: String,
 }
 
@@ -191,6 +194,9 @@ pub(crate) fn check_arg_counts(manifest: &Manifest, opened: &Opened) -> Result<(
     let prefill = manifest.args_or_canonical(Graph::Prefill).len();
     for (_, function) in &opened.spans {
         check_arg_count(function, Graph::Prefill, prefill)?;
+    }
+    if let Some(function) = &opened.small {
+        check_arg_count(function, Graph::Chunk, manifest.args_or_canonical(Graph::Chunk).len())?;
     }
     Ok(())
 }
@@ -339,12 +345,29 @@ pub(crate) fn open_sessions(
             spans.push((span, function));
         }
     }
+    let small_rows = manifest.v2().map_or(0, |v2| v2.small_chunk);
+    let small = match (small_rows, functions.get(&Graph::Chunk)) {
+        (0, _) | (_, None) => None,
+        (rows, Some((index, _))) => {
+            let session = sessions[*index]
+                .as_ref()
+                .unwrap_or_else(|| kv_core::error::invariant("session just opened"));
+            let Some(name) = manifest.functions.small_chunk(rows) else {
+                kv_core::error::invariant("a validated manifest with a small chunk names its chunk graph")
+            };
+            let function = session.lock().lookup(&name).map_err(iree_err(format!(
+                "look up the chunk graph's variant over {rows} rows (smallChunk)"
+            )))?;
+            Some(function)
+        }
+    };
     Ok(Opened {
         device,
         sessions,
         archives,
         functions,
         spans,
+        small,
         target,
     })
 }

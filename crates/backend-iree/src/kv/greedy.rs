@@ -21,7 +21,7 @@ use kv_core::manifest::Name;
 use kv_core::window::plan_step;
 use kv_core::{Error, Graph, Result};
 
-use super::{Caches, IreeKvBackend, TopKViews};
+use super::{Caches, IreeKvBackend, TopKViews, Variant};
 use crate::convert::{contract_err, iree_err};
 
 /// What a step is fed: a token the host knows, or the token a queued step will compute.
@@ -140,7 +140,7 @@ impl IreeKvBackend {
             Caches::V2(None) => kv_core::error::invariant("a step queued ahead before the v2 caches exist"),
             Caches::V2(Some(set)) => {
                 self.v2_cache_inputs(&mut inputs, set, position, spec.max_positions)?;
-                let results = self.v2_call(Graph::Step, None, inputs, set, 1)?;
+                let results = self.v2_call(Graph::Step, Variant::Own, inputs, set, 1)?;
                 let writes = position..position + 1;
                 let fork = self.v2_fork_for(set, writes.clone())?;
                 let ops = self.v2_row_writes(set, fork.as_deref(), &results, writes);

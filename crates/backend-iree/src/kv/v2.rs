@@ -19,20 +19,20 @@ use iree_runtime::{BufferView, Device, ElementType, Transfer};
 use kv_core::allowed::AllowedTokens;
 use kv_core::manifest::{CacheType, Name};
 use kv_core::snapshot_file::{Block, LayerRows};
-use kv_core::window::{plan_chunk, plan_pieces, ChunkPlan};
+use kv_core::window::{plan_chunk_rows, plan_pieces, ChunkPlan};
 use kv_core::{ring, Error, Graph, KvSpec, LayerKv, Result, V2Spec, WindowRule};
 
-use super::{Caches, Held, IreeKvBackend, IreeSnapshot};
+use super::{Caches, Held, IreeKvBackend, IreeSnapshot, Variant};
 use crate::convert::{contract_err, iree_err};
 use crate::PrefillRoute;
 
 /// What a call reads of the caches: the first `span` rows of each (`V2Spec::span_rows`; at
-/// least `maxPositions` = all of them), through the graph's own function or (`variant`) the
-/// prefill graph's token-less variant over that span.
+/// least `maxPositions` = all of them), through the graph's own function or one of its variants
+/// (the prefill graph's token-less variant over that span, the small chunk graph).
 #[derive(Clone, Copy)]
 struct Reads {
     span: usize,
-    variant: Option<usize>,
+    variant: Variant,
 }
 
 /// Every layer's K and V buffer, `[rows, nKV, d]` of the manifest's `cacheType`
@@ -316,7 +316,7 @@ impl IreeKvBackend {
                 PrefillRoute::ChunksUpTo(_) => left > 2 * spec.chunk,
             }
         };
-        let plans = plan_pieces(&spec, self.layout().prefill_chunk, tokens, big)?;
+        let plans = plan_pieces(&spec, self.layout(), tokens, big)?;
         let fresh = CacheSet::zeroed(&self.device, &spec, self.layout(), self.manifest.cache_type)?;
         let before = (
             std::mem::replace(&mut self.caches, Caches::V2(Some(fresh))),
@@ -336,8 +336,11 @@ impl IreeKvBackend {
         result
     }
 
+    /// A chunk call through the smallest chunk graph that holds `tokens` (`V2Spec::chunk_rows`).
     pub(super) fn v2_chunk(&mut self, tokens: &[i32]) -> Result<i32> {
-        let plan = plan_chunk(&self.manifest.spec, self.position, tokens)?;
+        let spec = &self.manifest.spec;
+        let rows = self.layout().chunk_rows(spec, tokens.len());
+        let plan = plan_chunk_rows(spec, rows, self.position, tokens)?;
         self.v2_advance(Graph::Chunk, self.chunk_inputs(&plan)?, plan.tokens.len(), plan.n)
     }
 
@@ -349,7 +352,7 @@ impl IreeKvBackend {
         let inputs = self.chunk_inputs(plan)?;
         let rows = plan.tokens.len();
         let spec = &self.manifest.spec;
-        if rows == spec.chunk {
+        if rows == spec.chunk || rows == self.layout().small_chunk {
             return self.v2_advance(Graph::Chunk, inputs, rows, plan.n).map(Some);
         }
         let end = self.position + rows;
@@ -358,6 +361,7 @@ impl IreeKvBackend {
             false => self.layout().prefill_spans.iter().copied().find(|&s| end <= s),
         };
         let span = variant.unwrap_or_else(|| self.layout().prefill_graph_span(spec));
+        let variant = variant.map_or(Variant::Own, Variant::Span);
         if end > span {
             return Err(contract_err(
                 "prefill",
@@ -371,7 +375,8 @@ impl IreeKvBackend {
         self.v2_advance_reading(Graph::Prefill, reads, inputs, rows, plan.n)
     }
 
-    /// [`Self::v2_advance_reading`] of `graph`'s own function over every cache row.
+    /// [`Self::v2_advance_reading`] over every cache row of `graph`'s own function, or for a
+    /// chunk call of `smallChunk` rows of the small chunk graph.
     pub(super) fn v2_advance(
         &mut self,
         graph: Graph,
@@ -379,9 +384,13 @@ impl IreeKvBackend {
         rows: usize,
         real: usize,
     ) -> Result<i32> {
+        let small = self.manifest.v2().map_or(0, |v2| v2.small_chunk);
         let reads = Reads {
             span: self.manifest.spec.max_positions,
-            variant: None,
+            variant: match graph == Graph::Chunk && rows == small {
+                true => Variant::SmallChunk,
+                false => Variant::Own,
+            },
         };
         self.v2_advance_reading(graph, reads, inputs, rows, real)?
             .ok_or_else(|| kv_core::error::invariant("a graph's own function returns its token"))
@@ -407,8 +416,8 @@ impl IreeKvBackend {
         let results = self.v2_call(graph, reads.variant, inputs, &set, rows)?;
         // The token is read by the submission that writes the rows (one round trip, not two).
         let readback = match reads.variant {
-            None => Some(self.readback_slot(0)?),
-            Some(_) => None,
+            Variant::Span(_) => None,
+            Variant::Own | Variant::SmallChunk => Some(self.readback_slot(0)?),
         };
         let writes = position..position + real;
         let fork = self.v2_fork_for(&set, writes.clone())?;
@@ -467,7 +476,7 @@ impl IreeKvBackend {
     pub(super) fn v2_call(
         &mut self,
         graph: Graph,
-        variant: Option<usize>,
+        variant: Variant,
         inputs: HashMap<Name, BufferView>,
         set: &CacheSet,
         rows: usize,
