@@ -138,6 +138,17 @@ fn combinations(tmp: &Path) -> Vec<(String, PathBuf, ExportOptions)> {
             ..runtime(Target::cpu(), 2)
         },
     ));
+    for (label, layout) in [("", Layout::Shared), (" three", Layout::Three)] {
+        out.push((
+            format!("tiny-gemma3:7 cpu{label} small-chunk c2"),
+            gemma.clone(),
+            ExportOptions {
+                layout,
+                small_chunk: Some(3),
+                ..runtime(Target::cpu(), 2)
+            },
+        ));
+    }
     out.push((
         "tiny-gemma3:7 vulkan-ampere i16 packed c2".into(),
         gemma,
@@ -238,4 +249,41 @@ fn changed_missing_and_new_modules_are_named() {
         ]
     );
     assert!(compare(&want, &want).is_empty());
+}
+
+/// A small chunk graph (`smallChunk`) adds one function to the chunk graph's module, at its end,
+/// and moves no other text: every module without it is the export's without, byte for byte.
+#[test]
+fn small_chunk_adds_one_function_and_moves_no_other_text() {
+    let gemma = fixtures::materialize("tiny-gemma3:7").unwrap();
+    for layout in [Layout::Shared, Layout::Three] {
+        let plan = |small_chunk| {
+            let options = ExportOptions {
+                layout,
+                small_chunk: Some(small_chunk),
+                ..runtime(Target::cpu(), 2)
+            };
+            ExportPlan::new(&Source::Dir(gemma.clone()), &options).unwrap()
+        };
+        let (without, with) = (plan(0), plan(3));
+        let chunk = with.manifest().functions.prefill_with_past.clone().unwrap();
+        let small = with.manifest().functions.small_chunk(3).unwrap();
+        assert_eq!(small, format!("{chunk}_rows3"));
+        assert_eq!(with.manifest().v2().unwrap().small_chunk, 3);
+        assert_eq!(without.manifest().v2().unwrap().small_chunk, 0);
+        let func = small.rsplit_once('.').unwrap().1;
+        let mut added = 0;
+        for ((file, old), (file_with, new)) in without.module_texts().zip(with.module_texts()) {
+            assert_eq!(file, file_with);
+            if old == new {
+                continue;
+            }
+            added += 1;
+            let head = old.strip_suffix("}\n").unwrap();
+            let tail = new.strip_prefix(head).unwrap_or_else(|| panic!("{layout:?} {file}: the text before the new function moved"));
+            assert!(tail.starts_with(&format!("  func.func @{func}(")), "{layout:?} {file}: {}", &tail[..80]);
+            assert_eq!(tail.matches("\n  func.func ").count(), 0, "{layout:?} {file}: one function added");
+        }
+        assert_eq!(added, 1, "{layout:?}: the chunk graph's module alone gains the function");
+    }
 }
