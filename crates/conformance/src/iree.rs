@@ -70,6 +70,9 @@ pub fn artifacts_with(
         // Sliding rings of the window and 4 rows more: the problems wrap them many times, and
         // a restored snapshot's next call often forks.
         ring_slack: (contract == 2).then_some(4),
+        // A small chunk graph of 3 rows beside the fixtures' chunk graph of 8: every feed's
+        // piece of 1 to 3 ids runs it (contract 2's default is 8 rows, none for a chunk of 8).
+        small_chunk: (contract == 2).then_some(3),
         cache_type,
         graphs: defaults
             .graphs
