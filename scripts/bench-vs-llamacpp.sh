@@ -9,9 +9,11 @@
 #     contract named in CONTRACTS (default "1 2": docs/contract-v2.md) and weight format named in
 #     WEIGHTS (default "bf16 q8 q4": `--weights`, block-quantized matrices dequantized inside the
 #     matmuls),
-# on the same 843-token prefix and 8-token prompt, whose ids come from `skainet-kv bench
-# --print-ids` (llama.cpp is fed ids, so both runtimes see identical tokens). Prints one table
-# (prefix prefill, decode, first token of the 8-token prompt, peak RSS; the ratios skainet-kv /
+# on the same 843-token prefix, 8-token prompt and 7–12-token utterances, whose ids come from
+# `skainet-kv bench --print-ids` (llama.cpp is fed ids, so both runtimes see identical tokens).
+# Prints one table (prefix prefill, decode, first token of the 8-token prompt, first token of an
+# utterance after the prefix is restored: the bench's restore + chunk call against llama.cpp's
+# `load_state` + eval, median over the utterances; peak RSS; the ratios skainet-kv /
 # llama.cpp BF16 from the better of the two runs of each), the CPU and the load average, and
 # whether llama.cpp BF16 and skainet-kv decode the same 16 greedy ids after a text prompt.
 #
@@ -76,6 +78,7 @@ fi
 IDS="$("$SKV" bench --model gemma3-270m --print-ids)"
 PREFIX_IDS="$(sed -n 1p <<<"$IDS")"
 PROMPT_IDS="$(sed -n 2p <<<"$IDS")"
+UTTERANCE_IDS="$(sed -n '3,$p' <<<"$IDS" | paste -sd';')"
 Q4="$SKAINET_KV_CACHE/models/gemma-3-270m-q4_k_m.gguf"
 [ -f "$Q4" ] || { echo "error: $Q4 missing after installing gemma3-270m" >&2; exit 1; }
 BF16="$SKAINET_KV_CACHE/models/gemma-3-270m-bf16.gguf"
@@ -115,7 +118,7 @@ for run in $(seq "$RUNS"); do
         [ "$quant" = q4_k_m ] && model="$Q4"
         wait_quiet
         log "run $run: llama.cpp $quant"
-        "$LLAMA_PY" scripts/llamacpp/run_llama.py "$model" "$PREFIX_IDS" "$PROMPT_IDS" "$CHECK_IDS" "$NEW_TOKENS" >"$OUT/llama-$quant-$run.json"
+        "$LLAMA_PY" scripts/llamacpp/run_llama.py "$model" "$PREFIX_IDS" "$PROMPT_IDS" "$CHECK_IDS" "$NEW_TOKENS" 3 "$UTTERANCE_IDS" >"$OUT/llama-$quant-$run.json"
     done
     for contract in $CONTRACTS; do
         for w in $WEIGHTS; do
@@ -147,6 +150,7 @@ columns = [
     ("prefix prefill, {} tokens (ms)", "prefix_prefill_ms", "prefix_tokens"),
     ("decode (ms/token)", "decode_ms_per_token", None),
     ("first token, {}-token prompt (ms)", "prompt_first_token_ms", "prompt_tokens"),
+    ("first token after restore, 7–12-token utterance (ms)", "restored_first_token_ms", None),
     ("peak RSS (MB)", "peak_rss_mb", None),
 ]
 first = engines[0][1][0]

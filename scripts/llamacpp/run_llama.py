@@ -1,11 +1,14 @@
 """One llama.cpp run (llama-cpp-python) on given token ids, measured as `skainet-kv bench`
 measures: the prefix prefilled `repeat` times (median), then greedy decode of `new` tokens after
 it (median step), then a short prompt fed from position 0 `repeat` times (median time to its first
-token), then the greedy ids after a text prompt (`check_ids`: to compare with skainet-kv's on text,
+token), then each utterance (`UTTERANCE_IDS`, `;`-separated) after the prefix's state loaded
+(`load_state` + eval of the utterance: median time to its first token, as the bench's restore +
+chunk call), then the greedy ids after a text prompt (`check_ids`: to compare with skainet-kv's on text,
 where the next token is rarely a near-tie, unlike after the bench's spread-out ids). Prints one
 JSON object; peak RSS is this process's (Python and numpy included: about `python_baseline_mb`).
 
-Usage: python run_llama.py MODEL.gguf PREFIX_IDS PROMPT_IDS CHECK_IDS [NEW] [REPEAT]   (ids: 1,2,3)
+Usage: python run_llama.py MODEL.gguf PREFIX_IDS PROMPT_IDS CHECK_IDS [NEW] [REPEAT] [UTTERANCE_IDS]
+       (ids: 1,2,3; utterances: 1,2;3,4)
 """
 
 import json
@@ -29,6 +32,7 @@ def main() -> None:
     check = [int(x) for x in sys.argv[4].split(",")]
     new = int(sys.argv[5]) if len(sys.argv) > 5 else 16
     repeat = int(sys.argv[6]) if len(sys.argv) > 6 else 3
+    utterances = [[int(x) for x in u.split(",")] for u in sys.argv[7].split(";") if u] if len(sys.argv) > 7 else []
     baseline = rss_mb()
 
     from llama_cpp import Llama, __version__
@@ -53,6 +57,7 @@ def main() -> None:
         token = argmax()
         prefill.append((time.perf_counter() - t) * 1e3)
 
+    prefix_state = llm.save_state()
     ids, steps = [token], []
     while len(ids) < new:
         t = time.perf_counter()
@@ -75,6 +80,14 @@ def main() -> None:
         argmax()
         first.append((time.perf_counter() - t) * 1e3)
 
+    after_restore = []
+    for utterance in utterances:
+        t = time.perf_counter()
+        llm.load_state(prefix_state)
+        llm.eval(utterance)
+        argmax()
+        after_restore.append((time.perf_counter() - t) * 1e3)
+
     print(json.dumps({
         "llama_cpp_python": __version__,
         "threads": threads,
@@ -83,6 +96,7 @@ def main() -> None:
         "decode_ms_per_token": statistics.median(steps),
         "prompt_tokens": len(prompt),
         "prompt_first_token_ms": statistics.median(first),
+        "restored_first_token_ms": statistics.median(after_restore) if after_restore else None,
         "ids": ids,
         "check_ids": check_ids,
         "peak_rss_mb": rss_mb(),

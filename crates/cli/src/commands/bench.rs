@@ -59,8 +59,9 @@ pub struct BenchArgs {
     /// `snapshot save --system/--tools` makes it) instead of `--prefix-tokens` synthetic ids.
     #[command(flatten)]
     system: crate::conversation::SystemArgs,
-    /// Print the prefix's ids (`1,2,3`) and the short prompt's, one line each, and exit: another
-    /// runtime fed these ids runs on exactly the same tokens (`scripts/bench-vs-llamacpp.sh`).
+    /// Print the prefix's ids (`1,2,3`), the short prompt's and each utterance's, one line each,
+    /// and exit: another runtime fed these ids runs on exactly the same tokens
+    /// (`scripts/bench-vs-llamacpp.sh`).
     #[arg(long)]
     print_ids: bool,
     /// One JSON object (every stage's median and samples) instead of the table.
@@ -98,6 +99,9 @@ struct BenchReport {
     snapshot_file: SnapshotFileReport,
     restore: Restore,
     chunk_call_ms: f64,
+    /// An utterance's first token after the prefix is restored: restore + its chunk calls
+    /// (median over utterances).
+    restored_first_token_ms: f64,
     decode_ms_per_token: f64,
     /// A short prompt fed from position 0 (no prefix): the time to its first token.
     prompt_tokens: usize,
@@ -227,12 +231,16 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
     };
     let (snapshot, snapshot_file) = snapshot_file_stage(&mut decoder, snapshot, &empty, args)?;
     let (mut chunk, mut decode, mut totals, mut per_token) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut restored_first = Vec::new();
     decoder.backend_mut().take_step_phases();
     for _ in 0..args.repeat.max(1) {
         for i in 0..args.utterances {
             let g = decoder.generate(&snapshot, &utterance(&spec, i), None, args.max_new)?;
             let t = &g.timing;
             chunk.push(ms(t.chunk) / t.chunk_calls.max(1) as f64);
+            if let Some(first) = t.first_token {
+                restored_first.push(ms(first));
+            }
             if t.decode_tokens > 0 {
                 decode.push(ms(t.decode) / t.decode_tokens as f64);
             }
@@ -260,6 +268,7 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         snapshot_file,
         restore,
         chunk_call_ms: median(chunk),
+        restored_first_token_ms: median(restored_first),
         decode_ms_per_token: median(decode),
         prompt_tokens: prompt.len(),
         prompt_first_token_ms: median(first_token),
@@ -321,11 +330,15 @@ fn short_prompt(spec: &KvSpec, len: usize) -> Vec<i32> {
     demo_prefix(spec, len.clamp(1, spec.max_positions))
 }
 
-/// `--print-ids`: the ids the bench feeds, from the model's manifest (no session, no export).
+/// `--print-ids`: the ids the bench feeds, from the model's manifest (no session, no export):
+/// the prefix, the short prompt, then each utterance on a line of its own.
 fn print_ids(args: &BenchArgs, source: &ModelSource) -> Result<()> {
     let spec = kv_core::Manifest::load(&source.model_dir()?)?.spec;
     crate::outln!("{}", ids_to_string(&bench_prefix(args, &spec)?))?;
     crate::outln!("{}", ids_to_string(&short_prompt(&spec, args.prompt_tokens)))?;
+    for i in 0..args.utterances {
+        crate::outln!("{}", ids_to_string(&utterance(&spec, i)))?;
+    }
     Ok(())
 }
 
@@ -471,6 +484,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         r.restore.long_ms
     )?;
     crate::outln!("  chunk call (7-12 tokens)    {:>10.3} ms", r.chunk_call_ms)?;
+    crate::outln!("  first token after restore   {:>10.3} ms", r.restored_first_token_ms)?;
     crate::outln!("  decode                      {:>10.3} ms/token", r.decode_ms_per_token)?;
     if let Some(p) = &r.decode_phases {
         crate::outln!(
