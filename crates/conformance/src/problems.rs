@@ -808,7 +808,9 @@ pub fn kv_matches_reference_call_by_call<F: BackendFactory>(factory: &F) {
             // smallest chunk graph that holds it where a backend has several (contract 2's
             // small chunk graph), so both graphs meet the reference across the boundary.
             let (here, there) = (backend.snapshot().unwrap(), reference.snapshot().unwrap());
-            let feed: Vec<i32> = (0..2 * spec.chunk + 1).map(|i| (i as i32 * 31 + 7) % spec.vocab_size as i32).collect();
+            let feed: Vec<i32> = (0..2 * spec.chunk + 1)
+                .map(|i| (i as i32 * 31 + 7) % spec.vocab_size as i32)
+                .collect();
             for n in 1..=feed.len().min(spec.max_positions - context.len()) {
                 backend.restore(&here).unwrap();
                 reference.restore(&there).unwrap();
@@ -820,7 +822,12 @@ pub fn kv_matches_reference_call_by_call<F: BackendFactory>(factory: &F) {
                     assert_token(&what, model, &fed, got, want);
                 }
                 for (l, (g, w)) in layers(&backend).iter().zip(layers(&reference).iter()).enumerate() {
-                    assert_layers_close(&format!("{model} layer {l} after a feed of {n}"), g, w, factory.tolerance());
+                    assert_layers_close(
+                        &format!("{model} layer {l} after a feed of {n}"),
+                        g,
+                        w,
+                        factory.tolerance(),
+                    );
                 }
             }
         }

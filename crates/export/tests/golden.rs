@@ -280,10 +280,23 @@ fn small_chunk_adds_one_function_and_moves_no_other_text() {
             }
             added += 1;
             let head = old.strip_suffix("}\n").unwrap();
-            let tail = new.strip_prefix(head).unwrap_or_else(|| panic!("{layout:?} {file}: the text before the new function moved"));
-            assert!(tail.starts_with(&format!("  func.func @{func}(")), "{layout:?} {file}: {}", &tail[..80]);
-            assert_eq!(tail.matches("\n  func.func ").count(), 0, "{layout:?} {file}: one function added");
+            let tail = new
+                .strip_prefix(head)
+                .unwrap_or_else(|| panic!("{layout:?} {file}: the text before the new function moved"));
+            assert!(
+                tail.starts_with(&format!("  func.func @{func}(")),
+                "{layout:?} {file}: {}",
+                &tail[..80]
+            );
+            assert_eq!(
+                tail.matches("\n  func.func ").count(),
+                0,
+                "{layout:?} {file}: one function added"
+            );
         }
-        assert_eq!(added, 1, "{layout:?}: the chunk graph's module alone gains the function");
+        assert_eq!(
+            added, 1,
+            "{layout:?}: the chunk graph's module alone gains the function"
+        );
     }
 }

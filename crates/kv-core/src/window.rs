@@ -5,10 +5,10 @@
 //! Global layers hold every row since 0. Sliding layers are re-based on every call to the rows
 //! they were handed plus the new ones, so they hold at least `min(position, window)` rows.
 
+use crate::contract::V2Spec;
 use crate::error::{Error, Result};
 use crate::mask::chunk_mask;
 use crate::rope::RopeTable;
-use crate::contract::V2Spec;
 use crate::spec::{KvSpec, LayerKind};
 
 /// How many rows a sliding layer is given on a step call.

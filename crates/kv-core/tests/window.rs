@@ -443,15 +443,28 @@ fn chunk_rows_pick_the_small_graph_up_to_its_rows() {
     assert_eq!(rows, [2, 2, 4, 4]);
     assert_eq!(V2Spec::default().chunk_rows(&s, 1), 4);
     let plan = plan_chunk_rows(&s, 2, 5, &[9]).unwrap();
-    assert_eq!((plan.position, plan.n, plan.tokens.len(), plan.select.len()), (5, 1, 2, 2));
+    assert_eq!(
+        (plan.position, plan.n, plan.tokens.len(), plan.select.len()),
+        (5, 1, 2, 2)
+    );
     assert_eq!(plan.kinds[0].rope.rows, 2);
     assert!(matches!(
         plan_chunk_rows(&s, layout.chunk_rows(&s, 5), 5, &[1; 5]),
         Err(Error::BadTokenCount { n: 5, max: 4, .. })
     ));
-    assert!(matches!(plan_chunk_rows(&s, 2, 0, &[1]), Err(Error::NotPrefilled { .. })));
-    assert!(matches!(plan_chunk_rows(&s, 2, 5, &[]), Err(Error::BadTokenCount { n: 0, .. })));
-    assert_eq!(V2Spec::small_chunk_rows(&s, None), 0, "8 rows are not fewer than a chunk of 4");
+    assert!(matches!(
+        plan_chunk_rows(&s, 2, 0, &[1]),
+        Err(Error::NotPrefilled { .. })
+    ));
+    assert!(matches!(
+        plan_chunk_rows(&s, 2, 5, &[]),
+        Err(Error::BadTokenCount { n: 0, .. })
+    ));
+    assert_eq!(
+        V2Spec::small_chunk_rows(&s, None),
+        0,
+        "8 rows are not fewer than a chunk of 4"
+    );
     assert_eq!(V2Spec::small_chunk_rows(&s, Some(2)), 2);
     assert_eq!(V2Spec::small_chunk_rows(&s, Some(4)), 0);
 }
