@@ -211,6 +211,12 @@ fn layers<B: KvBackend>(b: &B) -> Vec<LayerKv> {
 /// Asserts `got == want`, or that the naive logits at `position` make them a near-tie.
 #[track_caller]
 fn assert_token(what: &str, model: &str, context: &[i32], got: i32, want: i32) {
+    assert_token_within(what, model, context, got, want, NEAR_TIE);
+}
+
+/// [`assert_token`] with the near-tie margin `margin` ([`near_tie`]).
+#[track_caller]
+fn assert_token_within(what: &str, model: &str, context: &[i32], got: i32, want: i32, margin: f32) {
     if got == want {
         return;
     }
@@ -220,7 +226,7 @@ fn assert_token(what: &str, model: &str, context: &[i32], got: i32, want: i32) {
     let last = logits.last().expect("non-empty context");
     let (gap_got, gap_want) = (naive::gap_to(last, got), naive::gap_to(last, want));
     assert!(
-        (gap_got - gap_want).abs() < NEAR_TIE,
+        (gap_got - gap_want).abs() < margin,
         "{what}: token {got}, expected {want} (naive logit gaps {gap_got:e} / {gap_want:e}: not a near-tie)"
     );
 }
@@ -819,7 +825,11 @@ pub fn kv_matches_reference_call_by_call<F: BackendFactory>(factory: &F) {
                     let (got, want) = (backend.chunk(piece).unwrap(), reference.chunk(piece).unwrap());
                     fed.extend(piece);
                     let what = format!("{model} feed of {n} ids, a piece of {}", piece.len());
-                    assert_token(&what, model, &fed, got, want);
+                    // Against the FP32 recompute at the backend's own margin: a backend that
+                    // rounds its matmul inputs to bf16 and the reference that rounds the same
+                    // part at the rounding's scale (5.4e-3 measured on the host suite, tiny-gemma3:1,
+                    // a feed of 16).
+                    assert_token_within(&what, model, &fed, got, want, near_tie(factory));
                 }
                 for (l, (g, w)) in layers(&backend).iter().zip(layers(&reference).iter()).enumerate() {
                     assert_layers_close(
