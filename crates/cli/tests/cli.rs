@@ -62,8 +62,8 @@ fn demo_json_has_the_documented_keys() {
     );
 }
 
-/// `bench --print-ids` gives another runtime the very ids the bench feeds; the bench times the
-/// first token of that short prompt.
+/// `bench --print-ids` gives another runtime the very ids the bench feeds (the prefix, the short
+/// prompt, then each utterance); the bench times the first token of that short prompt.
 #[test]
 fn bench_prints_its_ids_and_times_a_short_prompt() {
     let (ok, stdout, stderr) = skainet(&[
@@ -73,14 +73,20 @@ fn bench_prints_its_ids_and_times_a_short_prompt() {
         "--print-ids",
         "--prefix-tokens",
         "20",
+        "--utterances",
+        "3",
     ]);
     assert!(ok, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines.len(), 2 + 3, "{stdout}");
     let prefix: Vec<&str> = lines[0].split(',').collect();
     let prompt: Vec<&str> = lines[1].split(',').collect();
     assert_eq!((prefix.len(), prompt.len()), (20, 8), "{stdout}");
     assert_eq!(prompt[..], prefix[..8]);
+    // The utterances of the bench's workload: 7, 8 and 9 ids, each a different one.
+    let utterances: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split(',').collect()).collect();
+    assert_eq!(utterances.iter().map(Vec::len).collect::<Vec<_>>(), [7, 8, 9], "{stdout}");
+    assert!(utterances[0][..] != utterances[1][..7], "{stdout}");
 
     let (ok, stdout, stderr) = skainet(&[
         "bench",
