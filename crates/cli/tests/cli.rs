@@ -85,7 +85,11 @@ fn bench_prints_its_ids_and_times_a_short_prompt() {
     assert_eq!(prompt[..], prefix[..8]);
     // The utterances of the bench's workload: 7, 8 and 9 ids, each a different one.
     let utterances: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split(',').collect()).collect();
-    assert_eq!(utterances.iter().map(Vec::len).collect::<Vec<_>>(), [7, 8, 9], "{stdout}");
+    assert_eq!(
+        utterances.iter().map(Vec::len).collect::<Vec<_>>(),
+        [7, 8, 9],
+        "{stdout}"
+    );
     assert!(utterances[0][..] != utterances[1][..7], "{stdout}");
 
     let (ok, stdout, stderr) = skainet(&[
