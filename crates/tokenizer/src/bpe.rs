@@ -405,3 +405,40 @@ pub(crate) fn tokenize(vocab: &Tokenizer, split: PreSplit, text: &str, out: &mut
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Characters where the splits decide differently: letters, digits of three scripts,
+    /// contractions' parts in both cases, every kind of whitespace, marks, punctuation, emoji.
+    fn text() -> impl Strategy<Value = String> {
+        let chars: Vec<char> = "aZé日ß'sStTrReEvVlLmMdD0123٣٤²Ⅻ !.,-\"\t\n\r\u{a0}\u{3000}\u{301}\u{85}😀"
+            .chars()
+            .collect();
+        proptest::collection::vec(proptest::sample::select(chars), 0..40).prop_map(|v| v.into_iter().collect())
+    }
+
+    proptest! {
+        /// Every split cuts the text into non-empty words without losing, adding or reordering a
+        /// character, and Qwen2's numbers are single digits, Llama 3's runs of at most three.
+        #[test]
+        fn splits_partition_the_text(text in text()) {
+            for split in [PreSplit::Gpt2, PreSplit::DigitsThenGpt2, PreSplit::Llama3, PreSplit::Qwen2] {
+                let words = pre_split(&text, split);
+                prop_assert_eq!(words.concat(), text.clone(), "{:?}", split);
+                prop_assert!(words.iter().all(|w| !w.is_empty()), "{:?}: {:?}", split, words);
+                let digits = match split {
+                    PreSplit::Qwen2 => 1,
+                    PreSplit::Llama3 => 3,
+                    _ => continue,
+                };
+                for w in &words {
+                    let n = w.chars().filter(|&c| is_number(c)).count();
+                    prop_assert!(n == 0 || n <= digits && w.chars().all(is_number), "{:?}: {:?}", split, w);
+                }
+            }
+        }
+    }
+}
