@@ -145,17 +145,7 @@ fn split_gpt2(cps: &[char], offsets: &[usize]) -> Vec<usize> {
             while flags(pos + spaces).space {
                 spaces += 1;
             }
-            if spaces > 1 && get(pos + spaces).is_some() {
-                pos += spaces - 1;
-                add(pos, &mut out);
-                continue;
-            }
-            if spaces > 0 {
-                pos += spaces;
-                add(pos, &mut out);
-                continue;
-            }
-            pos += 1;
+            pos = spaces_end(pos, spaces, get(pos + spaces).is_some());
             add(pos, &mut out);
         }
     }
@@ -248,26 +238,25 @@ fn split_llama3(cps: &[char], offsets: &[usize], digits: usize) -> Vec<usize> {
                 }
                 spaces += 1;
             }
-            if let Some(to) = last_newline_end {
-                pos = to;
-                add(pos, &mut out);
-                continue;
-            }
-            if spaces > 1 && get(pos + spaces).is_some() {
-                pos += spaces - 1;
-                add(pos, &mut out);
-                continue;
-            }
-            if spaces > 0 {
-                pos += spaces;
-                add(pos, &mut out);
-                continue;
-            }
-            pos += 1;
+            pos = match last_newline_end {
+                Some(to) => to,
+                None => spaces_end(pos, spaces, get(pos + spaces).is_some()),
+            };
             add(pos, &mut out);
         }
     }
     out
+}
+
+/// The end of the word at `pos` when the splits' other rules did not match: `\s+(?!\S)` (all
+/// but the last of `spaces` whitespace characters when more of the piece follows), else `\s+`,
+/// else the one character (no match).
+fn spaces_end(pos: usize, spaces: usize, more: bool) -> usize {
+    if spaces > 1 && more {
+        pos + spaces - 1
+    } else {
+        pos + spaces.max(1)
+    }
 }
 
 struct Bigram {
