@@ -23,7 +23,7 @@ fn artifacts() -> PathBuf {
 fn artifacts_v2() -> PathBuf {
     let defaults = ExportOptions::default();
     let options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         ring_slack: Some(4),
         graphs: defaults
             .graphs

@@ -22,7 +22,7 @@ fn v2() -> PathBuf {
     let options = ExportOptions {
         targets: vec![Target::cpu()],
         layout: Layout::Shared,
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         ..ExportOptions::default()
     };
     cached_export_with(MODEL, &options).expect("export v2 (run scripts/setup.sh)")
@@ -34,7 +34,7 @@ fn v2_f16() -> PathBuf {
         targets: vec![Target::cpu()],
         layout: Layout::Shared,
         cache_type: CacheType::F16,
-        ..runtime_options_for(&Target::cpu(), 2)
+        ..runtime_options_for(&Target::cpu(), kv_core::ContractVersion::V2)
     };
     cached_export_with(MODEL, &options).expect("export v2 with f16 caches")
 }
@@ -203,7 +203,7 @@ fn a_v1_built_manifest_opens_v2_files_as_v2() {
     let f16 = ExportOptions {
         targets: vec![Target::cpu()],
         layout: Layout::Shared,
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         cache_type: CacheType::F16,
         ..ExportOptions::default()
     };
@@ -285,7 +285,7 @@ fn ring_wraps_and_forks_only_past_its_slack() {
     let options = ExportOptions {
         targets: vec![Target::cpu()],
         layout: Layout::Shared,
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         ring_slack: Some(4),
         ..ExportOptions::default()
     };
@@ -403,7 +403,7 @@ fn bf16_matmul_inputs_match_a_reference_that_rounds_the_same() {
         layout: Layout::Shared,
         weights: WeightFormat::Bf16,
         matmul_input: MatmulInput::Bf16,
-        ..runtime_options_for(&Target::cpu(), 2)
+        ..runtime_options_for(&Target::cpu(), kv_core::ContractVersion::V2)
     };
     let dir = cached_export_with(MODEL, &options).expect("export v2 with bf16 matmul inputs");
     let (iree, rounding, reference, fp32) = prefilled_with_references(&dir, &prompt(21));
@@ -492,7 +492,7 @@ fn prefill_spans_read_what_their_calls_see() {
         let options = ExportOptions {
             targets: vec![Target::cpu()],
             layout: Layout::Shared,
-            contract: 2,
+            contract: kv_core::ContractVersion::V2,
             ring_slack: Some(4),
             prefill_spans: Some(spans),
             ..ExportOptions::default()

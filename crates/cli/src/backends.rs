@@ -226,7 +226,7 @@ impl ModelSource {
     /// ([`export::device::default_contract`]: 2 on the CPU drivers and NVIDIA Vulkan targets, 1
     /// on other Vulkan targets and under the seed's window rule).
     #[cfg(feature = "iree")]
-    pub fn contract_for(&self, device: &str, rule: RuleChoice) -> u32 {
+    pub fn contract_for(&self, device: &str, rule: RuleChoice) -> kv_core::ContractVersion {
         self.target
             .flags
             .contract
@@ -426,26 +426,27 @@ mod tests {
     #[cfg(feature = "iree")]
     #[test]
     fn contract_defaults_to_2_on_the_cpu_and_nvidia_vulkan() {
+        use kv_core::ContractVersion::{V1, V2};
         let mut source = ModelSource::new("tiny-gemma3:7", None);
-        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
-        assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), 2);
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V2);
+        assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), V2);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V1);
         source.target.flags.vulkan_target = Some("ampere".into());
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2, "NVIDIA targets");
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), 1);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "NVIDIA targets");
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), V1);
         source.target.flags.vulkan_target = Some("valhall".into());
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V1);
         source.target.flags.vulkan_target = None;
         // Contract 2 does not run the seed's step rule.
-        assert_eq!(source.contract_for("local-task", RuleChoice::Seed), 1);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Seed), V1);
         // Contract 2 has a prefill graph too (a chunk graph of more rows).
         source.target.prefill = PrefillChoice::Graph;
-        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 2);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V2);
         source.target.flags.contract = Some(crate::flags::ContractChoice::Auto);
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 1);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V1);
         source.target.flags.contract = Some(crate::flags::ContractChoice::V1);
-        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), 1);
+        assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V1);
         source.target.flags.contract = Some(crate::flags::ContractChoice::V2);
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), 2);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2);
     }
 }

@@ -6,7 +6,7 @@
 
 use clap::builder::{EnumValueParser, PossibleValue, TypedValueParser};
 use clap::ValueEnum;
-use kv_core::contract::{V1_VERSION, V2_VERSION};
+use kv_core::contract::ContractVersion;
 use kv_core::manifest::{CacheType, MatmulInput};
 
 use crate::model::WeightsChoice;
@@ -186,11 +186,11 @@ pub enum ContractChoice {
 #[cfg_attr(not(feature = "iree"), allow(dead_code))]
 impl ContractChoice {
     /// The version asked for; `None` for `auto`.
-    pub fn version(self) -> Option<u32> {
+    pub fn version(self) -> Option<ContractVersion> {
         match self {
             ContractChoice::Auto => None,
-            ContractChoice::V1 => Some(V1_VERSION),
-            ContractChoice::V2 => Some(V2_VERSION),
+            ContractChoice::V1 => Some(ContractVersion::V1),
+            ContractChoice::V2 => Some(ContractVersion::V2),
         }
     }
 }
@@ -236,14 +236,14 @@ impl TypedValueParser for WeightsParser {
 /// `auto` takes the library's default of each target and 1 where any is 1, since the targets
 /// share one manifest and one contract.
 #[cfg(feature = "iree")]
-pub fn export_contract(choice: Option<ContractChoice>, targets: &[export::Target]) -> u32 {
+pub fn export_contract(choice: Option<ContractChoice>, targets: &[export::Target]) -> ContractVersion {
     match choice.unwrap_or(ContractChoice::V1).version() {
         Some(version) => version,
         None => targets
             .iter()
             .map(|t| export::device::default_contract(t, false))
             .min()
-            .unwrap_or(V1_VERSION),
+            .unwrap_or(ContractVersion::V1),
     }
 }
 
@@ -255,7 +255,7 @@ pub fn export_contract(choice: Option<ContractChoice>, targets: &[export::Target
 pub fn export_rounding(
     flags: &TargetFlags,
     targets: &[export::Target],
-    contract: u32,
+    contract: ContractVersion,
     weights: export::WeightFormat,
 ) -> (MatmulInput, CacheType) {
     let runtime: Vec<export::ExportOptions> = targets
@@ -299,21 +299,26 @@ mod tests {
     #[cfg(feature = "iree")]
     #[test]
     fn an_export_s_auto_contract_is_1_where_any_target_s_is() {
+        use ContractVersion::{V1, V2};
         let ampere = export::Target::Vulkan {
             target: Some("ampere".into()),
         };
         let cpu = export::Target::cpu();
         let auto = Some(ContractChoice::Auto);
-        assert_eq!(export_contract(None, std::slice::from_ref(&cpu)), 1, "export's default");
-        assert_eq!(export_contract(auto, std::slice::from_ref(&cpu)), 2);
-        assert_eq!(export_contract(auto, &[cpu.clone(), ampere.clone()]), 2);
-        assert_eq!(export_contract(auto, &[cpu.clone(), export::Target::vulkan()]), 1);
-        assert_eq!(export_contract(auto, &[ampere]), 2);
+        assert_eq!(
+            export_contract(None, std::slice::from_ref(&cpu)),
+            V1,
+            "export's default"
+        );
+        assert_eq!(export_contract(auto, std::slice::from_ref(&cpu)), V2);
+        assert_eq!(export_contract(auto, &[cpu.clone(), ampere.clone()]), V2);
+        assert_eq!(export_contract(auto, &[cpu.clone(), export::Target::vulkan()]), V1);
+        assert_eq!(export_contract(auto, &[ampere]), V2);
         assert_eq!(
             export_contract(Some(ContractChoice::V2), &[export::Target::vulkan()]),
-            2
+            V2
         );
-        assert_eq!(export_contract(Some(ContractChoice::V1), &[cpu]), 1);
+        assert_eq!(export_contract(Some(ContractChoice::V1), &[cpu]), V1);
     }
 
     /// `auto` on an export: the runtime settings where every target has them (f32 on a
@@ -329,27 +334,56 @@ mod tests {
         };
         let f32s = (MatmulInput::F32, CacheType::F32);
         assert_eq!(
-            export_rounding(&TargetFlags::default(), &[Target::cpu()], 2, WeightFormat::Bf16),
+            export_rounding(
+                &TargetFlags::default(),
+                &[Target::cpu()],
+                ContractVersion::V2,
+                WeightFormat::Bf16
+            ),
             f32s
         );
-        assert_eq!(export_rounding(&auto, &[Target::cpu()], 2, WeightFormat::Bf16), f32s);
-        let host = Target::Cpu { cpu: "host".into() };
-        let runtime = export::runtime_options_for(&host, 2);
         assert_eq!(
-            export_rounding(&auto, std::slice::from_ref(&host), 2, WeightFormat::Bf16),
+            export_rounding(&auto, &[Target::cpu()], ContractVersion::V2, WeightFormat::Bf16),
+            f32s
+        );
+        let host = Target::Cpu { cpu: "host".into() };
+        let runtime = export::runtime_options_for(&host, ContractVersion::V2);
+        assert_eq!(
+            export_rounding(
+                &auto,
+                std::slice::from_ref(&host),
+                ContractVersion::V2,
+                WeightFormat::Bf16
+            ),
             (runtime.matmul_input, runtime.cache_type)
         );
         assert_eq!(
-            export_rounding(&auto, std::slice::from_ref(&host), 2, WeightFormat::PackedI32).0,
+            export_rounding(
+                &auto,
+                std::slice::from_ref(&host),
+                ContractVersion::V2,
+                WeightFormat::PackedI32
+            )
+            .0,
             MatmulInput::F32,
             "bf16 inputs need bf16 weight declarations"
         );
         assert_eq!(
-            export_rounding(&auto, &[host.clone(), Target::vulkan()], 2, WeightFormat::Bf16),
+            export_rounding(
+                &auto,
+                &[host.clone(), Target::vulkan()],
+                ContractVersion::V2,
+                WeightFormat::Bf16
+            ),
             f32s
         );
         assert_eq!(
-            export_rounding(&auto, std::slice::from_ref(&host), 1, WeightFormat::Bf16),
+            export_rounding(
+                &auto,
+                std::slice::from_ref(&host),
+                ContractVersion::V1,
+                WeightFormat::Bf16
+            ),
             f32s
         );
         let asked = TargetFlags {
@@ -358,7 +392,12 @@ mod tests {
             ..TargetFlags::default()
         };
         assert_eq!(
-            export_rounding(&asked, &[Target::vulkan()], 1, WeightFormat::PackedI32),
+            export_rounding(
+                &asked,
+                &[Target::vulkan()],
+                ContractVersion::V1,
+                WeightFormat::PackedI32
+            ),
             (MatmulInput::Bf16, CacheType::F16),
             "asked for, then refused by the library's rules"
         );

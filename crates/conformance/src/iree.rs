@@ -5,7 +5,7 @@ use backend_iree::{IreeKvBackend, IreeOptions, IreeRedecodeBackend, PrefillRoute
 use export::{Layout, Target};
 use kv_core::manifest::{CacheType, MatmulInput, Rounding};
 use kv_core::tolerance::Tolerance;
-use kv_core::{Error, Result, WindowRule};
+use kv_core::{ContractVersion, Error, Result, WindowRule};
 
 use crate::factory::BackendFactory;
 
@@ -16,8 +16,8 @@ use crate::factory::BackendFactory;
 pub struct IreeFactory {
     pub device: &'static str,
     pub layout: Layout,
-    /// The graph contract of the exports: 1 (`shared/CONTRACT.md`) or 2 (`docs/contract-v2.md`).
-    pub contract: u32,
+    /// The graph contract of the exports: v1 (`shared/CONTRACT.md`) or v2 (`docs/contract-v2.md`).
+    pub contract: ContractVersion,
     /// The caches' element type (contract 2 on the CPU may keep f16 ones: `CacheType`); the
     /// problems then compare with a reference that rounds the same K/V rows.
     pub cache_type: CacheType,
@@ -47,7 +47,7 @@ pub fn cpu_triple() -> Option<String> {
 /// The cached export of `model` (see `export::cached_export`); CPU modules for [`cpu_triple`]
 /// (its own cache entry: the flag is part of the options' key).
 pub fn artifacts(model: &str, target: &Target, layout: Layout) -> Result<std::path::PathBuf> {
-    artifacts_with(model, target, layout, 0, 1, CacheType::F32)
+    artifacts_with(model, target, layout, 0, ContractVersion::V1, CacheType::F32)
 }
 
 /// [`artifacts`] with `top_k` results (`0`: none; only the KV graphs then, to keep the extra
@@ -57,22 +57,23 @@ pub fn artifacts_with(
     target: &Target,
     layout: Layout,
     top_k: usize,
-    contract: u32,
+    contract: ContractVersion,
     cache_type: CacheType,
 ) -> Result<std::path::PathBuf> {
     let defaults = export::ExportOptions::default();
+    let v2 = matches!(contract, ContractVersion::V2);
     // v2 exports only its chunk and step graphs (the exporter drops the prefill graph, which v2
     // has none of): the redecode graphs are v1's (`IreeFactory::redecode` opens the v1 export's).
-    let kv_only = top_k > 0 || contract == 2;
+    let kv_only = top_k > 0 || v2;
     let options = export::ExportOptions {
         top_k,
         contract,
         // Sliding rings of the window and 4 rows more: the problems wrap them many times, and
         // a restored snapshot's next call often forks.
-        ring_slack: (contract == 2).then_some(4),
+        ring_slack: v2.then_some(4),
         // A small chunk graph of 3 rows beside the fixtures' chunk graph of 8: every feed's
         // piece of 1 to 3 ids runs it (contract 2's default is 8 rows, none for a chunk of 8).
-        small_chunk: (contract == 2).then_some(3),
+        small_chunk: v2.then_some(3),
         cache_type,
         graphs: defaults
             .graphs
@@ -118,8 +119,8 @@ impl BackendFactory for IreeFactory {
     fn name(&self) -> String {
         let caches = if self.cache_type.is_f32() { "" } else { "-f16" };
         match self.contract {
-            1 => format!("iree-{}", self.device),
-            c => format!("iree-{}-v{c}{caches}", self.device),
+            ContractVersion::V1 => format!("iree-{}", self.device),
+            c @ ContractVersion::V2 => format!("iree-{}-v{c}{caches}", self.device),
         }
     }
 
@@ -156,18 +157,18 @@ impl BackendFactory for IreeFactory {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(match (self.device, self.contract) {
-                ("vulkan", 2) => 3,
+                ("vulkan", ContractVersion::V2) => 3,
                 ("vulkan", _) => 6,
                 _ => 8,
             })
     }
 
     fn supports_seed_step_rule(&self) -> bool {
-        self.contract == 1
+        matches!(self.contract, ContractVersion::V1)
     }
 
     fn supports_allowed_mask(&self) -> bool {
-        self.contract == 2
+        matches!(self.contract, ContractVersion::V2)
     }
 
     fn rounding(&self) -> Rounding {
@@ -190,7 +191,7 @@ pub struct IreeHostFactory;
 impl IreeHostFactory {
     fn artifacts(&self, model: &str, top_k: usize) -> Result<std::path::PathBuf> {
         let target = Target::Cpu { cpu: "host".into() };
-        let runtime = export::runtime_options_for(&target, 2);
+        let runtime = export::runtime_options_for(&target, ContractVersion::V2);
         let options = export::ExportOptions {
             targets: vec![target],
             top_k,
@@ -272,7 +273,7 @@ impl BackendFactory for IreeHostFactory {
     }
 
     fn rounding(&self) -> Rounding {
-        let runtime = export::runtime_options_for(&Target::Cpu { cpu: "host".into() }, 2);
+        let runtime = export::runtime_options_for(&Target::Cpu { cpu: "host".into() }, ContractVersion::V2);
         Rounding {
             matmul_input: runtime.matmul_input,
             cache_type: runtime.cache_type,

@@ -16,7 +16,7 @@ mod local_sync {
         conformance::iree::IreeFactory {
             device: "local-sync",
             layout: export::Layout::Shared,
-            contract: 1,
+            contract: kv_core::ContractVersion::V1,
             cache_type: kv_core::manifest::CacheType::F32
         },
         ci: [
@@ -45,7 +45,7 @@ mod local_task {
         conformance::iree::IreeFactory {
             device: "local-task",
             layout: export::Layout::Shared,
-            contract: 1,
+            contract: kv_core::ContractVersion::V1,
             cache_type: kv_core::manifest::CacheType::F32
         },
         ci: [

@@ -3,6 +3,6 @@
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "local-task",
     layout: export::Layout::Shared,
-    contract: 1,
+    contract: kv_core::ContractVersion::V1,
     cache_type: kv_core::manifest::CacheType::F32
 });

@@ -11,7 +11,7 @@ conformance::conformance_suite!(
     conformance::iree::IreeFactory {
         device: "local-task",
         layout: export::Layout::Three,
-        contract: 1,
+        contract: kv_core::ContractVersion::V1,
         cache_type: kv_core::manifest::CacheType::F32
     },
     ci: [

@@ -4,6 +4,6 @@
 conformance::conformance_suite!(conformance::iree::IreeFactory {
     device: "local-task",
     layout: export::Layout::Shared,
-    contract: 2,
+    contract: kv_core::ContractVersion::V2,
     cache_type: kv_core::manifest::CacheType::F32
 });

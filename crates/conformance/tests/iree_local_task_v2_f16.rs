@@ -12,7 +12,7 @@ conformance::conformance_suite!(
     conformance::iree::IreeFactory {
         device: "local-task",
         layout: export::Layout::Shared,
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         cache_type: kv_core::manifest::CacheType::F16
     },
     ci: [

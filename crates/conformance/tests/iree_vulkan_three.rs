@@ -18,7 +18,7 @@ conformance::conformance_suite!(
     conformance::iree::IreeFactory {
         device: "vulkan",
         layout: export::Layout::Three,
-        contract: 1,
+        contract: kv_core::ContractVersion::V1,
         cache_type: kv_core::manifest::CacheType::F32
     },
     ci: [

@@ -10,7 +10,7 @@ conformance::conformance_suite!(
     conformance::iree::IreeFactory {
         device: "vulkan",
         layout: export::Layout::Three,
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         cache_type: kv_core::manifest::CacheType::F32
     },
     ci: [

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::manifest::{CacheType, MatmulInput};
-use kv_core::{Graph, Manifest};
+use kv_core::{ContractVersion, Graph, Manifest};
 
 use crate::compile::Target;
 use crate::emit::WeightFormat;
@@ -107,11 +107,11 @@ pub struct ExportOptions {
     /// position and their ids (`topk.logits`, `topk.ids`), for sampling; 0 = they do not (the
     /// default: a reduction over the vocabulary per call is slow on some GPUs).
     pub top_k: usize,
-    /// The graph contract: 1 (`shared/CONTRACT.md`, the default) or 2 (`docs/contract-v2.md`:
+    /// The graph contract: v1 (`shared/CONTRACT.md`, the default) or v2 (`docs/contract-v2.md`:
     /// static-shape chunk and step graphs over caches the runtime owns). Contract 2's prefill
     /// graph is a chunk graph of `prefillChunk` rows ([`Self::prefill_seq`] or 128, at most the
     /// sliding ring; none when that is not above the chunk); the redecode graphs are v1's.
-    pub contract: u32,
+    pub contract: ContractVersion,
     /// Contract 2: rows a sliding layer's ring holds beyond its window (`KvSpec::ring_rows`):
     /// how far a session may write past a snapshot before a write copies the ring. `None`: the
     /// default ([`kv_core::spec::DEFAULT_RING_SLACK`], rounded up to 64 rows); a slack that
@@ -179,7 +179,7 @@ impl Default for ExportOptions {
             compile_flags: Vec::new(),
             graph_flags: BTreeMap::new(),
             top_k: 0,
-            contract: kv_core::manifest::CONTRACT_VERSION,
+            contract: ContractVersion::V1,
             ring_slack: None,
             prefill_spans: None,
             small_chunk: None,
@@ -195,8 +195,6 @@ impl Default for ExportOptions {
 /// so every caller (the CLI, the JNI side, tests) gets the same rules.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OptionsError {
-    #[error("contract {0}: the exporter writes contracts 1 and 2")]
-    Contract(u32),
     #[error(
         "bf16 weights with a Vulkan target: IREE 3.13 miscompiles bf16→f32 on Vulkan for tensors of 1024+ elements; \
          Vulkan takes packed (any GPU) or i16 (a named GPU target) weights"
@@ -227,9 +225,6 @@ impl ExportOptions {
     /// asks for them on every `host` CPU with bf16 dot products, whatever the source.
     pub fn check(&self, quantization: Option<&kv_core::quant::Quantization>) -> Result<(), OptionsError> {
         use crate::profile::{ExportProfile, GpuFamily, TargetProfile};
-        if self.contract != kv_core::manifest::CONTRACT_VERSION && self.contract != kv_core::manifest::CONTRACT_V2 {
-            return Err(OptionsError::Contract(self.contract));
-        }
         let profile = ExportProfile::resolve(self);
         let gpus = || {
             profile.targets.iter().filter_map(|t| match t {
@@ -250,7 +245,7 @@ impl ExportOptions {
         if self.matmul_input == MatmulInput::Bf16 && !(self.weights == WeightFormat::Bf16 && profile.cpu_only()) {
             return Err(OptionsError::Bf16MatmulInputs);
         }
-        let v2 = self.contract == kv_core::manifest::CONTRACT_V2;
+        let v2 = matches!(self.contract, ContractVersion::V2);
         if self.prefill_spans.is_some() && !v2 {
             return Err(OptionsError::PrefillSpansNeedContract2);
         }
@@ -359,15 +354,6 @@ mod tests {
         let cases: Vec<Case> = vec![
             ("cpu bf16", cpu.clone(), None, Ok(())),
             (
-                "contract 3",
-                ExportOptions {
-                    contract: 3,
-                    ..cpu.clone()
-                },
-                None,
-                Err(OptionsError::Contract(3)),
-            ),
-            (
                 "bf16 on vulkan",
                 gpu(None, WeightFormat::Bf16),
                 None,
@@ -447,7 +433,7 @@ mod tests {
             (
                 "f16 caches with vulkan",
                 ExportOptions {
-                    contract: 2,
+                    contract: ContractVersion::V2,
                     cache_type: CacheType::F16,
                     ..gpu(None, WeightFormat::PackedI32)
                 },
@@ -457,7 +443,7 @@ mod tests {
             (
                 "f16 caches c2 cpu",
                 ExportOptions {
-                    contract: 2,
+                    contract: ContractVersion::V2,
                     cache_type: CacheType::F16,
                     ..cpu.clone()
                 },
@@ -475,7 +461,7 @@ mod tests {
             vulkan(Some("ampere")),
             vulkan(Some("valhall")),
         ] {
-            for contract in [1, 2] {
+            for contract in [ContractVersion::V1, ContractVersion::V2] {
                 let options = ExportOptions {
                     targets: vec![target.clone()],
                     ..crate::runtime_options_for(&target, contract)

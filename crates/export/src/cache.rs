@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use kv_core::manifest::{CacheType, MatmulInput, CONTRACT_VERSION, MANIFEST_FILE};
+use kv_core::manifest::{CacheType, MatmulInput, MANIFEST_FILE};
+use kv_core::ContractVersion;
 
 use sha2::{Digest, Sha256};
 
@@ -28,19 +29,19 @@ fn hex(bytes: &[u8]) -> String {
 /// (fused into the decode step's matmuls; needs the 16-bit storage such targets have). CPU
 /// modules are compiled with [`CPU_RUNTIME_FLAGS`].
 pub fn runtime_options(target: &Target) -> ExportOptions {
-    runtime_options_for(target, CONTRACT_VERSION)
+    runtime_options_for(target, ContractVersion::V1)
 }
 
-/// [`runtime_options`] for graph contract `contract` (1 or 2). Contract 2's CPU modules are
+/// [`runtime_options`] for graph contract `contract` (v1 or v2). Contract 2's CPU modules are
 /// compiled with [`CPU_RUNTIME_FLAGS_V2`], and on a `host` CPU with bf16 dot products
 /// ([`host_has_bf16_dot`]) multiply bf16 activations ([`MatmulInput::Bf16`]). Real Gemma 3
 /// 270M, `bench`, the same binary with the two exports alternating (3 rounds, 2-core AMD EPYC
 /// Zen 5, load 0.5–1.3): 843-token prefill 833–1,093 → 637–742 ms, chunk call 44–47 → 31–35
 /// ms, decode 16.9–19.0 → 15.4–16.1 ms/token, first token of an 8-token prompt 49–60 → 38–40
 /// ms, peak RSS the same (690 MB); the greedy tokens of the real-model prompts the same.
-pub fn runtime_options_for(target: &Target, contract: u32) -> ExportOptions {
+pub fn runtime_options_for(target: &Target, contract: ContractVersion) -> ExportOptions {
     let profile = TargetProfile::of(target);
-    let v2 = contract != CONTRACT_VERSION;
+    let v2 = matches!(contract, ContractVersion::V2);
     let cpu_flags = |flags: &[&str]| flags.iter().map(|f| f.to_string()).collect();
     let host = match &profile {
         TargetProfile::CpuHost { features } => Some(*features),
@@ -314,8 +315,9 @@ fn settings(options: &ExportOptions) -> serde_json::Value {
         settings["topK"] = serde_json::json!(options.top_k);
     }
     // Absent for contract 1, for the same reason.
-    if options.contract != CONTRACT_VERSION {
-        settings["contract"] = serde_json::json!(options.contract);
+    match options.contract {
+        ContractVersion::V1 => {}
+        ContractVersion::V2 => settings["contract"] = serde_json::json!(options.contract.number()),
     }
     if let Some(slack) = options.ring_slack {
         settings["ringSlack"] = serde_json::json!(slack);
@@ -383,8 +385,9 @@ pub fn entry_name(model: &str, options: &ExportOptions) -> String {
         targets.join("+"),
         layout_key(options.layout)
     );
-    if options.contract != CONTRACT_VERSION {
-        name = format!("{name}-v{}", options.contract);
+    match options.contract {
+        ContractVersion::V1 => {}
+        ContractVersion::V2 => name = format!("{name}-v{}", options.contract.number()),
     }
     let defaults = ExportOptions {
         targets: Vec::new(),
@@ -468,7 +471,7 @@ mod tests {
     /// bf16 matmul inputs are their own entry; f32 (the default) keeps the names it had.
     #[test]
     fn matmul_input_is_part_of_the_key() {
-        let f32_inputs = runtime_options_for(&Target::cpu(), 2);
+        let f32_inputs = runtime_options_for(&Target::cpu(), ContractVersion::V2);
         assert_eq!(f32_inputs.matmul_input, MatmulInput::F32, "a generic CPU gets f32");
         let bf16_inputs = ExportOptions {
             matmul_input: MatmulInput::Bf16,
@@ -479,7 +482,7 @@ mod tests {
             entry_name("tiny-gemma3:7", &f32_inputs),
             entry_name("tiny-gemma3:7", &bf16_inputs)
         );
-        let host = runtime_options_for(&Target::Cpu { cpu: "host".into() }, 2);
+        let host = runtime_options_for(&Target::Cpu { cpu: "host".into() }, ContractVersion::V2);
         let want = if host_has_bf16_dot() {
             MatmulInput::Bf16
         } else {
@@ -487,7 +490,7 @@ mod tests {
         };
         assert_eq!(host.matmul_input, want);
         assert_eq!(
-            runtime_options_for(&Target::Cpu { cpu: "host".into() }, 1).matmul_input,
+            runtime_options_for(&Target::Cpu { cpu: "host".into() }, ContractVersion::V1).matmul_input,
             MatmulInput::F32
         );
     }
@@ -501,20 +504,23 @@ mod tests {
             ..ExportOptions::default()
         };
         let v2 = ExportOptions {
-            contract: 2,
+            contract: ContractVersion::V2,
             ..v1.clone()
         };
         assert_eq!(entry_name("tiny-gemma3:7", &v1), "tiny-gemma3-7-llvm-cpu-shared");
         assert_eq!(entry_name("tiny-gemma3:7", &v2), "tiny-gemma3-7-llvm-cpu-shared-v2");
         assert_ne!(canonical(&settings(&v1)), canonical(&settings(&v2)));
-        let runtime = runtime_options_for(&Target::cpu(), 2);
-        assert_eq!(runtime.contract, 2);
+        let runtime = runtime_options_for(&Target::cpu(), ContractVersion::V2);
+        assert_eq!(runtime.contract, ContractVersion::V2);
         assert!(
             runtime.graphs.contains(&Graph::Prefill),
             "v2's prefill graph is a chunk graph"
         );
         assert_eq!(
-            entry_name("tiny-gemma3:7", &runtime_options_for(&Target::cpu(), 1)),
+            entry_name(
+                "tiny-gemma3:7",
+                &runtime_options_for(&Target::cpu(), ContractVersion::V1)
+            ),
             entry_name("tiny-gemma3:7", &runtime_options(&Target::cpu()))
         );
     }
@@ -569,7 +575,7 @@ mod tests {
                 ..base.clone()
             },
             ExportOptions {
-                contract: 2,
+                contract: ContractVersion::V2,
                 ..base.clone()
             },
         ];

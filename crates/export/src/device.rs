@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use kv_core::manifest::{CacheType, MatmulInput, CONTRACT_V2, CONTRACT_VERSION};
+use kv_core::manifest::{CacheType, MatmulInput};
+use kv_core::ContractVersion;
 
 use crate::profile::{GpuFamily, TargetProfile};
 use crate::{ExportOptions, Result, Target};
@@ -16,7 +17,7 @@ pub struct DeviceRequest {
     /// The compile target (`Cpu { cpu: "host" }` for this machine, `Vulkan { target }`).
     pub target: Target,
     /// The graph contract; `None`: [`default_contract`].
-    pub contract: Option<u32>,
+    pub contract: Option<ContractVersion>,
     /// The session runs the seed's window rule, which contract 2 does not.
     pub seed_rule: bool,
     /// The graphs must return at least this many top logits (sampling); 0: none needed.
@@ -45,7 +46,7 @@ impl DeviceRequest {
     }
 
     /// The contract this request gets: its own, else [`default_contract`].
-    pub fn contract(&self) -> u32 {
+    pub fn contract(&self) -> ContractVersion {
         self.contract
             .unwrap_or_else(|| default_contract(&self.target, self.seed_rule))
     }
@@ -65,19 +66,19 @@ impl DeviceRequest {
     }
 }
 
-/// The contract a device gets when none is asked for: 2 on the CPU and on NVIDIA Vulkan targets
+/// The contract a device gets when none is asked for: v2 on the CPU and on NVIDIA Vulkan targets
 /// (measured faster there: docs/benchmarks.md), 1 on other Vulkan targets (lavapipe, phones)
 /// and under the seed's window rule, which contract 2 does not run.
-pub fn default_contract(target: &Target, seed_rule: bool) -> u32 {
+pub fn default_contract(target: &Target, seed_rule: bool) -> ContractVersion {
     let v2 = !seed_rule
         && match TargetProfile::of(target) {
             TargetProfile::Vulkan { family, .. } => family == GpuFamily::Nvidia,
             TargetProfile::Cpu { .. } | TargetProfile::CpuHost { .. } => true,
         };
     if v2 {
-        CONTRACT_V2
+        ContractVersion::V2
     } else {
-        CONTRACT_VERSION
+        ContractVersion::V1
     }
 }
 
@@ -115,22 +116,23 @@ mod tests {
         let vulkan = |t: Option<&str>| Target::Vulkan {
             target: t.map(String::from),
         };
-        assert_eq!(default_contract(&Target::cpu(), false), 2);
-        assert_eq!(default_contract(&Target::Cpu { cpu: "host".into() }, false), 2);
-        assert_eq!(default_contract(&vulkan(None), false), 1);
+        use ContractVersion::{V1, V2};
+        assert_eq!(default_contract(&Target::cpu(), false), V2);
+        assert_eq!(default_contract(&Target::Cpu { cpu: "host".into() }, false), V2);
+        assert_eq!(default_contract(&vulkan(None), false), V1);
         assert_eq!(
             default_contract(&vulkan(Some(crate::profile::PORTABLE_16BIT)), false),
-            1
+            V1
         );
-        assert_eq!(default_contract(&vulkan(Some("ampere")), false), 2, "NVIDIA targets");
-        assert_eq!(default_contract(&vulkan(Some("valhall")), false), 1);
-        assert_eq!(default_contract(&Target::cpu(), true), 1, "the seed's rule");
-        assert_eq!(default_contract(&vulkan(Some("ampere")), true), 1);
+        assert_eq!(default_contract(&vulkan(Some("ampere")), false), V2, "NVIDIA targets");
+        assert_eq!(default_contract(&vulkan(Some("valhall")), false), V1);
+        assert_eq!(default_contract(&Target::cpu(), true), V1, "the seed's rule");
+        assert_eq!(default_contract(&vulkan(Some("ampere")), true), V1);
         let asked = DeviceRequest {
-            contract: Some(1),
+            contract: Some(V1),
             ..DeviceRequest::new(Target::cpu())
         };
-        assert_eq!(asked.contract(), 1);
+        assert_eq!(asked.contract(), V1);
     }
 
     /// The request's choices on top of the runtime settings, which pass the library's rules.
@@ -138,11 +140,11 @@ mod tests {
     fn options_are_the_runtime_settings_with_the_request_s_choices() {
         let host = Target::Cpu { cpu: "host".into() };
         let plain = DeviceRequest::new(host.clone()).options();
-        let runtime = crate::runtime_options_for(&host, 2);
+        let runtime = crate::runtime_options_for(&host, ContractVersion::V2);
         assert_eq!(plain.targets, vec![host.clone()]);
         assert_eq!(
             (plain.matmul_input, plain.cache_type, plain.contract),
-            (runtime.matmul_input, runtime.cache_type, 2)
+            (runtime.matmul_input, runtime.cache_type, ContractVersion::V2)
         );
         let fp32 = DeviceRequest {
             top_k: 8,

@@ -17,7 +17,7 @@
 //!   batched `dot_general` over the query heads with the KV heads repeated by
 //!   `dynamic_broadcast_in_dim`, unit dimensions are dropped with one-term reductions, and a KV
 //!   head is cut out with `real_dynamic_slice`.
-//! - **Contract v2** (`docs/contract-v2.md`, [`ExportOptions::contract`] 2): static shapes
+//! - **Contract v2** (`docs/contract-v2.md`, [`ExportOptions::contract`] `V2`): static shapes
 //!   throughout. The chunk and step graphs (and the prefill graph, a chunk graph of
 //!   `prefillChunk` rows) take `pos` and each layer's whole cache (`[P, nKV, d]`, a sliding
 //!   layer's ring `[N, nKV, d]`), build their masks from `pos` (a row holding no position before

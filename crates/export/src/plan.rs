@@ -12,9 +12,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, V2Spec, CONTRACT_V2};
+use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, V2Spec};
 use kv_core::params::{parameter_table, FusedParam, ParamInfo, TOKEN_EMBD};
 use kv_core::quant::{QuantFormat, Quantization, ScaleType};
+use kv_core::ContractVersion;
 use kv_core::{Graph, Manifest};
 use sha2::{Digest, Sha256};
 
@@ -151,7 +152,7 @@ impl ExportPlan {
     /// Plans the export of `source` with `options`: reads the source's manifest (not its
     /// weights), checks the options against it and emits every module. Nothing is written.
     pub fn new(source: &Source, options: &ExportOptions) -> Result<ExportPlan> {
-        let v2 = options.contract == CONTRACT_V2;
+        let v2 = matches!(options.contract, ContractVersion::V2);
         let mut graphs = options.graphs.clone();
         let src_dir = source.dir()?;
         let src = Manifest::load(&src_dir)?;

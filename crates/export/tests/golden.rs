@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use export::{ExportOptions, ExportPlan, Layout, Source, Target, WeightFormat};
 use kv_core::manifest::{CacheType, MatmulInput};
 use kv_core::quant::QuantFormat;
+use kv_core::ContractVersion;
 use sha2::{Digest, Sha256};
 
 const GOLDEN: &str = "tests/golden/emitted-mlir.sha256";
@@ -29,7 +30,7 @@ fn vulkan(target: Option<&str>) -> Target {
 }
 
 /// The runtime settings of `target` and `contract` (what the CLI's on-demand exports take).
-fn runtime(target: Target, contract: u32) -> ExportOptions {
+fn runtime(target: Target, contract: ContractVersion) -> ExportOptions {
     ExportOptions {
         targets: vec![target.clone()],
         ..export::runtime_options_for(&target, contract)
@@ -52,7 +53,7 @@ fn combinations(tmp: &Path) -> Vec<(String, PathBuf, ExportOptions)> {
     let fixture = |name: &str| fixtures::materialize(name).unwrap();
     let gemma = fixture("tiny-gemma3:7");
     let mut out = Vec::new();
-    for contract in [1, 2] {
+    for contract in [ContractVersion::V1, ContractVersion::V2] {
         for (label, target) in [
             ("cpu", Target::cpu()),
             ("vulkan", vulkan(None)),
@@ -135,7 +136,7 @@ fn combinations(tmp: &Path) -> Vec<(String, PathBuf, ExportOptions)> {
         ExportOptions {
             matmul_input: MatmulInput::Bf16,
             cache_type: CacheType::F16,
-            ..runtime(Target::cpu(), 2)
+            ..runtime(Target::cpu(), ContractVersion::V2)
         },
     ));
     for (label, layout) in [("", Layout::Shared), (" three", Layout::Three)] {
@@ -145,7 +146,7 @@ fn combinations(tmp: &Path) -> Vec<(String, PathBuf, ExportOptions)> {
             ExportOptions {
                 layout,
                 small_chunk: Some(3),
-                ..runtime(Target::cpu(), 2)
+                ..runtime(Target::cpu(), ContractVersion::V2)
             },
         ));
     }
@@ -154,7 +155,7 @@ fn combinations(tmp: &Path) -> Vec<(String, PathBuf, ExportOptions)> {
         gemma,
         ExportOptions {
             weights: WeightFormat::PackedI32,
-            ..runtime(vulkan(Some("ampere")), 2)
+            ..runtime(vulkan(Some("ampere")), ContractVersion::V2)
         },
     ));
     out
@@ -261,7 +262,7 @@ fn small_chunk_adds_one_function_and_moves_no_other_text() {
             let options = ExportOptions {
                 layout,
                 small_chunk: Some(small_chunk),
-                ..runtime(Target::cpu(), 2)
+                ..runtime(Target::cpu(), ContractVersion::V2)
             };
             ExportPlan::new(&Source::Dir(gemma.clone()), &options).unwrap()
         };

@@ -14,7 +14,7 @@ use common::{assert_layers_close, GraphSession};
 use export::{export_artifacts, ExportOptions, Layout, Source};
 use kv_core::irpa::IrpaArchive;
 use kv_core::params::layer_param;
-use kv_core::{Graph, KvBackend, Manifest, RedecodeBackend, WindowRule};
+use kv_core::{ContractVersion, Graph, KvBackend, Manifest, RedecodeBackend, WindowRule};
 
 /// A fixture as a model directory, materialized here: `export` reads fixture names only with its
 /// `fixtures` feature, which `cargo test -p export` does not turn on.
@@ -265,7 +265,7 @@ fn i16_weight_format_on_cpu() {
 /// GPU (`scripts/h200/ab-bench.sh`, `diverge`).
 #[test]
 fn lm_heads_configured_for_nvidia_vulkan() {
-    let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3-gqa:5"), target, 1);
+    let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3-gqa:5"), target, ContractVersion::V1);
     let (m, mlir) = export(export::Target::Vulkan {
         target: Some("ampere".into()),
     });
@@ -386,7 +386,7 @@ fn step_row_products(m: &Manifest, mlir: &str) {
 
 /// The chunk and step graphs of `source` exported with i16 weights under `contract` for
 /// `target`: the manifest and the module's MLIR.
-fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) -> (Manifest, String) {
+fn i16_chunk_and_step(source: &Source, target: export::Target, contract: ContractVersion) -> (Manifest, String) {
     let dir = tempfile::tempdir().unwrap();
     let options = ExportOptions {
         targets: vec![target],
@@ -408,7 +408,7 @@ fn i16_chunk_and_step(source: &Source, target: export::Target, contract: u32) ->
 /// H200 checks them: docs/journal, session 17).
 #[test]
 fn v2_attention_products_configured_for_nvidia_vulkan() {
-    let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3:7"), target, 2);
+    let export = |target| i16_chunk_and_step(&fixture_source("tiny-gemma3:7"), target, ContractVersion::V2);
     let (m, mlir) = export(export::Target::Vulkan {
         target: Some("ampere".into()),
     });
@@ -439,7 +439,7 @@ fn v2_attention_products_configured_for_nvidia_vulkan() {
     let portable = ExportOptions {
         targets: vec![export::Target::vulkan()],
         weights: export::WeightFormat::I16,
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         graphs: vec![Graph::Chunk, Graph::Step],
         compile_flags: NO_HOISTING.iter().map(|s| s.to_string()).collect(),
         ..ExportOptions::default()

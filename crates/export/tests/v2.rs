@@ -327,7 +327,7 @@ fn tiny_gemma3_small_window() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         graphs: vec![Graph::Chunk, Graph::Step],
         ring_slack: Some(3),
         ..ExportOptions::default()
@@ -393,7 +393,7 @@ fn tiny_llama_three_layout_top_k() {
     // Without the v2 prefill graph (a chunk graph of more rows, checked against v1 and chunk
     // calls in `backend-iree/tests/v2.rs` and by the v2 conformance suites).
     let options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         layout: Layout::Three,
         redecode_seq: Some(16),
         top_k: k,
@@ -473,7 +473,7 @@ fn tiny_llama_three_layout_top_k() {
 fn cpu_runtime_options() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
-    let mut options = export::runtime_options_for(&Target::cpu(), 2);
+    let mut options = export::runtime_options_for(&Target::cpu(), kv_core::ContractVersion::V2);
     options.targets = vec![Target::cpu()];
     options.graphs = vec![Graph::Chunk, Graph::Step];
     let m = export_artifacts(&fixture_source("tiny-gemma3-gqa:5"), out, &options).unwrap();
@@ -511,7 +511,7 @@ fn i16_weights_on_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         targets: vec![Target::cpu()],
         weights: export::WeightFormat::I16,
         graphs: vec![Graph::Chunk, Graph::Step],
@@ -561,7 +561,7 @@ fn bf16_matmul_inputs_only_where_they_apply() {
 
     let out = tempfile::tempdir().unwrap();
     let options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         targets: vec![Target::cpu()],
         graphs: vec![Graph::Step],
         matmul_input: kv_core::manifest::MatmulInput::Bf16,
@@ -604,7 +604,10 @@ fn f16_caches_only_where_they_apply() {
     let plain = export::emit(&m, Graph::Step, &export::EmitOptions::default()).unwrap();
     assert!(!plain.contains("xf16>") && !plain.contains("reduce_precision"));
 
-    for (contract, targets) in [(2, vec![Target::cpu(), Target::vulkan()]), (1, vec![Target::cpu()])] {
+    for (contract, targets) in [
+        (kv_core::ContractVersion::V2, vec![Target::cpu(), Target::vulkan()]),
+        (kv_core::ContractVersion::V1, vec![Target::cpu()]),
+    ] {
         let out = tempfile::tempdir().unwrap();
         let options = ExportOptions {
             contract,
@@ -658,7 +661,7 @@ fn tied_export(tmp: &Path, name: &str, targets: Vec<Target>, weights: export::We
         fixture_with_tied_rows("tiny-gemma3:7", TIE_LOW, TIE_HIGH, &src);
     }
     let options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         graphs: vec![Graph::Chunk, Graph::Step],
         top_k: 8,
         weights,

@@ -19,7 +19,7 @@ const REQUESTS: [&str; 3] = [
 
 fn export_dir() -> std::path::PathBuf {
     let mut options = ExportOptions {
-        contract: 2,
+        contract: kv_core::ContractVersion::V2,
         graphs: kv_core::Graph::KV.to_vec(),
         ..ExportOptions::default()
     };

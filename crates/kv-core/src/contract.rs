@@ -31,6 +31,51 @@ pub const DEFAULT_SMALL_CHUNK: usize = 8;
 /// the largest spans are kept, as they serve most calls of a long prefill.
 pub const MAX_PREFILL_SPANS: usize = 2;
 
+/// Which contract, without v2's layout: what an export is asked for (`ExportOptions::contract`,
+/// `--contract`) and what [`Contract::version`] says. The manifest stores it as a number
+/// ([`Self::number`]; [`TryFrom<u32>`] at that boundary).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ContractVersion {
+    /// Contract v1, stored as [`V1_VERSION`].
+    #[default]
+    V1,
+    /// Contract v2, stored as [`V2_VERSION`].
+    V2,
+}
+
+impl ContractVersion {
+    /// The number the manifest stores (`contractVersion`).
+    pub const fn number(self) -> u32 {
+        match self {
+            ContractVersion::V1 => V1_VERSION,
+            ContractVersion::V2 => V2_VERSION,
+        }
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.number())
+    }
+}
+
+/// A `contractVersion` this runtime does not speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("contract {0} is not supported (this runtime speaks {V1_VERSION} and {V2_VERSION})")]
+pub struct UnknownContractVersion(pub u32);
+
+impl TryFrom<u32> for ContractVersion {
+    type Error = UnknownContractVersion;
+
+    fn try_from(number: u32) -> std::result::Result<Self, UnknownContractVersion> {
+        match number {
+            V1_VERSION => Ok(ContractVersion::V1),
+            V2_VERSION => Ok(ContractVersion::V2),
+            other => Err(UnknownContractVersion(other)),
+        }
+    }
+}
+
 /// The graph contract of an artifact set.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Contract {
@@ -42,11 +87,11 @@ pub enum Contract {
 }
 
 impl Contract {
-    /// The number the manifest stores (`contractVersion`).
-    pub fn version(&self) -> u32 {
+    /// Which contract this is (the manifest stores its [`ContractVersion::number`]).
+    pub fn version(&self) -> ContractVersion {
         match self {
-            Contract::V1 => V1_VERSION,
-            Contract::V2(_) => V2_VERSION,
+            Contract::V1 => ContractVersion::V1,
+            Contract::V2(_) => ContractVersion::V2,
         }
     }
 
@@ -348,5 +393,32 @@ impl V2Spec {
         } else {
             0
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version's number is what the manifest stores, and only the numbers of the two
+    /// contracts read back.
+    #[test]
+    fn versions_round_trip_through_their_numbers() {
+        for version in [ContractVersion::V1, ContractVersion::V2] {
+            assert_eq!(ContractVersion::try_from(version.number()), Ok(version));
+            assert_eq!(version.to_string(), version.number().to_string());
+        }
+        assert_eq!(ContractVersion::V1.number(), V1_VERSION);
+        assert_eq!(ContractVersion::V2.number(), V2_VERSION);
+        assert_eq!(ContractVersion::default(), ContractVersion::V1);
+        assert!(
+            ContractVersion::V1 < ContractVersion::V2,
+            "`auto` takes the least of several targets'"
+        );
+        for bad in [0, 3, u32::MAX] {
+            assert_eq!(ContractVersion::try_from(bad), Err(UnknownContractVersion(bad)));
+        }
+        assert_eq!(Contract::V1.version(), ContractVersion::V1);
+        assert_eq!(Contract::V2(V2Spec::default()).version(), ContractVersion::V2);
     }
 }

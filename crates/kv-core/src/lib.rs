@@ -75,7 +75,7 @@ pub mod tolerance;
 pub mod window;
 
 pub use backend::{KvBackend, LayerKv, RedecodeBackend, SessionId, StepPhases};
-pub use contract::{Contract, V2Spec};
+pub use contract::{Contract, ContractVersion, V2Spec};
 pub use decoder::{DecodeOptions, Generation, KvDecoder, RedecodeDecoder, StageTiming};
 pub use error::{Error, Result};
 pub use manifest::{Graph, Manifest};

@@ -7,16 +7,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::contract::{Contract, V2Spec};
+pub use crate::contract::{Contract, ContractVersion, V2Spec};
 use crate::error::{Error, Result};
 use crate::spec::{Architecture, KvSpec, LayerKind};
 
 /// The number contract v1 is stored as ([`Contract::V1`]).
 pub const CONTRACT_VERSION: u32 = crate::contract::V1_VERSION;
-/// The number contract v2 (`docs/contract-v2.md`: static-shape chunk and step graphs over
-/// fixed-capacity caches that the runtime owns; the graphs take the position and return only
-/// the new rows) is stored as ([`Contract::V2`]).
-pub const CONTRACT_V2: u32 = crate::contract::V2_VERSION;
 pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// The graphs of the contract.
@@ -755,7 +751,7 @@ mod wire {
             impl From<super::Manifest> for Manifest {
                 fn from(m: super::Manifest) -> Self {
                     Manifest {
-                        contract_version: m.contract.version(),
+                        contract_version: m.contract.version().number(),
                         v2: m.contract.v2().cloned().unwrap_or_default(),
                         $($field: m.$field,)*
                     }
@@ -804,21 +800,22 @@ mod wire {
     /// `contractVersion` and the v2 keys as a [`Contract`]: a v2 key in a v1 manifest and a
     /// version this runtime does not speak are refused.
     fn contract(version: u32, v2: V2Spec) -> crate::Result<Contract> {
-        match version {
-            super::CONTRACT_VERSION => match v2.first_key_set() {
+        use crate::contract::ContractVersion;
+        match ContractVersion::try_from(version) {
+            Ok(ContractVersion::V1) => match v2.first_key_set() {
                 None => Ok(Contract::V1),
                 Some(key) => Err(crate::Error::manifest(
                     key,
                     "contract v2's (contract v1 graphs take the rows a call needs: no ring, no prefill chunk or spans)",
                 )),
             },
-            super::CONTRACT_V2 => Ok(Contract::V2(v2)),
-            other => Err(crate::Error::manifest(
+            Ok(ContractVersion::V2) => Ok(Contract::V2(v2)),
+            Err(crate::contract::UnknownContractVersion(other)) => Err(crate::Error::manifest(
                 "contractVersion",
                 format!(
                     "{other} is not supported (this runtime speaks {} and {})",
-                    super::CONTRACT_VERSION,
-                    super::CONTRACT_V2
+                    ContractVersion::V1,
+                    ContractVersion::V2
                 ),
             )),
         }

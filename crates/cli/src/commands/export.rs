@@ -241,7 +241,6 @@ pub fn run(args: ExportArgs) -> Result<()> {
 pub(crate) fn flags_of(rule: &export::OptionsError) -> &'static str {
     use export::OptionsError as E;
     match rule {
-        E::Contract(_) => "--contract",
         E::Bf16OnVulkan => "--weight-storage bf16 with a Vulkan target",
         E::I16OnPortableVulkan => "--weight-storage i16 for Vulkan needs --vulkan-target",
         E::Q4OnNamedVulkan(_) => "--weights q4 with --vulkan-target",

@@ -150,7 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &ExportOptions {
             targets: vec![Target::cpu()],
             layout: Layout::Three,
-            contract: 2,
+            contract: kv_core::ContractVersion::V2,
             ..ExportOptions::default()
         },
     )?;
