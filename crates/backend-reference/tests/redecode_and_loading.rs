@@ -7,7 +7,6 @@ use backend_reference::{
 };
 use common::*;
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
-use kv_core::params::OUTPUT_NORM;
 use kv_core::{Error, KvDecoder, Manifest, RedecodeBackend, RedecodeDecoder, WindowRule};
 use ndarray::array;
 
@@ -117,12 +116,12 @@ fn missing_and_missized_parameters_are_named() {
     }
 
     let short = rewrite(&archive, |name, _, w| {
-        name == OUTPUT_NORM && w.add_data(name, vec![0u8; 100]).is_ok()
+        name == kv_core::Param::OutputNorm.to_string() && w.add_data(name, vec![0u8; 100]).is_ok()
     });
     let err = ReferenceModel::from_parts(manifest.clone(), &short).unwrap_err();
     let text = err.to_string();
     assert!(
-        matches!(&err, Error::Parameter { name, .. } if name == OUTPUT_NORM),
+        matches!(&err, Error::Parameter { name, .. } if *name == kv_core::Param::OutputNorm.to_string()),
         "got {text}"
     );
     // hidden 64: 128 bytes as bf16, 256 as f32, 100 found.
@@ -157,7 +156,7 @@ fn f32_and_splat_entries_load_like_bf16() {
 
     // bf16 1.0 = 0x3F80, little-endian.
     let splat = rewrite(&archive, |name, bytes, w| {
-        name == OUTPUT_NORM && w.add_splat(name, &[0x80, 0x3f], bytes.len() as u64).is_ok()
+        name == kv_core::Param::OutputNorm.to_string() && w.add_splat(name, &[0x80, 0x3f], bytes.len() as u64).is_ok()
     });
     let ones = ReferenceModel::from_parts(manifest, &splat).unwrap();
     assert!(ones.output_norm().iter().all(|&v| v == 1.0));

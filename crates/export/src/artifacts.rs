@@ -328,7 +328,11 @@ mod tests {
     fn refused_combinations_name_their_rule() {
         use kv_core::quant::{QuantFormat, Quantization};
         let quantized = |format| Quantization {
-            tensors: [("blk.0.attn_q.weight".to_string(), format)].into(),
+            tensors: [(
+                kv_core::Param::Layer(0, kv_core::LayerWeight::AttnQ).to_string(),
+                format,
+            )]
+            .into(),
             ..Quantization::default()
         };
         let (q4, q8) = (quantized(QuantFormat::Q4), quantized(QuantFormat::Q8));

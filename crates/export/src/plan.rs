@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, V2Spec};
-use kv_core::params::{parameter_table, FusedParam, ParamInfo, TOKEN_EMBD};
+use kv_core::param::Param;
+use kv_core::params::{parameter_table, FusedParam, ParamInfo};
 use kv_core::quant::{QuantFormat, Quantization, ScaleType};
 use kv_core::ContractVersion;
 use kv_core::{Graph, Manifest};
@@ -286,7 +287,7 @@ impl ExportPlan {
                     keys: None,
                 });
                 m.parameters = Some(Parameters::Shared("model.irpa".into()));
-                m.embedding_parameter = Some(TOKEN_EMBD.into());
+                m.embedding_parameter = Some(Param::TokenEmbd.to_string());
             }
             Layout::Three => {
                 let mut files = BTreeMap::new();
@@ -304,7 +305,7 @@ impl ExportPlan {
                     let archive = format!("{prefix}-{}.irpa", g.key());
                     files.insert(g.key().to_string(), archive.clone());
                     if g == Graph::Step {
-                        m.embedding_parameter = Some(keys[TOKEN_EMBD].clone());
+                        m.embedding_parameter = Some(keys[&Param::TokenEmbd.to_string()].clone());
                     }
                     archives.push(ArchivePlan {
                         file: archive.clone(),
@@ -334,7 +335,7 @@ impl ExportPlan {
                 }
                 m.parameters = Some(Parameters::PerGraph(files));
                 if !kv.contains(&Graph::Step) {
-                    m.embedding_parameter = Some(TOKEN_EMBD.into());
+                    m.embedding_parameter = Some(Param::TokenEmbd.to_string());
                 }
             }
         }

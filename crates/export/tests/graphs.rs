@@ -13,7 +13,7 @@ use backend_reference::{ReferenceKv, ReferenceModel, ReferenceRedecode};
 use common::{assert_layers_close, GraphSession};
 use export::{export_artifacts, ExportOptions, Layout, Source};
 use kv_core::irpa::IrpaArchive;
-use kv_core::params::layer_param;
+use kv_core::param::{LayerWeight, Param};
 use kv_core::{ContractVersion, Graph, KvBackend, Manifest, RedecodeBackend, WindowRule};
 
 /// A fixture as a model directory, materialized here: `export` reads fixture names only with its
@@ -147,14 +147,16 @@ fn tiny_gemma3_shared_module() {
     let src = IrpaArchive::open(source.join(Manifest::load(&source).unwrap().weights_file().unwrap())).unwrap();
     let out = IrpaArchive::open(dir.path().join(m.weights_file().unwrap())).unwrap();
     for l in 0..m.spec.n_layers {
-        let part = |s: &str| src.data(&layer_param(l, s)).unwrap().to_vec();
-        let want = [part("attn_q.weight"), part("attn_k.weight"), part("attn_v.weight")].concat();
-        assert_eq!(
-            out.data(&layer_param(l, "attn_qkv.weight")).unwrap(),
-            &want[..],
-            "layer {l}"
-        );
-        assert!(out.get(&layer_param(l, "attn_q.weight")).is_none());
+        let name = |w: LayerWeight| Param::Layer(l, w).to_string();
+        let part = |w: LayerWeight| src.data(&name(w)).unwrap().to_vec();
+        let want = [
+            part(LayerWeight::AttnQ),
+            part(LayerWeight::AttnK),
+            part(LayerWeight::AttnV),
+        ]
+        .concat();
+        assert_eq!(out.data(&name(LayerWeight::AttnQkv)).unwrap(), &want[..], "layer {l}");
+        assert!(out.get(&name(LayerWeight::AttnQ)).is_none());
     }
     assert_eq!(m.spec.mask_head_count(), m.spec.n_heads, "per-head chunk mask covered");
     assert_eq!(m.provenance.compiler.as_deref(), Some("iree-base-compiler 3.13.0"));

@@ -640,7 +640,7 @@ fn fixture_with_tied_rows(fixture: &str, copy: usize, into: usize, dir: &Path) {
     for entry in archive.entries() {
         let name = entry.name();
         let mut values = kv_core::bf16::bf16_bytes_to_f32(archive.data(name).unwrap()).unwrap();
-        if name == kv_core::params::TOKEN_EMBD {
+        if name == kv_core::Param::TokenEmbd.to_string() {
             values.copy_within(copy * h..(copy + 1) * h, into * h);
         }
         writer.add_bf16_from_f32(name, &values).unwrap();

@@ -8,21 +8,6 @@ use crate::param::{LayerWeight, Param};
 use crate::quantization::{QuantFormat, Quantization};
 use crate::spec::{Architecture, KvSpec};
 
-/// [`Param::TokenEmbd`]'s spelling, for the exporter's text (which still names weights by
-/// string; the importer and the backends use [`Param`]).
-pub const TOKEN_EMBD: &str = "token_embd.weight";
-/// [`Param::OutputNorm`]'s spelling.
-pub const OUTPUT_NORM: &str = "output_norm.weight";
-/// [`Param::Output`]'s spelling.
-pub const OUTPUT: &str = "output.weight";
-
-/// The archive name of a per-layer weight by its GGUF suffix, e.g. `layer_param(3,
-/// "attn_q.weight")`: the exporter's spelling until it names weights by [`Param`] as the
-/// importer and the backends do (`Param::Layer(3, LayerWeight::AttnQ)` writes the same).
-pub fn layer_param(layer: usize, suffix: &str) -> String {
-    format!("blk.{layer}.{suffix}")
-}
-
 /// Every parameter in a fixed order (embedding first, then layers, then the head).
 pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
     let h = spec.hidden_size;
@@ -170,6 +155,11 @@ pub fn archive_table(
 mod tests {
     use super::*;
 
+    /// The archive name of layer `l`'s weight `w`.
+    fn layer_param(l: usize, w: LayerWeight) -> String {
+        Param::Layer(l, w).to_string()
+    }
+
     fn info(name: String, shape: &[usize]) -> ParamInfo {
         ParamInfo {
             name,
@@ -179,19 +169,19 @@ mod tests {
 
     /// Two layers of 8 wide, 2 query heads and 1 KV head of 4, with biases.
     fn table() -> Vec<ParamInfo> {
-        let mut t = vec![info(TOKEN_EMBD.into(), &[16, 8])];
+        let mut t = vec![info(Param::TokenEmbd.to_string(), &[16, 8])];
         for l in 0..2 {
-            for (s, shape) in [
-                ("attn_norm.weight", &[8][..]),
-                ("attn_q.weight", &[8, 8]),
-                ("attn_k.weight", &[4, 8]),
-                ("attn_v.weight", &[4, 8]),
-                ("attn_q.bias", &[8]),
-                ("attn_k.bias", &[4]),
-                ("attn_v.bias", &[4]),
-                ("ffn_gate.weight", &[12, 8]),
+            for (w, shape) in [
+                (LayerWeight::AttnNorm, &[8][..]),
+                (LayerWeight::AttnQ, &[8, 8]),
+                (LayerWeight::AttnK, &[4, 8]),
+                (LayerWeight::AttnV, &[4, 8]),
+                (LayerWeight::AttnQBias, &[8]),
+                (LayerWeight::AttnKBias, &[4]),
+                (LayerWeight::AttnVBias, &[4]),
+                (LayerWeight::FfnGate, &[12, 8]),
             ] {
-                t.push(info(layer_param(l, s), shape));
+                t.push(info(layer_param(l, w), shape));
             }
         }
         t
@@ -204,15 +194,15 @@ mod tests {
     #[test]
     fn each_group_becomes_one_parameter_at_its_first_part() {
         let (fused_table, fused) = fuse_projections(&table(), 2, None);
-        let mut want = vec![TOKEN_EMBD.to_string()];
+        let mut want = vec![Param::TokenEmbd.to_string()];
         for l in 0..2 {
-            for s in [
-                "attn_norm.weight",
-                "attn_qkv.weight",
-                "attn_qkv.bias",
-                "ffn_gate.weight",
+            for w in [
+                LayerWeight::AttnNorm,
+                LayerWeight::AttnQkv,
+                LayerWeight::AttnQkvBias,
+                LayerWeight::FfnGate,
             ] {
-                want.push(layer_param(l, s));
+                want.push(layer_param(l, w));
             }
         }
         assert_eq!(names(&fused_table), want);
@@ -229,12 +219,12 @@ mod tests {
     fn parts_stored_differently_stay_apart_and_the_formats_follow_the_fused() {
         let mut q = Quantization::default();
         for l in 0..2 {
-            q.tensors.insert(layer_param(l, "attn_q.weight"), QuantFormat::Q8);
-            q.tensors.insert(layer_param(l, "attn_k.weight"), QuantFormat::Q8);
-            q.origin.insert(layer_param(l, "attn_q.weight"), "gguf Q8_0".into());
+            q.tensors.insert(layer_param(l, LayerWeight::AttnQ), QuantFormat::Q8);
+            q.tensors.insert(layer_param(l, LayerWeight::AttnK), QuantFormat::Q8);
+            q.origin.insert(layer_param(l, LayerWeight::AttnQ), "gguf Q8_0".into());
         }
         // Layer 1's value projection in the same format as its query and key ones, layer 0's not.
-        q.tensors.insert(layer_param(1, "attn_v.weight"), QuantFormat::Q8);
+        q.tensors.insert(layer_param(1, LayerWeight::AttnV), QuantFormat::Q8);
         let (t, fused) = fuse_projections(&table(), 2, Some(&q));
         let n = names(&t);
         assert!(n.contains(&"blk.0.attn_q.weight") && n.contains(&"blk.0.attn_v.weight"));

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kv_core::params::layer_param;
+use kv_core::param::{LayerWeight, Param};
 use kv_core::{Activation, Architecture, KvSpec, Manifest};
 
 use super::layer::Residual;
@@ -201,10 +201,14 @@ pub fn emit_form(form: Form) -> String {
         }
         Form::QkvNormRope { rows, nh, nkv, d } => {
             let y = arg(&[rows, nh + 2 * nkv, d], Elem::F32);
-            f.loaded
-                .insert(layer_param(0, "attn_q_norm.weight"), arg(&[d], Elem::F32));
-            f.loaded
-                .insert(layer_param(0, "attn_k_norm.weight"), arg(&[d], Elem::F32));
+            f.loaded.insert(
+                Param::Layer(0, LayerWeight::AttnQNorm).to_string(),
+                arg(&[d], Elem::F32),
+            );
+            f.loaded.insert(
+                Param::Layer(0, LayerWeight::AttnKNorm).to_string(),
+                arg(&[d], Elem::F32),
+            );
             let cos = arg(&[rows, d], Elem::F32);
             let sin = arg(&[rows, d], Elem::F32);
             vec![f.qkv_norm_rope(&y, 0, &cos, &sin)]

@@ -1,7 +1,7 @@
 //! The LM head: the final norm, the logits (the configured one-row i16 product on tuned GPUs)
 //! and the argmax in the form the options choose.
 
-use kv_core::params::{OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use kv_core::param::Param;
 
 use super::FuncEmitter;
 use crate::mlir::V;
@@ -9,8 +9,13 @@ use crate::mlir::V;
 impl FuncEmitter<'_> {
     /// `rmsnorm(x, output_norm) · Eᵀ` for every row of `x [R, hidden]`: `[R, vocab]`.
     pub(super) fn logits(&mut self, x: &V) -> V {
-        let y = self.norm_param(x, OUTPUT_NORM);
-        let table = if self.arch.tied_output { TOKEN_EMBD } else { OUTPUT };
+        let y = self.norm_param(x, &Param::OutputNorm.to_string());
+        let table = if self.arch.tied_output {
+            Param::TokenEmbd
+        } else {
+            Param::Output
+        }
+        .to_string();
         match self.row_tuning().map(|t| t.head) {
             // One row of i16 weights: the widening in the product's own body, over (out, in),
             // with IREE's configuration given. The step's fused form of the same product was a
@@ -18,11 +23,11 @@ impl FuncEmitter<'_> {
             // (docs/journal, session 16). The step's other products stay fused: in this
             // form and configuration they were slower (640 outputs are too few workgroups).
             Some(config) if y.ty.static_dims()[0] == 1 => {
-                let w = self.raw_param(table);
+                let w = self.raw_param(&table);
                 let info = config.compilation_info(w.ty.static_dims()[1]);
                 self.b.row_contract_i16(&y, &w, &info)
             }
-            _ => self.proj(&y, table),
+            _ => self.proj(&y, &table),
         }
     }
 

@@ -2,7 +2,7 @@
 //! its gates (gelu-tanh, silu), and the residual stream between blocks ([`Residual`]: a post-norm
 //! addition left pending for the next products to make).
 
-use kv_core::params::layer_param;
+use kv_core::param::{LayerWeight, Param};
 use kv_core::Activation;
 
 use super::rope::NORM_ROPE_MAX_ROWS;
@@ -43,10 +43,10 @@ impl FuncEmitter<'_> {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let arch = self.arch;
         let r = x.base.ty.static_dims()[0];
-        let p = |s: &str| layer_param(l, s);
-        let fused = self.table.contains_key(&p("attn_qkv.weight"));
+        let p = |w: LayerWeight| Param::Layer(l, w).to_string();
+        let fused = self.table.contains_key(&p(LayerWeight::AttnQkv));
         let (q, k, v) = if fused && arch.qk_norm && !arch.attn_bias && r <= NORM_ROPE_MAX_ROWS {
-            let (norm, qkv) = (p("attn_norm.weight"), p("attn_qkv.weight"));
+            let (norm, qkv) = (p(LayerWeight::AttnNorm), p(LayerWeight::AttnQkv));
             let y = match self.normed_products(x, &norm, &[&qkv]) {
                 Some(mut y) => y.remove(0),
                 None => {
@@ -61,7 +61,7 @@ impl FuncEmitter<'_> {
             (heads(0, nh), heads(nh, nkv), heads(nh + nkv, nkv))
         } else {
             let x = self.settle(x);
-            let h = self.norm_param(&x, &p("attn_norm.weight"));
+            let h = self.norm_param(&x, &p(LayerWeight::AttnNorm));
             self.qkv_apart(&h, l, cos, sin)
         };
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
@@ -94,18 +94,18 @@ impl FuncEmitter<'_> {
             };
             (o, k_all, v_all)
         };
-        let (a, x) = self.proj_settling(&o, &p("attn_output.weight"), x);
-        let x = self.add_block(x, a, &p("post_attention_norm.weight"));
+        let (a, x) = self.proj_settling(&o, &p(LayerWeight::AttnOutput), x);
+        let x = self.add_block(x, a, &p(LayerWeight::PostAttentionNorm));
         // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
-        let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
+        let (gate, up) = (p(LayerWeight::FfnGate), p(LayerWeight::FfnUp));
         let (g, u) = match self
-            .normed_products(&x, &p("ffn_norm.weight"), &[&gate, &up])
+            .normed_products(&x, &p(LayerWeight::FfnNorm), &[&gate, &up])
             .as_deref()
         {
             Some([g, u]) => (g.clone(), u.clone()),
             _ => {
                 let x = self.settle(&x);
-                let h2 = self.norm_param(&x, &p("ffn_norm.weight"));
+                let h2 = self.norm_param(&x, &p(LayerWeight::FfnNorm));
                 (self.proj(&h2, &gate), self.proj(&h2, &up))
             }
         };
@@ -114,8 +114,8 @@ impl FuncEmitter<'_> {
             Activation::Silu => self.silu(&g),
         };
         let gu = self.b.mul(&act, &u);
-        let (m, x) = self.proj_settling(&gu, &p("ffn_down.weight"), &x);
-        let x = self.add_block(x, m, &p("post_ffw_norm.weight"));
+        let (m, x) = self.proj_settling(&gu, &p(LayerWeight::FfnDown), &x);
+        let x = self.add_block(x, m, &p(LayerWeight::PostFfwNorm));
         (x, k_out, v_out)
     }
 
@@ -156,15 +156,15 @@ impl FuncEmitter<'_> {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let arch = self.arch;
         let r = h.ty.static_dims()[0];
-        let p = |s: &str| layer_param(l, s);
-        let biases = arch.attn_bias.then_some((
-            "attn_qkv.bias",
-            ["attn_q.bias", "attn_k.bias", "attn_v.bias"].as_slice(),
-        ));
+        let p = |w: LayerWeight| Param::Layer(l, w).to_string();
+        use LayerWeight::{AttnK, AttnKBias, AttnQ, AttnQBias, AttnQkv, AttnQkvBias, AttnV, AttnVBias};
+        let biases = arch
+            .attn_bias
+            .then_some((AttnQkvBias, [AttnQBias, AttnKBias, AttnVBias].as_slice()));
         let qkv = self.projections(
             h,
             l,
-            ("attn_qkv.weight", &["attn_q.weight", "attn_k.weight", "attn_v.weight"]),
+            (AttnQkv, &[AttnQ, AttnK, AttnV]),
             &[nh * d, nkv * d, nkv * d],
             biases,
         );
@@ -176,12 +176,12 @@ impl FuncEmitter<'_> {
         let v = self.b.reshape_static(v, &[r, nkv, d]);
         let (q, k) = if arch.qk_norm && r <= NORM_ROPE_MAX_ROWS {
             (
-                self.norm_rope(&q, &p("attn_q_norm.weight"), cos, sin),
-                self.norm_rope(&k, &p("attn_k_norm.weight"), cos, sin),
+                self.norm_rope(&q, &p(LayerWeight::AttnQNorm), cos, sin),
+                self.norm_rope(&k, &p(LayerWeight::AttnKNorm), cos, sin),
             )
         } else if arch.qk_norm {
-            let q = self.norm_param(&q, &p("attn_q_norm.weight"));
-            let k = self.norm_param(&k, &p("attn_k_norm.weight"));
+            let q = self.norm_param(&q, &p(LayerWeight::AttnQNorm));
+            let k = self.norm_param(&k, &p(LayerWeight::AttnKNorm));
             (self.rope(&q, cos, sin), self.rope(&k, cos, sin))
         } else {
             (self.rope(&q, cos, sin), self.rope(&k, cos, sin))

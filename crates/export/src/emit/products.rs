@@ -5,7 +5,7 @@
 //! the products' dispatch) and the products that write the residual stream out
 //! ([`FuncEmitter::proj_settling`]).
 
-use kv_core::params::layer_param;
+use kv_core::param::{LayerWeight, Param};
 use kv_core::quant::{QuantFormat, BLOCK};
 
 use super::weights::{per_word, symbol};
@@ -154,22 +154,21 @@ impl FuncEmitter<'_> {
         &mut self,
         x: &V,
         l: usize,
-        (fused, parts): (&str, &[&str]),
+        (fused, parts): (LayerWeight, &[LayerWeight]),
         rows: &[usize],
-        biases: Option<(&str, &[&str])>,
+        biases: Option<(LayerWeight, &[LayerWeight])>,
     ) -> Vec<V> {
-        let fused_bias = biases
-            .map(|(f, _)| layer_param(l, f))
-            .filter(|b| self.table.contains_key(b));
-        let fused_weight = layer_param(l, fused);
+        let name = |w: LayerWeight| Param::Layer(l, w).to_string();
+        let fused_bias = biases.map(|(f, _)| name(f)).filter(|b| self.table.contains_key(b));
+        let fused_weight = name(fused);
         if !self.table.contains_key(&fused_weight) {
             return parts
                 .iter()
                 .enumerate()
                 .map(|(i, part)| {
-                    let y = self.proj(x, &layer_param(l, part));
+                    let y = self.proj(x, &name(*part));
                     match (&fused_bias, biases) {
-                        (None, Some((_, names))) => self.add_bias(&y, &layer_param(l, names[i])),
+                        (None, Some((_, names))) => self.add_bias(&y, &name(names[i])),
                         // The weights' formats differ (not fused), the biases' never do.
                         (Some(b), _) => {
                             let start: usize = rows[..i].iter().sum();

@@ -1,7 +1,7 @@
 //! The rotary embedding, and Gemma's per-head Q/K norms fused with it: per tensor
 //! ([`FuncEmitter::norm_rope`]) and over the fused Q/K/V product ([`FuncEmitter::qkv_norm_rope`]).
 
-use kv_core::params::layer_param;
+use kv_core::param::{LayerWeight, Param};
 use kv_core::rope::RopeTable;
 use kv_core::LayerKind;
 
@@ -111,8 +111,8 @@ impl FuncEmitter<'_> {
         let zeros = self.b.splat_f32(0.0, &y.ty);
         let swapped = self.swap_halves(y);
         let weighted = |this: &mut Self, x: &V, swapped_weights: bool, value_head: &V| {
-            let mut times = |name: &str| {
-                let w = this.param(&layer_param(l, name));
+            let mut times = |weight: LayerWeight| {
+                let w = this.param(&Param::Layer(l, weight).to_string());
                 let w = if swapped_weights {
                     let halves = this.b.reshape_static(&w, &[2, d / 2]);
                     let w = this.b.reverse(&halves, &[0]);
@@ -123,8 +123,8 @@ impl FuncEmitter<'_> {
                 let wb = this.b.broadcast(&w, &[2], &y.ty);
                 this.b.mul(x, &wb)
             };
-            let xq = times("attn_q_norm.weight");
-            let xk = times("attn_k_norm.weight");
+            let xq = times(LayerWeight::AttnQNorm);
+            let xk = times(LayerWeight::AttnKNorm);
             let xk = this.b.select(&rotated, &xk, value_head);
             this.b.select(&is_q, &xq, &xk)
         };

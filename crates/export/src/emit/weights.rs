@@ -2,7 +2,7 @@
 //! i16 / packed pairs of bf16 widened to f32, block-quantized values and scales (packed in `i32`
 //! words for Vulkan) dequantized, and the embedding rows gathered.
 
-use kv_core::params::TOKEN_EMBD;
+use kv_core::param::Param;
 use kv_core::quant::{scale_name, QuantFormat, ScaleType, BLOCK};
 
 use super::{FuncEmitter, WeightFormat};
@@ -249,14 +249,15 @@ impl FuncEmitter<'_> {
 
     /// The embedding rows of `tokens [n] i32`, f32 `[n, hidden]`, gathered in the graph.
     pub(super) fn embedding_rows(&mut self, tokens: &V) -> V {
-        match self.quant_format(TOKEN_EMBD) {
+        let table = Param::TokenEmbd.to_string();
+        match self.quant_format(&table) {
             None => {
-                let raw = self.load_raw(TOKEN_EMBD);
+                let raw = self.load_raw(&table);
                 let rows_raw = self.b.gather_rows(&raw, tokens);
                 self.widen(&rows_raw)
             }
             Some(format) => {
-                let (q, s) = self.load_quant(TOKEN_EMBD, format);
+                let (q, s) = self.load_quant(&table, format);
                 let [vocab, nb, blk] = q.ty.static_dims()[..] else {
                     kv_core::error::invariant("quantized values are [out, nb, 32]")
                 };
