@@ -255,6 +255,81 @@ fn packed_pairs_read_in_place() {
     assert_close("packed pairs product", seed, &got[0], x.dot(&w.t()).view());
 }
 
+#[test]
+fn i16_product_widened_in_its_body() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, out, inner) = (3, 48, 96);
+    let x = matrix(&mut noise, rows, inner);
+    let (bits, w) = bf16_weight(&mut noise, out, inner);
+    let inputs = [f32s(&x), Array::I16(vec![out, inner], bits)];
+    let got = run(Form::ContractI16 { rows, out, inner }, &inputs, 1);
+    assert_close("i16 product", seed, &got[0], x.dot(&w.t()).view());
+}
+
+#[test]
+fn one_row_i16_product_configured() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (out, inner) = (40, 128);
+    let x = matrix(&mut noise, 1, inner);
+    let (bits, w) = bf16_weight(&mut noise, out, inner);
+    let inputs = [f32s(&x), Array::I16(vec![out, inner], bits)];
+    let got = run(Form::RowContractI16 { out, inner }, &inputs, 1);
+    assert_close("one-row i16 product", seed, &got[0], x.dot(&w.t()).view());
+}
+
+#[test]
+fn attention_products_configured() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (g, rows, d) = (4, 64, 16);
+    for scores in [true, false] {
+        let a = matrix(&mut noise, g, if scores { d } else { rows });
+        let c = matrix(&mut noise, rows, d);
+        let got = run(Form::ConfiguredProduct { g, rows, d, scores }, &[f32s(&a), f32s(&c)], 1);
+        let want = if scores { a.dot(&c.t()) } else { a.dot(&c) };
+        let what = if scores {
+            "configured scores"
+        } else {
+            "configured values"
+        };
+        assert_close(what, seed, &got[0], want.view());
+    }
+}
+
+#[test]
+fn per_kv_head_products_over_a_cache() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (nkv, q, rows, d) = (2, 3, 16, 8);
+    for scores in [true, false] {
+        for by_reduce in [false, true] {
+            let a = array3(&mut noise, (nkv, q, if scores { d } else { rows }));
+            let c = array3(&mut noise, (rows, nkv, d));
+            let form = Form::KvProduct {
+                nkv,
+                q,
+                rows,
+                d,
+                scores,
+                by_reduce,
+            };
+            let got = run(form, &[f32s3(&a), f32s3(&c)], 1);
+            let n = if scores { rows } else { d };
+            let mut want = Array2::zeros((nkv * q, n));
+            for h in 0..nkv {
+                let (ah, ch) = (a.slice(s![h, .., ..]), c.slice(s![.., h, ..]));
+                let y = if scores { ah.dot(&ch.t()) } else { ah.dot(&ch) };
+                want.slice_mut(s![h * q..(h + 1) * q, ..]).assign(&y);
+            }
+            let got = Array::F32(vec![nkv * q, n], got[0].f32().to_vec());
+            let what = format!("kv product (scores {scores}, by reduce {by_reduce})");
+            assert_close(&what, seed, &got, want.view());
+        }
+    }
+}
+
 /// Softmax of each row of `[sc | sn]`.
 fn softmax_rows(sc: &Array2<f32>, sn: &Array2<f32>) -> Array2<f32> {
     let mut all = concatenate![Axis(1), *sc, *sn];

@@ -51,6 +51,35 @@ pub enum Form {
     /// Vulkan targets' form): `q [out, inner/32, 4]` i32, element `j` of a word in its bits
     /// `4j .. 4j + 4`, two's complement.
     Q4WordsProduct { rows: usize, out: usize, inner: usize },
+    /// `x [rows, inner] · Wᵀ` of i16 weights `w [out, inner]` (bf16 bits), each widened in the
+    /// contraction's body (`Body::contract_i16`: the i16 weight format's products). Result
+    /// `[rows, out]`.
+    ContractI16 { rows: usize, out: usize, inner: usize },
+    /// The one-row form of the same product, `x [1, inner] · Wᵀ`, one reduction over `(out,
+    /// in)` with NVIDIA's configuration (`Body::row_contract_i16`: the tuned GPUs' LM head).
+    /// Result `[1, out]`.
+    RowContractI16 { out: usize, inner: usize },
+    /// A one-row attention product over a cache head with NVIDIA's configuration
+    /// (`Body::configured_product`): with `scores`, `a [g, d] · cᵀ` of keys `c [rows, d]`,
+    /// `[g, rows]`; else `a [g, rows] · c` of values `c [rows, d]`, `[g, d]`.
+    ConfiguredProduct {
+        g: usize,
+        rows: usize,
+        d: usize,
+        scores: bool,
+    },
+    /// Contract v2's products of every KV head against a cache `c [rows, nkv, d]`
+    /// (`kv_product`, a `dot_general` or with `by_reduce` a broadcast product reduced): with
+    /// `scores`, queries `a [nkv, q, d]` against the keys, `[nkv, q, rows]`; else probabilities
+    /// `a [nkv, q, rows]` against the values, `[nkv, q, d]`.
+    KvProduct {
+        nkv: usize,
+        q: usize,
+        rows: usize,
+        d: usize,
+        scores: bool,
+        by_reduce: bool,
+    },
     /// `x [rows, inner] · Wᵀ` of bf16 pairs packed in words, `w [out, inner/2]` i32 (element `2k`
     /// in the low half of word `k`), read in place in runs (`Body::contract_pairs_split`, as the
     /// portable Vulkan target's step does). Result `[rows, out]`.
@@ -173,6 +202,40 @@ pub fn emit_form(form: Form) -> String {
             let s = arg(&[out, inner / 32], Elem::F32);
             let x4 = f.b.reshape_static(&x, &[rows, inner / 32, 4, 8]);
             vec![f.b.block_contract_words(&x4, &q, &s, 4)]
+        }
+        Form::ContractI16 { rows, out, inner } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let w = arg(&[out, inner], Elem::I16);
+            vec![f.b.contract_i16(&x, &w)]
+        }
+        Form::RowContractI16 { out, inner } => {
+            let x = arg(&[1, inner], Elem::F32);
+            let w = arg(&[out, inner], Elem::I16);
+            let info = GpuTuning::NVIDIA.head.compilation_info(inner);
+            vec![f.b.row_contract_i16(&x, &w, &info)]
+        }
+        Form::ConfiguredProduct { g, rows, d, scores } => {
+            let a = arg(&[g, if scores { d } else { rows }], Elem::F32);
+            let c = arg(&[rows, d], Elem::F32);
+            let config = GpuTuning::NVIDIA.attention;
+            let info = if scores {
+                config.info(config.keys, d)
+            } else {
+                config.info(config.outputs, rows)
+            };
+            vec![f.b.configured_product(&a, &c, scores, &info)]
+        }
+        Form::KvProduct {
+            nkv,
+            q,
+            rows,
+            d,
+            scores,
+            by_reduce,
+        } => {
+            let a = arg(&[nkv, q, if scores { d } else { rows }], Elem::F32);
+            let c = arg(&[rows, nkv, d], Elem::F32);
+            vec![f.kv_product(&a, &c, scores, by_reduce)]
         }
         Form::PairsProduct { rows, out, inner } => {
             let x = arg(&[rows, inner], Elem::F32);
