@@ -20,6 +20,17 @@ twin_archive() {
     ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $v/model.irpa
     return
   fi
+  # Variants exported with the same flags by two builds (an A/B of emitted forms) read the same
+  # archive: the one written for the first, since only the carried binary's MLIR passes
+  # carried-compiler.sh.
+  local other
+  for other in $D/*/export-args.txt; do
+    other=$(dirname "$other")
+    if [ "$other" != "$v" ] && [ -f "$other/model.irpa" ] && cmp -s "$other/export-args.txt" "$v/export-args.txt"; then
+      ln -f "$other/model.irpa" "$v/model.irpa"
+      return
+    fi
+  done
   local tmp=$v.export
   rm -rf $tmp
   IREE_COMPILE=$PWD/scripts/h200/carried-compiler.sh CARRIED_MODULES=$v \

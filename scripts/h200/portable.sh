@@ -24,6 +24,9 @@ export_args() {
   case $1 in
     packed) echo "--targets vulkan" ;;
     packed-v2) echo "--targets vulkan --contract 2" ;;
+    # The same flags, for an A/B of two builds' forms: `packed-v2` exported by the build before
+    # (BIN=<its binary> ... prepare), this one by the build carried (twin_archive shares the archive).
+    packed-v2-new) echo "--targets vulkan --contract 2" ;;
     i16-p16) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-16bit --contract 1" ;;
     i16-p16-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-16bit --contract 2" ;;
     i16-ampere-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target ampere --contract 2" ;;
@@ -42,7 +45,7 @@ if [ "${1:-}" = prepare ]; then
   for v in $VARIANTS; do
     tmp=$(mktemp -d)
     # shellcheck disable=SC2046
-    ./target/release/skainet-kv export --model gemma3-270m-shape:1 --out "$tmp" $(export_args $v) >/dev/null
+    ${BIN:-./target/release/skainet-kv} export --model gemma3-270m-shape:1 --out "$tmp" $(export_args $v) >/dev/null
     rm -rf "${D:?}/$v" && mkdir -p "$D/$v"
     cp "$tmp"/*.vmfb "$tmp"/manifest.json "$D/$v/"
     export_args $v | tr ' ' '\n' >"$D/$v/export-args.txt"
@@ -97,8 +100,9 @@ done
 for v in ${PROFILE:-}; do
   timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
     --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_min_time=5x \
-    --device_profiling_mode=dispatch-events --device_profiling_output="$OUT/$v-step.ireeprof" >"$OUT/$v-hal.log" 2>&1
-  $D/tools/iree-profile explain "$OUT/$v-step.ireeprof" >"$OUT/$v-explain.txt" 2>&1
+    --device_profiling_mode=dispatch-events --device_profiling_output="/tmp/$v-step.ireeprof" >"/tmp/$v-hal.log" 2>&1
+  # Only the explanation comes back ($OUT returns at most 8 files).
+  $D/tools/iree-profile explain "/tmp/$v-step.ireeprof" >"$OUT/$v-explain.txt" 2>&1
   echo "== profile of the bare step, $v"
   grep -E "^  #[0-9]+ " "$OUT/$v-explain.txt" | head -12
 done

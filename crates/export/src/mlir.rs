@@ -1109,6 +1109,34 @@ impl Body {
         self.reduce(&partial, &[2], Reduce::Add)
     }
 
+    /// [`Self::contract_pairs`] in two reductions with the words interleaved over `lanes`: lane
+    /// `j` of output `o` sums words `j, j + lanes, …` (`partial [R, out, lanes]`), then the
+    /// lanes. For products with too many outputs to split into runs ([`Self::contract_pairs_split`]:
+    /// the LM head's 262,144) on targets without subgroup operations: one thread an output read
+    /// its row's 320 words alone, neighbouring threads a row apart; here neighbouring threads
+    /// read neighbouring words.
+    pub fn contract_pairs_lanes(&mut self, x: &V, w: &V, lanes: usize) -> V {
+        let [o, words] = w.ty.static_dims()[..] else {
+            kv_core::error::invariant("a packed weight is [out, in/2]")
+        };
+        if lanes <= 1 || words % lanes != 0 {
+            return self.contract_pairs(x, w);
+        }
+        let r = x.ty.static_dims()[0];
+        let x4 = self.reshape_static(x, &[r, words / lanes, lanes, 2]);
+        let w3 = self.reshape_static(w, &[o, words / lanes, lanes]);
+        let ty = Ty::fixed(&[r, o, lanes], Elem::F32);
+        let partial = self.reduction_generic(
+            &[&x4, &w3],
+            ty,
+            &["d0, d3, d2, d4", "d1, d3, d2"],
+            2,
+            "",
+            Self::pair_product(4),
+        );
+        self.reduce(&partial, &[2], Reduce::Add)
+    }
+
     /// The body of a packed-pairs product (block arguments `x`, the word, the accumulator; the
     /// pair element `j` is loop dimension `pair_dim`): element `j` of the word shifted into the
     /// high half, the low half cleared, bitcast, multiplied, accumulated.

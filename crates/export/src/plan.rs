@@ -368,6 +368,7 @@ impl ExportPlan {
                 argmax_by_max: cpu_only,
                 q4_kernel,
                 tuning,
+                split_reductions: profile.split_reductions(),
             }
         };
         let targets = profile.compile_targets();

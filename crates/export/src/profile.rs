@@ -241,6 +241,23 @@ impl ExportProfile {
         families.all(|t| t == Some(first)).then_some(first)
     }
 
+    /// Whether the emitter splits the one-row attention products into runs
+    /// ([`crate::emit::EmitOptions::split_reductions`]): when every target is a portable Vulkan
+    /// profile, whose reductions IREE gives one thread an output (no subgroup operations). The
+    /// CPU's are vectorised as they are, and tuned GPU families configure their own.
+    pub fn split_reductions(&self) -> bool {
+        !self.targets.is_empty()
+            && self.targets.iter().all(|t| {
+                matches!(
+                    t,
+                    TargetProfile::Vulkan {
+                        family: GpuFamily::Portable | GpuFamily::Portable16,
+                        ..
+                    }
+                )
+            })
+    }
+
     /// Whether a target is `--cpu host` (code for this machine's CPU only).
     pub fn has_host_cpu(&self) -> bool {
         self.targets.iter().any(|t| matches!(t, TargetProfile::CpuHost { .. }))

@@ -6,6 +6,7 @@
 
 use kv_core::LayerKind;
 
+use super::products::{pair_splits, PAIR_THREADS};
 use super::{subgroup_reduce_info, FuncEmitter};
 use crate::mlir::{Body, Elem, Reduce, Ty, V};
 
@@ -333,6 +334,8 @@ impl FuncEmitter<'_> {
             _ => {}
         }
         match (by_reduce, scores) {
+            (true, true) if self.options.split_reductions => self.mul_reduce_split(a, c, 2),
+            (true, false) if self.options.split_reductions => self.mul_reduce_split(a, c, 1),
             (true, true) => self.mul_reduce(a, c, 2),
             (true, false) => self.mul_reduce(a, c, 1),
             (false, true) => self.b.dot(a, c, (&[], &[]), (&[1], &[1])),
@@ -353,4 +356,55 @@ impl FuncEmitter<'_> {
         let prod = self.b.mul(&ab, &cb);
         self.b.reduce(&prod, &[axis], Reduce::Add)
     }
+
+    /// [`Self::mul_reduce`] in two reductions, for targets without subgroup operations (IREE's
+    /// portable Vulkan baseline), where each output of a reduction is one thread's serial loop.
+    /// The values (`a · c`, `G·d` outputs of `P` terms: 2,048 for a global layer): the keys in
+    /// runs ([`pair_splits`]: about [`PAIR_THREADS`] partial sums of at least 16 terms), then
+    /// across the runs. The scores (`a · cᵀ`, `G·P` outputs of `d` terms) where they are few
+    /// (the call's own row: 4 outputs of 256 terms took 0.11 ms a layer): the head dimension
+    /// interleaved over [`SCORE_LANES`] lanes, lane `j` summing terms `j, j + lanes, …`, so that
+    /// neighbouring threads read neighbouring elements of a key; then across the lanes. The
+    /// cache's scores (2,560 or 8,192 outputs) stay one reduction. Profiled on the H200
+    /// (docs/benchmarks.md, portable): the values' runs cut a global layer's product from 1.70 ms
+    /// to under 0.04; the cache's scores took 0.25 / 0.44 ms (sliding / global layer) in one
+    /// reduction, 0.24 / 0.68 in lanes and 0.31 / 4.1 in contiguous runs.
+    pub(super) fn mul_reduce_split(&mut self, a: &V, c: &V, axis: usize) -> V {
+        let g = a.ty.static_dims()[0];
+        let [p, d] = c.ty.static_dims()[..] else {
+            kv_core::error::invariant("a cache head is [P, d]")
+        };
+        if axis == 2 {
+            let lanes = SCORE_LANES;
+            if d % lanes != 0 || d / lanes < 2 || g * p * lanes > PAIR_THREADS {
+                return self.mul_reduce(a, c, axis);
+            }
+            // [G, P, d/lanes, lanes]: query row, key, term of a lane, lane.
+            let full = Ty::fixed(&[g, p, d / lanes, lanes], Elem::F32);
+            let a3 = self.b.reshape_static(a, &[g, d / lanes, lanes]);
+            let c3 = self.b.reshape_static(c, &[p, d / lanes, lanes]);
+            let ab = self.b.broadcast(&a3, &[0, 2, 3], &full);
+            let cb = self.b.broadcast(&c3, &[1, 2, 3], &full);
+            let prod = self.b.mul(&ab, &cb);
+            let partial = self.b.reduce(&prod, &[2], Reduce::Add);
+            return self.b.reduce(&partial, &[2], Reduce::Add);
+        }
+        let splits = pair_splits(g * d, p);
+        if splits <= 1 {
+            return self.mul_reduce(a, c, axis);
+        }
+        let run = p / splits;
+        // [G, splits, run, d]: query row, run, key in the run, output.
+        let full = Ty::fixed(&[g, splits, run, d], Elem::F32);
+        let a3 = self.b.reshape_static(a, &[g, splits, run]);
+        let c3 = self.b.reshape_static(c, &[splits, run, d]);
+        let ab = self.b.broadcast(&a3, &[0, 1, 2], &full);
+        let cb = self.b.broadcast(&c3, &[1, 2, 3], &full);
+        let prod = self.b.mul(&ab, &cb);
+        let partial = self.b.reduce(&prod, &[2], Reduce::Add);
+        self.b.reduce(&partial, &[1], Reduce::Add)
+    }
 }
+
+/// Lanes of the scores' first reduction in [`FuncEmitter::mul_reduce_split`].
+pub(super) const SCORE_LANES: usize = 16;

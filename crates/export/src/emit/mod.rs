@@ -116,6 +116,11 @@ pub struct EmitOptions {
     /// for one tuned GPU family ([`crate::profile::ExportProfile::gpu_tuning`]); `None` = every
     /// product in the form of the graph's other projections, configured by IREE.
     pub tuning: Option<crate::profile::GpuTuning>,
+    /// Contract v2's one-row attention products in two reductions (runs, then across them:
+    /// [`FuncEmitter::mul_reduce_split`]), for GPUs whose reductions IREE runs one thread an
+    /// output (the portable profiles, [`crate::profile::ExportProfile::split_reductions`]);
+    /// `false` = one reduction (the CPU's, and tuned GPUs configure theirs).
+    pub split_reductions: bool,
 }
 
 /// A `compilation_info` for IREE's SPIR-V SubgroupReduce pipeline (each output reduced by one

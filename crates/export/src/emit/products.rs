@@ -102,7 +102,10 @@ impl FuncEmitter<'_> {
             let [o, words] = w.ty.static_dims()[..] else {
                 kv_core::error::invariant("a packed weight is [out, in/2]")
             };
-            self.b.contract_pairs_split(x, &w, pair_splits(o, words))
+            match pair_splits(o, words) {
+                1 if self.options.split_reductions => self.b.contract_pairs_lanes(x, &w, PAIR_LANES),
+                splits => self.b.contract_pairs_split(x, &w, splits),
+            }
         } else {
             let w = self.param(weight);
             self.b.dot(x, &w, (&[], &[]), (&[1], &[1]))
@@ -294,6 +297,11 @@ impl FuncEmitter<'_> {
 
 /// The most rows of a product that reads packed pairs in place ([`FuncEmitter::pairs_in_place`]).
 pub(super) const PAIR_ROWS_MAX: usize = 32;
+
+/// Lanes of a packed-pairs product too wide to split into runs ([`Body::contract_pairs_lanes`]).
+///
+/// [`Body::contract_pairs_lanes`]: crate::mlir::Body::contract_pairs_lanes
+pub(super) const PAIR_LANES: usize = 16;
 
 /// The outputs (`out · splits`) a one-row packed-pairs product aims for. Measured on the H200
 /// (docs/benchmarks.md, portable Vulkan): 16,384 and 1,048,576 decode within 3% of each other;
