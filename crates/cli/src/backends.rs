@@ -223,8 +223,8 @@ impl ModelSource {
 
     /// The contract of an export made on demand for `device` under `rule`: `--contract 1|2`,
     /// else (`auto`, the default here) the library's default for the target
-    /// ([`export::device::default_contract`]: 2 on the CPU drivers and NVIDIA Vulkan targets, 1
-    /// on other Vulkan targets and under the seed's window rule).
+    /// ([`export::device::default_contract`]: 2 on the CPU drivers, NVIDIA and portable Vulkan
+    /// targets, 1 on other named GPU families and under the seed's window rule).
     #[cfg(feature = "iree")]
     pub fn contract_for(&self, device: &str, rule: RuleChoice) -> kv_core::ContractVersion {
         self.target
@@ -425,12 +425,13 @@ mod tests {
 
     #[cfg(feature = "iree")]
     #[test]
-    fn contract_defaults_to_2_on_the_cpu_and_nvidia_vulkan() {
+    fn contract_defaults_to_2_on_the_cpu_nvidia_and_portable_vulkan() {
         use kv_core::ContractVersion::{V1, V2};
         let mut source = ModelSource::new("tiny-gemma3:7", None);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V2);
         assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), V2);
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V1);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "the portable profile");
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), V1);
         source.target.flags.vulkan_target = Some("ampere".into());
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "NVIDIA targets");
         assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), V1);
@@ -443,7 +444,7 @@ mod tests {
         source.target.prefill = PrefillChoice::Graph;
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V2);
         source.target.flags.contract = Some(crate::flags::ContractChoice::Auto);
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V1);
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), V1);
         source.target.flags.contract = Some(crate::flags::ContractChoice::V1);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V1);
         source.target.flags.contract = Some(crate::flags::ContractChoice::V2);

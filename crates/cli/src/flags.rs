@@ -44,9 +44,9 @@ pub struct TargetFlags {
     /// The graph contract: `1` (the seed's: dynamic past, a prefill graph), `2` (static shapes
     /// over caches the runtime owns, sliding layers on rings, a prefill graph of `--prefill-seq`
     /// rows, default 128, that takes the caches like the chunk graph; docs/contract-v2.md), or
-    /// `auto`, the library's choice per target (`export::device::default_contract`): 2 on the CPU
-    /// and for NVIDIA `--vulkan-target`s, 1 on other Vulkan targets (lavapipe, phones) and under
-    /// the seed's window rule; an export for several targets takes 1 where any target's is 1.
+    /// `auto`, the library's choice per target (`export::device::default_contract`): 2 on the CPU,
+    /// IREE's portable Vulkan profiles (the default, `portable-16bit`) and NVIDIA
+    /// `--vulkan-target`s, 1 on other named GPU families and under the seed's window rule; an export for several targets takes 1 where any target's is 1.
     /// Default: `1` on `export` (an export script's artifacts do not change under it), `auto` on
     /// the commands that export on demand. Artifacts given with `--artifacts` say their own.
     #[arg(long, value_enum)]

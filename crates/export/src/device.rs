@@ -66,13 +66,16 @@ impl DeviceRequest {
     }
 }
 
-/// The contract a device gets when none is asked for: v2 on the CPU and on NVIDIA Vulkan targets
-/// (measured faster there: docs/benchmarks.md), 1 on other Vulkan targets (lavapipe, phones)
-/// and under the seed's window rule, which contract 2 does not run.
+/// The contract a device gets when none is asked for: v2 on the CPU, on NVIDIA Vulkan targets
+/// and on IREE's portable profiles (the default Vulkan export a phone gets; all measured faster
+/// there: docs/benchmarks.md), 1 on other named GPU families (`valhall`, `adreno`: not measured,
+/// they need their own GPU) and under the seed's window rule, which contract 2 does not run.
 pub fn default_contract(target: &Target, seed_rule: bool) -> ContractVersion {
     let v2 = !seed_rule
         && match TargetProfile::of(target) {
-            TargetProfile::Vulkan { family, .. } => family == GpuFamily::Nvidia,
+            TargetProfile::Vulkan { family, .. } => {
+                matches!(family, GpuFamily::Nvidia | GpuFamily::Portable | GpuFamily::Portable16)
+            }
             TargetProfile::Cpu { .. } | TargetProfile::CpuHost { .. } => true,
         };
     if v2 {
@@ -112,18 +115,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn contract_2_on_the_cpu_and_nvidia_vulkan() {
+    fn contract_2_on_the_cpu_nvidia_and_portable_vulkan() {
         let vulkan = |t: Option<&str>| Target::Vulkan {
             target: t.map(String::from),
         };
         use ContractVersion::{V1, V2};
         assert_eq!(default_contract(&Target::cpu(), false), V2);
         assert_eq!(default_contract(&Target::Cpu { cpu: "host".into() }, false), V2);
-        assert_eq!(default_contract(&vulkan(None), false), V1);
+        assert_eq!(default_contract(&vulkan(None), false), V2, "the portable profile");
         assert_eq!(
             default_contract(&vulkan(Some(crate::profile::PORTABLE_16BIT)), false),
-            V1
+            V2
         );
+        assert_eq!(default_contract(&vulkan(None), true), V1, "the seed's rule");
         assert_eq!(default_contract(&vulkan(Some("ampere")), false), V2, "NVIDIA targets");
         assert_eq!(default_contract(&vulkan(Some("valhall")), false), V1);
         assert_eq!(default_contract(&Target::cpu(), true), V1, "the seed's rule");
