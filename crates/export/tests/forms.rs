@@ -239,6 +239,13 @@ fn q4_product_of_packed_words() {
     assert_close("q4 words product", seed, &got[0], x.dot(&w.t()).view());
 }
 
+/// bf16 bits packed in pairs, element `2k` in the low half of word `k`.
+fn pack_pairs(bits: &[i16]) -> Vec<i32> {
+    bits.chunks(2)
+        .map(|p| ((p[1] as u16 as u32) << 16 | p[0] as u16 as u32) as i32)
+        .collect()
+}
+
 #[test]
 fn packed_pairs_read_in_place() {
     let seed = seed();
@@ -246,13 +253,39 @@ fn packed_pairs_read_in_place() {
     let (rows, out, inner) = (1, 8, 128);
     let x = matrix(&mut noise, rows, inner);
     let (bits, w) = bf16_weight(&mut noise, out, inner);
-    let words: Vec<i32> = bits
-        .chunks(2)
-        .map(|p| ((p[1] as u16 as u32) << 16 | p[0] as u16 as u32) as i32)
-        .collect();
-    let inputs = [f32s(&x), Array::I32(vec![out, inner / 2], words)];
+    let inputs = [f32s(&x), Array::I32(vec![out, inner / 2], pack_pairs(&bits))];
     let got = run(Form::PairsProduct { rows, out, inner }, &inputs, 1);
     assert_close("packed pairs product", seed, &got[0], x.dot(&w.t()).view());
+}
+
+#[test]
+fn packed_pairs_in_interleaved_lanes() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    // 96 words: 6 a lane over 16 lanes.
+    let (rows, out, inner) = (2, 24, 192);
+    let x = matrix(&mut noise, rows, inner);
+    let (bits, w) = bf16_weight(&mut noise, out, inner);
+    let inputs = [f32s(&x), Array::I32(vec![out, inner / 2], pack_pairs(&bits))];
+    let got = run(Form::PairsProductLanes { rows, out, inner }, &inputs, 1);
+    assert_close("packed pairs product in lanes", seed, &got[0], x.dot(&w.t()).view());
+}
+
+#[test]
+fn norm_of_a_packed_weight_widened() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, n) = (3, 96);
+    let x = matrix(&mut noise, rows, n);
+    let (bits, w) = bf16_weight(&mut noise, 1, n);
+    let inputs = [f32s(&x), Array::I32(vec![n / 2], pack_pairs(&bits))];
+    let got = run(Form::PackedNorm { rows, n }, &inputs, 1);
+    assert_close(
+        "norm of packed pairs",
+        seed,
+        &got[0],
+        rmsnorm(x.view(), w.row(0)).view(),
+    );
 }
 
 #[test]
@@ -296,6 +329,32 @@ fn attention_products_configured() {
         };
         assert_close(what, seed, &got[0], want.view());
     }
+}
+
+/// `mul_reduce_split` against `a · cᵀ` / `a · c`: the scores (`g·p·16 ≤ 16,384`) in 16
+/// interleaved lanes of the head dimension, the values in runs of the keys (`pair_splits(g·d, p)`
+/// = 8 runs of 16 here). Above the lanes' threshold the scores are `mul_reduce`, tested by
+/// `per_kv_head_products_over_a_cache`.
+fn split_product(scores: bool) {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (g, p, d) = if scores { (4, 24, 64) } else { (4, 128, 16) };
+    let a = matrix(&mut noise, g, if scores { d } else { p });
+    let c = matrix(&mut noise, p, d);
+    let got = run(Form::SplitProduct { g, p, d, scores }, &[f32s(&a), f32s(&c)], 1);
+    let want = if scores { a.dot(&c.t()) } else { a.dot(&c) };
+    let what = if scores { "scores in lanes" } else { "values in runs" };
+    assert_close(what, seed, &got[0], want.view());
+}
+
+#[test]
+fn split_scores_in_lanes() {
+    split_product(true);
+}
+
+#[test]
+fn split_values_in_runs() {
+    split_product(false);
 }
 
 #[test]
@@ -426,17 +485,25 @@ fn norm_then_rotation_per_head() {
     assert_close("norm_rope", seed, &got, want.view());
 }
 
-#[test]
-fn qk_norms_and_rotation_over_the_fused_product() {
+/// `qkv_norm_rope`, the norms' factor per head (one reduction) or, with `split`, per element
+/// (runs of 32, then across them: `d` 64).
+fn qk_norms_and_rotation(split: bool) {
     let seed = seed();
     let mut noise = Noise::new(seed);
-    let (rows, nh, nkv, d) = (2, 4, 2, 16);
+    let (rows, nh, nkv, d) = (2, 4, 2, if split { 64 } else { 16 });
     let heads = nh + 2 * nkv;
     let y = array3(&mut noise, (rows, heads, d));
     let (qw, kw) = (Array1::from(noise.row(d)), Array1::from(noise.row(d)));
     let (cos, sin) = (matrix(&mut noise, rows, d), matrix(&mut noise, rows, d));
     let inputs = [f32s3(&y), vector(&qw), vector(&kw), f32s(&cos), f32s(&sin)];
-    let got = run(Form::QkvNormRope { rows, nh, nkv, d }, &inputs, 1);
+    let form = Form::QkvNormRope {
+        rows,
+        nh,
+        nkv,
+        d,
+        split,
+    };
+    let got = run(form, &inputs, 1);
     let mut want = Array2::zeros((rows * heads, d));
     for r in 0..rows {
         for h in 0..heads {
@@ -452,7 +519,17 @@ fn qk_norms_and_rotation_over_the_fused_product() {
         }
     }
     let got = Array::F32(vec![rows * heads, d], got[0].f32().to_vec());
-    assert_close("qkv_norm_rope", seed, &got, want.view());
+    assert_close(&format!("{form:?}"), seed, &got, want.view());
+}
+
+#[test]
+fn qk_norms_and_rotation_over_the_fused_product() {
+    qk_norms_and_rotation(false);
+}
+
+#[test]
+fn qk_norms_and_rotation_with_split_reductions() {
+    qk_norms_and_rotation(true);
 }
 
 fn gate(activation: Activation) {

@@ -13,7 +13,7 @@ use kv_core::param::{LayerWeight, Param};
 use kv_core::{Activation, Architecture, KvSpec, Manifest};
 
 use super::layer::Residual;
-use super::products::pair_splits;
+use super::products::{pair_splits, PAIR_LANES};
 use super::{EmitOptions, FuncEmitter, WeightFormat};
 use crate::mlir::{Elem, Ty, V};
 use crate::profile::GpuTuning;
@@ -84,6 +84,20 @@ pub enum Form {
     /// in the low half of word `k`), read in place in runs (`Body::contract_pairs_split`, as the
     /// portable Vulkan target's step does). Result `[rows, out]`.
     PairsProduct { rows: usize, out: usize, inner: usize },
+    /// The same product with the words interleaved over [`PAIR_LANES`] lanes, then the lanes
+    /// summed (`Body::contract_pairs_lanes`: the portable LM head, too wide to split into runs).
+    /// `inner/2` a multiple of the lanes. Result `[rows, out]`.
+    PairsProductLanes { rows: usize, out: usize, inner: usize },
+    /// `rmsnorm(x [rows, n], w)` of a norm weight packed in pairs, `w [n/2]` i32 (element `2k` in
+    /// the low half of word `k`), widened where the norm reads it (`widen`'s broadcast and
+    /// select, fused into its reader). Result `[rows, n]`.
+    PackedNorm { rows: usize, n: usize },
+    /// A one-row attention product over a cache head in two reductions, for targets without
+    /// subgroup operations (`mul_reduce_split`): with `scores`, `a [g, d] · cᵀ` of keys
+    /// `c [p, d]` (`[g, p]`: the head dimension in 16 interleaved lanes where `g·p·16` is at
+    /// most `PAIR_THREADS`); else `a [g, p] · c` of values `c [p, d]` (`[g, d]`: the keys in
+    /// runs of `pair_splits(g·d, p)`).
+    SplitProduct { g: usize, p: usize, d: usize, scores: bool },
     /// One softmax over the keys of `sc [q, p]` (the cache's) and `sn [q, r]` (the call's), the
     /// cache's reduced in tiles of 64 keys with `tiled` (`softmax_split`). Results the two
     /// blocks of probabilities.
@@ -98,12 +112,15 @@ pub enum Form {
     /// The Q/K norms, rotation and query scale (`1/√d`, Gemma 3's) over a fused Q/K/V product
     /// `y [rows, nh + 2·nkv, d]` in one expression (`qkv_norm_rope`): query heads normed by
     /// `qw [d]`, rotated and scaled, key heads normed by `kw [d]` and rotated, value heads passed
-    /// through. Arguments `y`, `qw`, `kw`, `cos [rows, d]`, `sin [rows, d]`; result as `y`.
+    /// through. Arguments `y`, `qw`, `kw`, `cos [rows, d]`, `sin [rows, d]`; result as `y`. With
+    /// `split` (`EmitOptions::split_reductions`) the norms' factor per element, in runs of 32
+    /// then across them (`rms_factor_parallel`; `d` a multiple of 32 above 32).
     QkvNormRope {
         rows: usize,
         nh: usize,
         nkv: usize,
         d: usize,
+        split: bool,
     },
     /// The feed-forward gate `activation(g [rows, n])`: gelu-tanh or silu. Result `[rows, n]`.
     Gate {
@@ -125,14 +142,24 @@ pub fn emit_form(form: Form) -> String {
     };
     let manifest = Manifest::new(spec.clone(), Some(arch.clone()), "form");
     let weights = match form {
-        Form::RmsNorm { parallel: true, .. } | Form::PairsProduct { .. } => WeightFormat::PackedI32,
+        Form::RmsNorm { parallel: true, .. }
+        | Form::PairsProduct { .. }
+        | Form::PairsProductLanes { .. }
+        | Form::PackedNorm { .. } => WeightFormat::PackedI32,
         Form::RmsNorm { parallel: false, .. } => WeightFormat::Bf16,
         _ => WeightFormat::I16,
     };
+    // The forms for targets without subgroup operations are emitted as for the portable
+    // profiles: reductions split, no tuned family.
+    let split = matches!(
+        form,
+        Form::SplitProduct { .. } | Form::QkvNormRope { split: true, .. } | Form::PairsProductLanes { .. }
+    );
     let options = EmitOptions {
         weights,
-        tuning: Some(GpuTuning::NVIDIA),
+        tuning: (!split).then_some(GpuTuning::NVIDIA),
         tiled_softmax: matches!(form, Form::SoftmaxSplit { tiled: true, .. }),
+        split_reductions: split,
         ..EmitOptions::default()
     };
     let table = HashMap::new();
@@ -242,6 +269,22 @@ pub fn emit_form(form: Form) -> String {
             let w = arg(&[out, inner / 2], Elem::I32);
             vec![f.b.contract_pairs_split(&x, &w, pair_splits(out, inner / 2))]
         }
+        Form::PairsProductLanes { rows, out, inner } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let w = arg(&[out, inner / 2], Elem::I32);
+            vec![f.b.contract_pairs_lanes(&x, &w, PAIR_LANES)]
+        }
+        Form::PackedNorm { rows, n } => {
+            let x = arg(&[rows, n], Elem::F32);
+            let raw = arg(&[n / 2], Elem::I32);
+            let w = f.widen(&raw);
+            vec![f.rmsnorm(&x, &w)]
+        }
+        Form::SplitProduct { g, p, d, scores } => {
+            let a = arg(&[g, if scores { d } else { p }], Elem::F32);
+            let c = arg(&[p, d], Elem::F32);
+            vec![f.mul_reduce_split(&a, &c, if scores { 2 } else { 1 })]
+        }
         Form::SoftmaxSplit { q, p, r, tiled } => {
             let sc = arg(&[q, p], Elem::F32);
             let sn = arg(&[q, r], Elem::F32);
@@ -262,7 +305,7 @@ pub fn emit_form(form: Form) -> String {
             let sin = arg(&[rows, d], Elem::F32);
             vec![f.norm_rope(&x, "w", &cos, &sin)]
         }
-        Form::QkvNormRope { rows, nh, nkv, d } => {
+        Form::QkvNormRope { rows, nh, nkv, d, .. } => {
             let y = arg(&[rows, nh + 2 * nkv, d], Elem::F32);
             f.loaded.insert(
                 Param::Layer(0, LayerWeight::AttnQNorm).to_string(),
