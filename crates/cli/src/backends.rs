@@ -430,7 +430,11 @@ mod tests {
         let mut source = ModelSource::new("tiny-gemma3:7", None);
         assert_eq!(source.contract_for("local-task", RuleChoice::Exact), V2);
         assert_eq!(source.contract_for("local-sync", RuleChoice::Exact), V2);
-        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "the portable profile");
+        assert_eq!(
+            source.contract_for("vulkan", RuleChoice::Exact),
+            V2,
+            "the portable profile"
+        );
         assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), V1);
         source.target.flags.vulkan_target = Some("ampere".into());
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "NVIDIA targets");
