@@ -143,6 +143,10 @@ pub(crate) enum Variant {
     /// The chunk graph's variant over `smallChunk` rows (`V2Spec::small_chunk`): the chunk
     /// graph's arguments and results over fewer rows.
     SmallChunk,
+    /// The small chunk graph's variant over `smallChunkSpan` rows of each cache
+    /// (`V2Spec::small_chunk_span`): the small graph's arguments (the caches' first rows) and
+    /// results.
+    SmallChunkSpan,
 }
 
 /// A KV-cache session: prefill, chunk and step graphs on one device.
@@ -171,6 +175,9 @@ pub struct IreeKvBackend {
     spans: Vec<(usize, Function)>,
     /// Contract v2: the chunk graph's variant over `smallChunk` rows (`V2Spec::small_chunk`).
     small: Option<Function>,
+    /// Contract v2: the small chunk graph's variant over `smallChunkSpan` rows of each cache
+    /// (`V2Spec::small_chunk_span`).
+    small_span: Option<Function>,
     args: HashMap<Graph, Vec<Name>>,
     outputs: HashMap<Graph, Vec<Name>>,
     embedding: Embedding,
@@ -335,6 +342,7 @@ impl IreeKvBackend {
             functions,
             spans,
             small,
+            small_span,
             target,
         } = opened;
         // The seed reads the table from the with-past archive; its key there is `embeddingParameter`.
@@ -385,6 +393,7 @@ impl IreeKvBackend {
             functions,
             spans,
             small,
+            small_span,
             args,
             outputs,
             embedding,
@@ -483,6 +492,10 @@ impl IreeKvBackend {
             Variant::SmallChunk => match &self.small {
                 Some(f) => f,
                 None => kv_core::error::invariant("a small chunk graph the session did not open"),
+            },
+            Variant::SmallChunkSpan => match &self.small_span {
+                Some(f) => f,
+                None => kv_core::error::invariant("a small chunk graph's span variant the session did not open"),
             },
         };
         let span = match variant {

@@ -104,6 +104,9 @@ pub(crate) struct Opened {
     /// The chunk graph's variant over `smallChunk` rows (`V2Spec::small_chunk`), in its
     /// session; `None` without one.
     pub small: Option<Function>,
+    /// The small chunk graph's variant over `smallChunkSpan` rows of each cache
+    /// (`V2Spec::small_chunk_span`), in its session; `None` without one.
+    pub small_span: Option<Function>,
     pub target: String,
 }
 
@@ -195,7 +198,7 @@ pub(crate) fn check_arg_counts(manifest: &Manifest, opened: &Opened) -> Result<(
     for (_, function) in &opened.spans {
         check_arg_count(function, Graph::Prefill, prefill)?;
     }
-    if let Some(function) = &opened.small {
+    for function in opened.small.iter().chain(&opened.small_span) {
         check_arg_count(function, Graph::Chunk, manifest.args_or_canonical(Graph::Chunk).len())?;
     }
     Ok(())
@@ -358,9 +361,25 @@ pub(crate) fn open_sessions(
             let function = session.lock().lookup(&name).map_err(iree_err(format!(
                 "look up the chunk graph's variant over {rows} rows (smallChunk)"
             )))?;
+            Some((index, function))
+        }
+    };
+    let small_span = match (manifest.v2().map_or(0, |v2| v2.small_chunk_span), &small) {
+        (0, _) | (_, None) => None,
+        (span, Some((index, _))) => {
+            let session = sessions[**index]
+                .as_ref()
+                .unwrap_or_else(|| kv_core::error::invariant("session just opened"));
+            let Some(name) = manifest.functions.small_chunk_span(small_rows, span) else {
+                kv_core::error::invariant("a validated manifest with a small chunk names its chunk graph")
+            };
+            let function = session.lock().lookup(&name).map_err(iree_err(format!(
+                "look up the small chunk graph's variant over {span} rows of each cache (smallChunkSpan)"
+            )))?;
             Some(function)
         }
     };
+    let small = small.map(|(_, f)| f);
     Ok(Opened {
         device,
         sessions,
@@ -368,6 +387,7 @@ pub(crate) fn open_sessions(
         functions,
         spans,
         small,
+        small_span,
         target,
     })
 }

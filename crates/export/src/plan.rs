@@ -80,7 +80,11 @@ fn with_small_chunk(m: &Manifest, graphs: &[Graph], text: String, options: &Emit
         v2.small_chunk = 0;
     }
     small.functions.prefill_with_past = m.functions.small_chunk(rows);
-    let small_text = emit_module(&small, &[Graph::Chunk], options)?;
+    let options = EmitOptions {
+        chunk_span: m.v2().map_or(0, |v2| v2.small_chunk_span),
+        ..options.clone()
+    };
+    let small_text = emit_module(&small, &[Graph::Chunk], &options)?;
     let unexpected = |what: &str| {
         ExportError::Unsupported(format!(
             "the small chunk graph ({rows} rows) as a module of its own: {what}"
@@ -369,6 +373,7 @@ impl ExportPlan {
                 q4_kernel,
                 tuning,
                 split_reductions: profile.split_reductions(),
+                chunk_span: 0,
             }
         };
         let targets = profile.compile_targets();

@@ -252,10 +252,11 @@ fn changed_missing_and_new_modules_are_named() {
     assert!(compare(&want, &want).is_empty());
 }
 
-/// A small chunk graph (`smallChunk`) adds one function to the chunk graph's module, at its end,
-/// and moves no other text: every module without it is the export's without, byte for byte.
+/// A small chunk graph (`smallChunk`) adds its function and its span variant's
+/// (`smallChunkSpan`) to the chunk graph's module, at its end, and moves no other text: every
+/// module without it is the export's without, byte for byte.
 #[test]
-fn small_chunk_adds_one_function_and_moves_no_other_text() {
+fn small_chunk_adds_its_functions_and_moves_no_other_text() {
     let gemma = fixtures::materialize("tiny-gemma3:7").unwrap();
     for layout in [Layout::Shared, Layout::Three] {
         let plan = |small_chunk| {
@@ -272,7 +273,12 @@ fn small_chunk_adds_one_function_and_moves_no_other_text() {
         assert_eq!(small, format!("{chunk}_rows3"));
         assert_eq!(with.manifest().v2().unwrap().small_chunk, 3);
         assert_eq!(without.manifest().v2().unwrap().small_chunk, 0);
+        let span = with.manifest().v2().unwrap().small_chunk_span;
+        assert_eq!(span, kv_core::contract::DEFAULT_SMALL_CHUNK_SPAN);
+        let spanned = with.manifest().functions.small_chunk_span(3, span).unwrap();
+        assert_eq!(spanned, format!("{small}_span{span}"));
         let func = small.rsplit_once('.').unwrap().1;
+        let spanned_func = spanned.rsplit_once('.').unwrap().1;
         let mut added = 0;
         for ((file, old), (file_with, new)) in without.module_texts().zip(with.module_texts()) {
             assert_eq!(file, file_with);
@@ -289,10 +295,12 @@ fn small_chunk_adds_one_function_and_moves_no_other_text() {
                 "{layout:?} {file}: {}",
                 &tail[..80]
             );
-            assert_eq!(
-                tail.matches("\n  func.func ").count(),
-                0,
-                "{layout:?} {file}: one function added"
+            let later: Vec<&str> = tail.split("\n  func.func @").skip(1).collect();
+            assert_eq!(later.len(), 1, "{layout:?} {file}: two functions added");
+            assert!(
+                later[0].starts_with(&format!("{spanned_func}(")),
+                "{layout:?} {file}: {}",
+                &later[0][..80]
             );
         }
         assert_eq!(

@@ -27,6 +27,12 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 128;
 /// (`docs/contract-v2.md`, "The small chunk graph").
 pub const DEFAULT_SMALL_CHUNK: usize = 8;
 
+/// The span of the small chunk graph's variant by default ([`V2Spec::small_chunk_span`]): the
+/// small graph's own rows, so that a prompt of that many ids fed from position 0 (a session's
+/// first request) reads no cache row beyond its own. The full graph packs every cache row into
+/// the CPU's tiles on each call (a read and a write of every K and V row) and attends over them.
+pub const DEFAULT_SMALL_CHUNK_SPAN: usize = DEFAULT_SMALL_CHUNK;
+
 /// Token-less prefill variants an export makes at most ([`V2Spec::default_prefill_spans`]):
 /// the largest spans are kept, as they serve most calls of a long prefill.
 pub const MAX_PREFILL_SPANS: usize = 2;
@@ -142,6 +148,12 @@ pub struct V2Spec {
     /// feed's piece of at most `S` ids runs it instead ([`Self::chunk_rows`]); 0 = none.
     #[serde(skip_serializing_if = "is_zero")]
     pub small_chunk: usize,
+    /// `smallChunkSpan`: the span of the small chunk graph's variant
+    /// (`<chunk function>_rows<S>_span<N>`, the small graph's arguments and results with `N`
+    /// rows of each cache, [`Self::span_rows`]): a small chunk call ending at or before
+    /// position `N` runs it, and so reads `N` rows of each cache, not all of them; 0 = none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub small_chunk_span: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -162,6 +174,7 @@ impl V2Spec {
             ("prefillSpan", self.prefill_span != 0),
             ("prefillSpans", !self.prefill_spans.is_empty()),
             ("smallChunk", self.small_chunk != 0),
+            ("smallChunkSpan", self.small_chunk_span != 0),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -184,6 +197,7 @@ impl V2Spec {
             small_chunk: Self::small_chunk_rows(spec, small_rows),
             ..V2Spec::default()
         };
+        v2.small_chunk_span = v2.default_small_chunk_span(spec);
         if prefill {
             v2.prefill_chunk = v2.prefill_chunk_rows(spec, prefill_rows);
         }
@@ -220,6 +234,16 @@ impl V2Spec {
                 format!("{} rows must be fewer than chunk {}", self.small_chunk, spec.chunk),
             ));
         }
+        let span = self.small_chunk_span;
+        if span != 0 && (self.small_chunk == 0 || span < self.small_chunk || span >= spec.max_positions) {
+            return Err(Error::manifest(
+                "smallChunkSpan",
+                format!(
+                    "{span} rows must hold the small chunk graph's {} (0 = none) and be fewer than maxPositions {}",
+                    self.small_chunk, spec.max_positions
+                ),
+            ));
+        }
         self.validate_spans(spec)
     }
 
@@ -232,6 +256,7 @@ impl V2Spec {
             ("prefillSpan", self.prefill_span),
             ("prefillSpans", self.prefill_spans.len()),
             ("smallChunk", self.small_chunk),
+            ("smallChunkSpan", self.small_chunk_span),
         ] {
             crate::limits::check_positions(key(k), value)?;
         }
@@ -368,6 +393,27 @@ impl V2Spec {
             0 => spec.chunk,
             small if n <= small => small,
             _ => spec.chunk,
+        }
+    }
+
+    /// The span of the small chunk graph's variant an export makes by default:
+    /// [`DEFAULT_SMALL_CHUNK_SPAN`] rounded up to the small graph's rows, 0 (none) without a
+    /// small graph or where the span would not be fewer than `maxPositions`.
+    pub fn default_small_chunk_span(&self, spec: &KvSpec) -> usize {
+        match DEFAULT_SMALL_CHUNK_SPAN.max(self.small_chunk) {
+            _ if self.small_chunk == 0 => 0,
+            span if span < spec.max_positions => span,
+            _ => 0,
+        }
+    }
+
+    /// The span a small chunk call at `position` of `rows` rows reads: the small graph's
+    /// variant's ([`Self::small_chunk_span`]) when the call ends within it, else every row
+    /// (`maxPositions`).
+    pub fn small_chunk_reads(&self, spec: &KvSpec, position: usize, rows: usize) -> usize {
+        match self.small_chunk_span {
+            span if span != 0 && position + rows <= span => span,
+            _ => spec.max_positions,
         }
     }
 

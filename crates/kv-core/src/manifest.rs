@@ -313,6 +313,12 @@ impl Functions {
         self.prefill_with_past.as_ref().map(|c| format!("{c}_rows{rows}"))
     }
 
+    /// The small chunk graph's variant reading `span` rows of each cache
+    /// (`V2Spec::small_chunk_span`): `<chunk>_rows<rows>_span<span>`, beside it.
+    pub fn small_chunk_span(&self, rows: usize, span: usize) -> Option<String> {
+        self.small_chunk(rows).map(|c| format!("{c}_span{span}"))
+    }
+
     pub fn get(&self, graph: Graph) -> Option<&str> {
         match graph {
             Graph::Prefill => self.prefill.as_deref(),

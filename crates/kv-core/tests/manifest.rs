@@ -593,6 +593,7 @@ fn the_stored_contract_keeps_its_bytes() {
             prefill_span: 128,
             prefill_spans: vec![64],
             small_chunk: 0,
+            small_chunk_span: 0,
         })
     );
     assert_eq!(m.to_json(), stored);

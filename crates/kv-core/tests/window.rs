@@ -468,3 +468,57 @@ fn chunk_rows_pick_the_small_graph_up_to_its_rows() {
     assert_eq!(V2Spec::small_chunk_rows(&s, Some(2)), 2);
     assert_eq!(V2Spec::small_chunk_rows(&s, Some(4)), 0);
 }
+
+/// The small chunk graph's span variant (`V2Spec::small_chunk_span`): taken by small calls
+/// ending within it, the full small graph after; the default is the small graph's rows (none
+/// without a small graph or at `maxPositions`), and the manifest refuses a span without a small
+/// graph, below its rows or at `maxPositions`.
+#[test]
+fn small_chunk_span_serves_calls_ending_within_it() {
+    let s = spec(3);
+    let layout = V2Spec {
+        small_chunk: 2,
+        small_chunk_span: 4,
+        ..V2Spec::default()
+    };
+    layout.validate(&s).unwrap();
+    let reads: Vec<usize> = (0..4).map(|p| layout.small_chunk_reads(&s, p, 2)).collect();
+    assert_eq!(reads, [4, 4, 4, s.max_positions]);
+    let none = V2Spec {
+        small_chunk: 2,
+        ..V2Spec::default()
+    };
+    assert_eq!(none.small_chunk_reads(&s, 0, 2), s.max_positions);
+    assert_eq!(
+        none.default_small_chunk_span(&s),
+        kv_core::contract::DEFAULT_SMALL_CHUNK_SPAN
+    );
+    assert_eq!(V2Spec::default().default_small_chunk_span(&s), 0);
+    let short = KvSpec {
+        max_positions: kv_core::contract::DEFAULT_SMALL_CHUNK_SPAN,
+        ..spec(3)
+    };
+    assert_eq!(none.default_small_chunk_span(&short), 0);
+    for bad in [
+        V2Spec {
+            small_chunk_span: 4,
+            ..V2Spec::default()
+        },
+        V2Spec {
+            small_chunk: 2,
+            small_chunk_span: 1,
+            ..V2Spec::default()
+        },
+        V2Spec {
+            small_chunk: 2,
+            small_chunk_span: s.max_positions,
+            ..V2Spec::default()
+        },
+    ] {
+        assert!(
+            matches!(bad.validate(&s), Err(Error::Manifest { ref key, .. }) if key == "smallChunkSpan"),
+            "{bad:?}: {:?}",
+            bad.validate(&s)
+        );
+    }
+}

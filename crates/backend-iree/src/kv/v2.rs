@@ -384,12 +384,23 @@ impl IreeKvBackend {
         rows: usize,
         real: usize,
     ) -> Result<i32> {
-        let small = self.manifest.v2().map_or(0, |v2| v2.small_chunk);
-        let reads = Reads {
-            span: self.manifest.spec.max_positions,
-            variant: match graph == Graph::Chunk && rows == small {
-                true => Variant::SmallChunk,
-                false => Variant::Own,
+        let spec = &self.manifest.spec;
+        let small = self.layout().small_chunk;
+        let reads = match graph == Graph::Chunk && rows == small {
+            // Within its span, the small graph's variant reading the caches' first rows.
+            true => match self.layout().small_chunk_reads(spec, self.position, rows) {
+                span if span < spec.max_positions => Reads {
+                    span,
+                    variant: Variant::SmallChunkSpan,
+                },
+                span => Reads {
+                    span,
+                    variant: Variant::SmallChunk,
+                },
+            },
+            false => Reads {
+                span: spec.max_positions,
+                variant: Variant::Own,
             },
         };
         self.v2_advance_reading(graph, reads, inputs, rows, real)?
@@ -417,7 +428,7 @@ impl IreeKvBackend {
         // The token is read by the submission that writes the rows (one round trip, not two).
         let readback = match reads.variant {
             Variant::Span(_) => None,
-            Variant::Own | Variant::SmallChunk => Some(self.readback_slot(0)?),
+            Variant::Own | Variant::SmallChunk | Variant::SmallChunkSpan => Some(self.readback_slot(0)?),
         };
         let writes = position..position + real;
         let fork = self.v2_fork_for(&set, writes.clone())?;

@@ -121,6 +121,10 @@ pub struct EmitOptions {
     /// output (the portable profiles, [`crate::profile::ExportProfile::split_reductions`]);
     /// `false` = one reduction (the CPU's, and tuned GPUs configure theirs).
     pub split_reductions: bool,
+    /// Also emit the chunk graph's variant reading this many rows of each cache
+    /// (`<chunk function>_span<N>`, with its token: [`kv_core::contract::V2Spec::spanned`]);
+    /// 0 = none. The plan sets it for the small chunk graph (`V2Spec::small_chunk_span`).
+    pub chunk_span: usize,
 }
 
 /// A `compilation_info` for IREE's SPIR-V SubgroupReduce pipeline (each output reduced by one
@@ -180,6 +184,9 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
             for &s in &v2.prefill_spans {
                 variants.push((format!("{qualified}_span{s}"), s, false));
             }
+        }
+        if let (Graph::Chunk, Some(_), s @ 1..) = (graph, manifest.v2(), options.chunk_span) {
+            variants.push((format!("{qualified}_span{s}"), s, true));
         }
         for (qualified, span, token) in variants {
             let (module, func) = qualified.rsplit_once('.').unwrap_or(("module", qualified.as_str()));
