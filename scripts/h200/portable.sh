@@ -14,7 +14,7 @@
 # PROFILE="variant ..." adds a dispatch-events profile of each one's step
 # ($OUT/<variant>-explain.txt). The run fails if any diverge does.
 #
-# Session 23 (issue 36, no device lent then) left this run to make, in one call:
+# Session 23 (issue 36) left this run; session 24 made it (docs/benchmarks.md, "Portable"):
 #   VARIANTS="packed packed-v2 i16-p16-v2 i16-ampere-v2" scripts/h200/portable.sh prepare
 #   ROUNDS=2 PROFILE="packed packed-v2" bash scripts/h200/portable.sh run
 set -euo pipefail
