@@ -5,7 +5,7 @@ use kv_core::param::{LayerWeight, Param};
 use kv_core::rope::RopeTable;
 use kv_core::LayerKind;
 
-use super::FuncEmitter;
+use super::{FuncEmitter, WeightFormat};
 use crate::mlir::{Body, Elem, Ty, V};
 
 /// The most rows a call may have for Gemma's Q/K norms and the rotation to be emitted as one
@@ -122,8 +122,24 @@ impl FuncEmitter<'_> {
         let swapped = self.swap_halves(y);
         let weighted = |this: &mut Self, x: &V, swapped_weights: bool, value_head: &V| {
             let mut times = |weight: LayerWeight| {
-                let w = this.param(&Param::Layer(l, weight).to_string());
-                let w = if swapped_weights {
+                let name = Param::Layer(l, weight).to_string();
+                let in_words = this.options.split_reductions
+                    && this.options.weights == WeightFormat::PackedI32
+                    && d % 4 == 0
+                    && this.quant_format(&name).is_none();
+                let w = if swapped_weights && in_words {
+                    // The halves swapped as words, then widened where the product reads them
+                    // (`widen` is elementwise): a `reverse` of the widened weight was a
+                    // dispatch of its own, and so was the widening feeding it.
+                    let raw = this.raw_param(&name);
+                    let halves = this.b.reshape_static(&raw, &[2, d / 4]);
+                    let swapped = this.b.reverse(&halves, &[0]);
+                    let swapped = this.b.reshape_static(&swapped, &[d / 2]);
+                    this.widen(&swapped)
+                } else {
+                    this.param(&name)
+                };
+                let w = if swapped_weights && !in_words {
                     let halves = this.b.reshape_static(&w, &[2, d / 2]);
                     let w = this.b.reverse(&halves, &[0]);
                     this.b.reshape_static(&w, &[d])
