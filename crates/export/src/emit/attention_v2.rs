@@ -51,6 +51,17 @@ impl FuncEmitter<'_> {
     /// step. The tiles only regroup the sums, so the result equals the one-row softmax up to
     /// float rounding.
     pub(super) fn softmax_split(&mut self, sc: &V, sn: &V, tiled: bool) -> (V, V) {
+        let (ec, en, sum) = self.softmax_exps(sc, sn, tiled);
+        let sbc = self.b.broadcast(&sum, &[0], &sc.ty);
+        let sbn = self.b.broadcast(&sum, &[0], &sn.ty);
+        (self.b.div(&ec, &sbc), self.b.div(&en, &sbn))
+    }
+
+    /// [`Self::softmax_split`] without its division: the exponentials of the two blocks and
+    /// their sum per row `[Q]`. The portable step divides the attention's output (`[Q, d]`)
+    /// instead of the probabilities (`[Q, P]`): the division over the probabilities was a
+    /// dispatch of its own; at the end it joins the output's.
+    pub(super) fn softmax_exps(&mut self, sc: &V, sn: &V, tiled: bool) -> (V, V, V) {
         let [_, p] = sc.ty.static_dims()[..] else {
             kv_core::error::invariant("cache scores are [Q, P]")
         };
@@ -71,10 +82,7 @@ impl FuncEmitter<'_> {
         let en = self.b.unary("exponential", &dn);
         let sum_c = tiled(&mut self.b, &ec, Reduce::Add);
         let sum_n = self.b.reduce(&en, &[1], Reduce::Add);
-        let sum = self.b.add(&sum_c, &sum_n);
-        let sbc = self.b.broadcast(&sum, &[0], &sc.ty);
-        let sbn = self.b.broadcast(&sum, &[0], &sn.ty);
-        (self.b.div(&ec, &sbc), self.b.div(&en, &sbn))
+        (ec, en, self.b.add(&sum_c, &sum_n))
     }
 
     /// One query row's attention (the step) over a cache head's values `vc [P, d]` and the
@@ -218,6 +226,16 @@ impl FuncEmitter<'_> {
             let configured = self.options.tuning.map(|t| t.attention).filter(|c| c.keys <= p);
             if let (Some(config), true, Elem::F32) = (configured, by_reduce, vc.ty.elem) {
                 let o = self.attention_row(&sc, &sn, &vc, &vn, config);
+                outs.push(self.b.reshape_static(&o, &[group, r, d]));
+                continue;
+            }
+            if self.options.split_reductions && by_reduce && self.options.tiled_softmax {
+                let (ec, en, sum) = self.softmax_exps(&sc, &sn, true);
+                let oc = self.head_product(&ec, &vc, false, by_reduce);
+                let on = self.head_product(&en, &vn, false, by_reduce);
+                let o = self.b.add(&oc, &on);
+                let sum = self.b.broadcast(&sum, &[0], &o.ty);
+                let o = self.b.div(&o, &sum);
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
                 continue;
             }
