@@ -185,6 +185,10 @@ pub struct IreeKvBackend {
     /// Whether `release_prefill` removed the prefill graph (for the error of a later prefill).
     prefill_released: bool,
     caches: Caches,
+    /// Contract v2: a set no snapshot holds, released by the last prefill, that the next one
+    /// takes up instead of allocating and zeroing one (`v2::CacheSet::reuse`); dropped with the
+    /// prefill graph (`release_prefill`).
+    spare: Option<v2::CacheSet>,
     position: usize,
     /// The top-k results of the last call, when the graphs have them (`Manifest::top_k`).
     last_top_k: Option<TopKViews>,
@@ -400,6 +404,7 @@ impl IreeKvBackend {
             target,
             prefill_released: false,
             caches,
+            spare: None,
             position: 0,
             last_top_k: None,
             clock: StepPhases::default(),
@@ -433,6 +438,7 @@ impl IreeKvBackend {
         if let Caches::V2(_) = self.caches {
             // No prefill graph: prefills are chunk calls, refused from now on all the same.
             self.prefill_released = true;
+            self.spare = None;
             return false;
         }
         let Some((index, _)) = self.functions.remove(&Graph::Prefill) else {

@@ -613,3 +613,63 @@ fn v2_exports_before_the_mask_open_and_refuse_one() {
         mask.ids().collect::<Vec<_>>()
     );
 }
+
+/// A prefill takes up the set the last prefill released where no snapshot holds it, zeroing
+/// again only the rows its calls wrote: it must be a fresh set all the same. Two sets alternate
+/// (a prefill keeps the session's set until it succeeds), so each of the two is taken up once,
+/// dirtied by a prompt that wrapped the ring and steps past it: the same tokens and every byte
+/// of every cache, the rows past the position too, as a fresh session's. A snapshot's set is
+/// never taken up: its rows and its continuation are unchanged by later prefills.
+#[test]
+fn a_prefill_that_reuses_a_set_matches_a_fresh_session() {
+    let dir = v2();
+    let run = |s: &mut IreeKvBackend, words: &[i32], steps: usize| {
+        let mut out = vec![s.prefill(words).unwrap()];
+        for _ in 0..steps {
+            out.push(s.step(*out.last().unwrap()).unwrap());
+        }
+        out
+    };
+    let bytes = |s: &IreeKvBackend| -> Vec<(Vec<u8>, Vec<u8>)> {
+        (0..s.spec().n_layers)
+            .map(|l| s.v2_cache_bytes(l).unwrap().expect("a set"))
+            .collect()
+    };
+    let short = prompt(5);
+    let mut fresh = open(&dir);
+    let want = run(&mut fresh, &short, 3);
+    let want_bytes = bytes(&fresh);
+
+    let mut s = open(&dir);
+    run(&mut s, &prompt(30), 8);
+    run(&mut s, &prompt(21), 4);
+    for round in 0..2 {
+        // Round 0 takes up the first set (30 + 8 positions), round 1 the second (21 + 4).
+        assert_eq!(run(&mut s, &short, 3), want, "round {round}: tokens");
+        assert!(
+            bytes(&s) == want_bytes,
+            "round {round}: a reused set differs from a fresh one"
+        );
+        for l in 0..s.spec().n_layers {
+            assert_eq!(s.read_layer(l).unwrap(), fresh.read_layer(l).unwrap());
+        }
+    }
+
+    // A snapshot pins its set: later prefills allocate rather than take it up.
+    let mut t = open(&dir);
+    let first = t.prefill(&prompt(19)).unwrap();
+    let snapshot = t.snapshot().unwrap();
+    let rows: Vec<_> = (0..t.spec().n_layers).map(|l| t.read_layer(l).unwrap()).collect();
+    let mut after = vec![t.step(first).unwrap()];
+    after.push(t.step(after[0]).unwrap());
+    run(&mut t, &prompt(30), 6);
+    run(&mut t, &prompt(27), 2);
+    run(&mut t, &short, 0);
+    t.restore(&snapshot).unwrap();
+    for (l, want) in rows.iter().enumerate() {
+        assert_eq!(&t.read_layer(l).unwrap(), want, "layer {l} of the snapshot");
+    }
+    let mut again = vec![t.step(first).unwrap()];
+    again.push(t.step(again[0]).unwrap());
+    assert_eq!(again, after);
+}

@@ -13,6 +13,7 @@
 //! prefix's window.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use iree_runtime::{BufferView, Device, ElementType, Transfer};
@@ -46,6 +47,10 @@ pub(crate) struct CacheSet {
     first: Vec<usize>,
     /// The positions of the live snapshots of this set.
     pins: Mutex<Vec<Weak<usize>>>,
+    /// Every row a position at or past this one maps to, and no position before it, holds zeros
+    /// (`0` for a zeroed set; raised by every write, before it is submitted): what a set taken
+    /// up again for a prefill must zero ([`CacheSet::reuse`]).
+    written: AtomicUsize,
 }
 
 /// A snapshot's hold on a set: rows before `position` must not change while it lives.
@@ -105,7 +110,39 @@ impl CacheSet {
             v: (0..spec.n_layers).map(buffers).collect::<Result<_>>()?,
             first,
             pins: Mutex::new(Vec::new()),
+            written: AtomicUsize::new(0),
         })
+    }
+
+    /// A set no snapshot holds any more, as [`Self::zeroed`] would make it: only the rows a
+    /// position before its `written` mark maps to are zeroed again (a prefill after a short
+    /// prompt zeroes a few rows, not the set), and no buffer is allocated.
+    fn reuse(mut self, device: &Device, spec: &KvSpec, layout: &V2Spec) -> Result<Arc<CacheSet>> {
+        let written = *self.written.get_mut();
+        let row_bytes = row_elems(spec) * self.ty.size();
+        let ops: Vec<Transfer<'_>> = (0..spec.n_layers)
+            .flat_map(|l| {
+                // Positions 0..written map to the first rows of a global cache and of a ring
+                // (`ring::row`), all of a ring's once they wrap.
+                let n = written.min(layout.cache_rows(spec, spec.layer_kind(l)));
+                [&self.k[l], &self.v[l]].map(|target| Transfer::Zero {
+                    target,
+                    offset: 0,
+                    length: n * row_bytes,
+                })
+            })
+            .filter(|op| !matches!(op, Transfer::Zero { length: 0, .. }))
+            .collect();
+        if !ops.is_empty() {
+            device
+                .transfer(&ops)
+                .map_err(iree_err("zero the v2 caches' written rows"))?;
+        }
+        drop(ops);
+        self.first.fill(0);
+        *self.written.get_mut() = 0;
+        self.pins.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(Arc::new(self))
     }
 
     fn buffers(&self) -> impl Iterator<Item = &BufferView> {
@@ -298,7 +335,8 @@ impl IreeKvBackend {
         }
     }
 
-    /// A prefill from position 0 into a fresh set: calls of the prefill graph (a chunk graph of
+    /// A prefill from position 0 into a fresh set (a zeroed one, or the set the last prefill
+    /// released, its written rows zeroed again: [`CacheSet::reuse`]): calls of the prefill graph (a chunk graph of
     /// `prefillChunk` rows) while more than two chunk calls are left (the route permitting),
     /// then chunk calls. The session keeps its set and position if any call fails (the fresh set
     /// is dropped).
@@ -317,7 +355,10 @@ impl IreeKvBackend {
             }
         };
         let plans = plan_pieces(&spec, self.layout(), tokens, big)?;
-        let fresh = CacheSet::zeroed(&self.device, &spec, self.layout(), self.manifest.cache_type)?;
+        let fresh = match self.spare.take() {
+            Some(set) => set.reuse(&self.device, &spec, self.layout())?,
+            None => CacheSet::zeroed(&self.device, &spec, self.layout(), self.manifest.cache_type)?,
+        };
         let before = (
             std::mem::replace(&mut self.caches, Caches::V2(Some(fresh))),
             self.position,
@@ -330,8 +371,20 @@ impl IreeKvBackend {
             .enumerate()
             .try_fold(None, |_, (i, plan)| self.v2_run_piece(plan, i == last))
             .map(|t| t.unwrap_or_else(|| kv_core::error::invariant("a prefill's last call returns its token")));
+        let released = match result.is_err() {
+            true => std::mem::replace(&mut self.caches, before.0),
+            false => before.0,
+        };
         if result.is_err() {
-            (self.caches, self.position, self.last_top_k) = before;
+            (self.position, self.last_top_k) = (before.1, before.2);
+        }
+        // The set this prefill replaced (or its own, if it failed), kept for the next prefill
+        // where no snapshot holds it: a prefill then allocates nothing and zeroes only the rows
+        // the set's calls wrote (llama.cpp sizes its KV once per context).
+        if let Caches::V2(Some(set)) = released {
+            if let Ok(set) = Arc::try_unwrap(set) {
+                self.spare = Some(set);
+            }
         }
         result
     }
@@ -522,6 +575,9 @@ impl IreeKvBackend {
         let spec = &self.manifest.spec;
         let row_bytes = row_elems(spec) * set.ty.size();
         let target = fork.unwrap_or(set);
+        // A fork holds the rows of `set` the write leaves (or zeros), and the new ones.
+        let kept = fork.map_or(0, |_| set.written.load(Ordering::Relaxed));
+        target.written.fetch_max(kept.max(writes.end), Ordering::Relaxed);
         let mut ops = Vec::with_capacity(6 * spec.n_layers);
         for l in 0..spec.n_layers {
             let kind = spec.layer_kind(l);
@@ -583,6 +639,21 @@ impl IreeKvBackend {
         ops
     }
 
+    /// Every byte of layer `layer`'s K and V buffers of a v2 session's set, the rows past its
+    /// position too (tests: a set taken up again must equal a fresh one); `None` before the
+    /// first call.
+    #[doc(hidden)]
+    pub fn v2_cache_bytes(&self, layer: usize) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let Caches::V2(Some(set)) = &self.caches else {
+            return Ok(None);
+        };
+        let read = |view: &BufferView| {
+            view.to_bytes_prefix(view.byte_length())
+                .map_err(iree_err("read a v2 cache"))
+        };
+        Ok(Some((read(&set.k[layer])?, read(&set.v[layer])?)))
+    }
+
     pub(super) fn v2_read_layer(
         &self,
         pin_set: Option<&Arc<CacheSet>>,
@@ -641,6 +712,8 @@ impl IreeKvBackend {
                 v,
                 first,
                 pins: Mutex::new(Vec::new()),
+                // Rows written anywhere, as far as a reuse knows.
+                written: AtomicUsize::new(usize::MAX),
             });
             Some(set.pin(position))
         };
