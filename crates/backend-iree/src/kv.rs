@@ -185,9 +185,9 @@ pub struct IreeKvBackend {
     /// Whether `release_prefill` removed the prefill graph (for the error of a later prefill).
     prefill_released: bool,
     caches: Caches,
-    /// Contract v2: a set no snapshot holds, released by the last prefill, that the next one
-    /// takes up instead of allocating and zeroing one (`v2::CacheSet::reuse`); dropped with the
-    /// prefill graph (`release_prefill`).
+    /// Contract v2: a set no snapshot holds, released by the last prefill or restore, that the
+    /// next prefill takes up instead of allocating and zeroing one (`v2::CacheSet::reuse`);
+    /// dropped with the prefill graph (`release_prefill`).
     spare: Option<v2::CacheSet>,
     position: usize,
     /// The top-k results of the last call, when the graphs have them (`Manifest::top_k`).
@@ -773,7 +773,8 @@ impl KvBackend for IreeKvBackend {
 
     fn restore(&mut self, snapshot: &IreeSnapshot) -> Result<()> {
         self.id.check_owner(snapshot.session)?;
-        self.caches = Caches::from_held(&snapshot.held);
+        let released = std::mem::replace(&mut self.caches, Caches::from_held(&snapshot.held));
+        self.v2_keep_spare(released);
         self.position = snapshot.position;
         self.last_top_k = snapshot.top_k.clone();
         Ok(())

@@ -641,10 +641,16 @@ fn a_prefill_that_reuses_a_set_matches_a_fresh_session() {
     let want_bytes = bytes(&fresh);
 
     let mut s = open(&dir);
+    let empty = s.snapshot().unwrap();
     run(&mut s, &prompt(30), 8);
     run(&mut s, &prompt(21), 4);
-    for round in 0..2 {
-        // Round 0 takes up the first set (30 + 8 positions), round 1 the second (21 + 4).
+    for round in 0..3 {
+        // Round 0 takes up the first set (30 + 8 positions), round 1 the second (21 + 4), round
+        // 2 the one a restore released (round 1's, the second's).
+        if round == 2 {
+            run(&mut s, &prompt(33), 2);
+            s.restore(&empty).unwrap();
+        }
         assert_eq!(run(&mut s, &short, 3), want, "round {round}: tokens");
         assert!(
             bytes(&s) == want_bytes,
@@ -672,4 +678,16 @@ fn a_prefill_that_reuses_a_set_matches_a_fresh_session() {
     let mut again = vec![t.step(first).unwrap()];
     again.push(t.step(again[0]).unwrap());
     assert_eq!(again, after);
+    // The restore released the short prompt's set, not the snapshot's; the session now holds
+    // the snapshot's (forked by the steps or not), which a prefill must not take up either.
+    t.restore(&snapshot).unwrap();
+    run(&mut t, &prompt(25), 1);
+    run(&mut t, &short, 0);
+    t.restore(&snapshot).unwrap();
+    for (l, want) in rows.iter().enumerate() {
+        assert_eq!(&t.read_layer(l).unwrap(), want, "layer {l} of the snapshot, again");
+    }
+    let mut third = vec![t.step(first).unwrap()];
+    third.push(t.step(third[0]).unwrap());
+    assert_eq!(third, after);
 }

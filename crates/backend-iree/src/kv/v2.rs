@@ -378,15 +378,23 @@ impl IreeKvBackend {
         if result.is_err() {
             (self.position, self.last_top_k) = (before.1, before.2);
         }
-        // The set this prefill replaced (or its own, if it failed), kept for the next prefill
-        // where no snapshot holds it: a prefill then allocates nothing and zeroes only the rows
-        // the set's calls wrote (llama.cpp sizes its KV once per context).
+        // The set this prefill replaced (or its own, if it failed).
+        self.v2_keep_spare(released);
+        result
+    }
+
+    /// Keeps `released`, caches the session no longer holds, for the next prefill where no
+    /// snapshot holds them: a prefill then allocates nothing and zeroes only the rows the set's
+    /// calls wrote (llama.cpp sizes its KV once per context). Not once the prefill graph is
+    /// released (no prefill will take it up).
+    pub(super) fn v2_keep_spare(&mut self, released: Caches) {
         if let Caches::V2(Some(set)) = released {
             if let Ok(set) = Arc::try_unwrap(set) {
-                self.spare = Some(set);
+                if !self.prefill_released {
+                    self.spare = Some(set);
+                }
             }
         }
-        result
     }
 
     /// A chunk call through the smallest chunk graph that holds `tokens` (`V2Spec::chunk_rows`).
