@@ -312,7 +312,12 @@ mod tests {
         );
         assert_eq!(export_contract(auto, std::slice::from_ref(&cpu)), V2);
         assert_eq!(export_contract(auto, &[cpu.clone(), ampere.clone()]), V2);
-        assert_eq!(export_contract(auto, &[cpu.clone(), export::Target::vulkan()]), V1);
+        // The portable Vulkan profile is 2 since session 24; a named non-NVIDIA family is 1.
+        assert_eq!(export_contract(auto, &[cpu.clone(), export::Target::vulkan()]), V2);
+        let valhall = export::Target::Vulkan {
+            target: Some("valhall".into()),
+        };
+        assert_eq!(export_contract(auto, &[cpu.clone(), valhall]), V1);
         assert_eq!(export_contract(auto, &[ampere]), V2);
         assert_eq!(
             export_contract(Some(ContractChoice::V2), &[export::Target::vulkan()]),
