@@ -1087,26 +1087,13 @@ impl Body {
     /// thread, whose loads wait on each other: 640 outputs of 2,048 terms took 555 µs on the
     /// H200. The runs give `out · splits` threads short loops; the second reduction is short.
     pub fn contract_pairs_split(&mut self, x: &V, w: &V, splits: usize) -> V {
-        let [o, words] = w.ty.static_dims()[..] else {
+        let [_, words] = w.ty.static_dims()[..] else {
             kv_core::error::invariant("a packed weight is [out, in/2]")
         };
         if splits <= 1 || words % splits != 0 {
             return self.contract_pairs(x, w);
         }
-        let r = x.ty.static_dims()[0];
-        let run = words / splits;
-        let x4 = self.reshape_static(x, &[r, splits, run, 2]);
-        let w3 = self.reshape_static(w, &[o, splits, run]);
-        let ty = Ty::fixed(&[r, o, splits], Elem::F32);
-        let partial = self.reduction_generic(
-            &[&x4, &w3],
-            ty,
-            &["d0, d2, d3, d4", "d1, d2, d3"],
-            2,
-            "",
-            Self::pair_product(4),
-        );
-        self.reduce(&partial, &[2], Reduce::Add)
+        self.contract_pairs_in_parts(x, w, splits, false)
     }
 
     /// [`Self::contract_pairs`] in two reductions with the words interleaved over `lanes`: lane
@@ -1116,24 +1103,37 @@ impl Body {
     /// its row's 320 words alone, neighbouring threads a row apart; here neighbouring threads
     /// read neighbouring words.
     pub fn contract_pairs_lanes(&mut self, x: &V, w: &V, lanes: usize) -> V {
-        let [o, words] = w.ty.static_dims()[..] else {
+        let [_, words] = w.ty.static_dims()[..] else {
             kv_core::error::invariant("a packed weight is [out, in/2]")
         };
         if lanes <= 1 || words % lanes != 0 {
             return self.contract_pairs(x, w);
         }
+        self.contract_pairs_in_parts(x, w, lanes, true)
+    }
+
+    /// A packed-pairs product whose words are summed in `parts` partial sums
+    /// (`partial [R, out, parts]`), then across them: part `j` holds the `j`-th run of
+    /// `words / parts` words ([`Self::contract_pairs_split`]) or, `interleaved`, words
+    /// `j, j + parts, …` ([`Self::contract_pairs_lanes`]).
+    fn contract_pairs_in_parts(&mut self, x: &V, w: &V, parts: usize, interleaved: bool) -> V {
+        let [o, words] = w.ty.static_dims()[..] else {
+            kv_core::error::invariant("a packed weight is [out, in/2]")
+        };
         let r = x.ty.static_dims()[0];
-        let x4 = self.reshape_static(x, &[r, words / lanes, lanes, 2]);
-        let w3 = self.reshape_static(w, &[o, words / lanes, lanes]);
-        let ty = Ty::fixed(&[r, o, lanes], Elem::F32);
-        let partial = self.reduction_generic(
-            &[&x4, &w3],
-            ty,
-            &["d0, d3, d2, d4", "d1, d3, d2"],
-            2,
-            "",
-            Self::pair_product(4),
-        );
+        let each = words / parts;
+        // Loop dimensions: d0 row, d1 output, d2 part, d3 word within the part, d4 pair element.
+        let (x4, w3, maps) = if interleaved {
+            let x4 = self.reshape_static(x, &[r, each, parts, 2]);
+            let w3 = self.reshape_static(w, &[o, each, parts]);
+            (x4, w3, ["d0, d3, d2, d4", "d1, d3, d2"])
+        } else {
+            let x4 = self.reshape_static(x, &[r, parts, each, 2]);
+            let w3 = self.reshape_static(w, &[o, parts, each]);
+            (x4, w3, ["d0, d2, d3, d4", "d1, d2, d3"])
+        };
+        let ty = Ty::fixed(&[r, o, parts], Elem::F32);
+        let partial = self.reduction_generic(&[&x4, &w3], ty, &maps, 2, "", Self::pair_product(4));
         self.reduce(&partial, &[2], Reduce::Add)
     }
 

@@ -229,30 +229,31 @@ impl FuncEmitter<'_> {
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
                 continue;
             }
-            if self.options.split_reductions && by_reduce && self.options.tiled_softmax {
+            // The portable step divides the output by the sum (`softmax_exps`); the rest divide
+            // the probabilities.
+            let (pc, pn, sum) = if self.options.split_reductions && by_reduce && self.options.tiled_softmax {
                 let (ec, en, sum) = self.softmax_exps(&sc, &sn, true);
-                let oc = self.head_product(&ec, &vc, false, by_reduce);
-                let on = self.head_product(&en, &vn, false, by_reduce);
-                let o = self.b.add(&oc, &on);
-                let sum = self.b.broadcast(&sum, &[0], &o.ty);
-                let o = self.b.div(&o, &sum);
-                outs.push(self.b.reshape_static(&o, &[group, r, d]));
-                continue;
-            }
-            let (pc, pn) = if self.options.tiled_softmax || by_reduce {
+                (ec, en, Some(sum))
+            } else if self.options.tiled_softmax || by_reduce {
                 // (no concatenation of the two scores, and so no copy of either)
-                self.softmax_split(&sc, &sn, self.options.tiled_softmax)
+                let (pc, pn) = self.softmax_split(&sc, &sn, self.options.tiled_softmax);
+                (pc, pn, None)
             } else {
                 let scores = self.b.concat(&[sc, sn], 1);
                 let probs = self.softmax_last(&scores);
                 (
                     self.b.slice(&probs, &[(0, group * r), (0, p)]),
                     self.b.slice(&probs, &[(0, group * r), (p, p + r)]),
+                    None,
                 )
             };
             let oc = self.head_product(&pc, &vc, false, by_reduce);
             let on = self.head_product(&pn, &vn, false, by_reduce);
-            let o = self.b.add(&oc, &on);
+            let mut o = self.b.add(&oc, &on);
+            if let Some(sum) = sum {
+                let sum = self.b.broadcast(&sum, &[0], &o.ty);
+                o = self.b.div(&o, &sum);
+            }
             outs.push(self.b.reshape_static(&o, &[group, r, d]));
         }
         let o = if nkv == 1 {
