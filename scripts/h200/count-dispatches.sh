@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Dispatches per call of one function of an NVIDIA Vulkan export, counted here (no device):
+# Dispatches per call of one function of a Vulkan export (portable or tuned), counted here (no device):
 # `iree-compile --compile-to=flow` with the export's flags, then the `flow.dispatch` ops inside
 # `util.func public @FN`, by kind; and how many executables still carry a `compilation_info`
 # (IREE drops it when it rewrites a configured op, e.g. fusing a producer into it: check this
@@ -17,7 +17,9 @@ flags=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["provena
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 # shellcheck disable=SC2086
-iree-compile --iree-input-type=stablehlo --iree-hal-target-device=vulkan --iree-vulkan-target="${target#vulkan-}" \
+# The bare `vulkan` target is the portable export: IREE's Android baseline profile.
+vk=${target#vulkan}; vk=${vk#-}; vk=${vk:-vp_android_baseline_2022}
+iree-compile --iree-input-type=stablehlo --iree-hal-target-device=vulkan --iree-vulkan-target="$vk" \
   --iree-execution-model=async-external $flags "$@" --compile-to=flow "$mlir" -o "$tmp"
 python3 - "$tmp" "$fn" <<'PY'
 import collections, re, sys

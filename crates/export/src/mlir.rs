@@ -1137,6 +1137,62 @@ impl Body {
         self.reduce(&partial, &[2], Reduce::Add)
     }
 
+    /// [`Self::contract_pairs_split`] of one `x` against several weights of one shape
+    /// (`ws`, each `[out, in/2]`), each in `splits` runs: one dispatch for all the partial sums
+    /// and one for all the sums across the runs (two generics of one output per weight), where
+    /// a product apiece was two dispatches apiece (the feed-forward block's gate and up).
+    pub fn contract_pairs_split_many(&mut self, x: &V, ws: &[&V], splits: usize) -> Vec<V> {
+        let [o, words] = ws[0].ty.static_dims()[..] else {
+            kv_core::error::invariant("a packed weight is [out, in/2]")
+        };
+        if ws.iter().any(|w| w.ty != ws[0].ty) {
+            kv_core::error::invariant("weights of one shape");
+        }
+        let r = x.ty.static_dims()[0];
+        if splits <= 1 || words % splits != 0 {
+            return ws.iter().map(|w| self.contract_pairs(x, w)).collect();
+        }
+        let each = words / splits;
+        let x4 = self.reshape_static(x, &[r, splits, each, 2]);
+        let w3s: Vec<V> = ws.iter().map(|w| self.reshape_static(w, &[o, splits, each])).collect();
+        let ty = Ty::fixed(&[r, o, splits], Elem::F32);
+        let inits: Vec<V> = ws.iter().map(|_| self.zeros(&ty)).collect();
+        // Loop dimensions: d0 row, d1 output, d2 run, d3 word within the run, d4 pair element.
+        let mut ins: Vec<(&V, &str)> = vec![(&x4, "d0, d2, d3, d4")];
+        ins.extend(w3s.iter().map(|w| (w, "d1, d2, d3")));
+        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0, d1, d2")).collect();
+        let n = ws.len();
+        let partials = self.generic(&ins, &outs, 2, "", |b, args| {
+            let (xa, rest) = args
+                .split_first()
+                .unwrap_or_else(|| kv_core::error::invariant("x first"));
+            let (words, accs) = rest.split_at(n);
+            let mut body = String::new();
+            let mut yields = Vec::with_capacity(n);
+            for (w, acc) in words.iter().zip(accs) {
+                let (ops, sum) = Self::pair_product(4)(b, &[xa.clone(), w.clone(), acc.clone()]);
+                writeln!(body, "{ops}").unwrap();
+                yields.push(sum);
+            }
+            (body, yields)
+        });
+        let sum_ty = Ty::fixed(&[r, o], Elem::F32);
+        let inits: Vec<V> = ws.iter().map(|_| self.zeros(&sum_ty)).collect();
+        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, "d0, d1, d2")).collect();
+        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0, d1")).collect();
+        self.generic(&ins, &outs, 1, "", |b, args| {
+            let (parts, accs) = args.split_at(n);
+            let mut body = String::new();
+            let mut yields = Vec::with_capacity(n);
+            for (part, acc) in parts.iter().zip(accs) {
+                let sum = b.fresh();
+                writeln!(body, "{sum} = arith.addf {acc}, {part} : f32").unwrap();
+                yields.push(sum);
+            }
+            (body, yields)
+        })
+    }
+
     /// The body of a packed-pairs product (block arguments `x`, the word, the accumulator; the
     /// pair element `j` is loop dimension `pair_dim`): element `j` of the word shifted into the
     /// high half, the low half cleared, bitcast, multiplied, accumulated.

@@ -258,6 +258,32 @@ fn packed_pairs_read_in_place() {
     assert_close("packed pairs product", seed, &got[0], x.dot(&w.t()).view());
 }
 
+/// Two weights in one product (the portable gate and up), two rows, in runs (`pair_splits(8,
+/// 64)` = 2: runs of 32 words).
+#[test]
+fn packed_pairs_of_two_weights_in_one_product() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, out, inner) = (2, 8, 128);
+    let x = matrix(&mut noise, rows, inner);
+    let (gbits, g) = bf16_weight(&mut noise, out, inner);
+    let (ubits, u) = bf16_weight(&mut noise, out, inner);
+    let inputs = [
+        f32s(&x),
+        Array::I32(vec![out, inner / 2], pack_pairs(&gbits)),
+        Array::I32(vec![out, inner / 2], pack_pairs(&ubits)),
+    ];
+    let form = Form::PairsProductMany {
+        rows,
+        out,
+        inner,
+        weights: 2,
+    };
+    let got = run(form, &inputs, 2);
+    assert_close("first weight", seed, &got[0], x.dot(&g.t()).view());
+    assert_close("second weight", seed, &got[1], x.dot(&u.t()).view());
+}
+
 #[test]
 fn packed_pairs_in_interleaved_lanes() {
     let seed = seed();
@@ -512,6 +538,44 @@ fn qk_norms_and_rotation(split: bool) {
                 norm_rope_row(x, qw.view(), cos.row(r), sin.row(r), 1.0 / (d as f32).sqrt())
             } else if h < nh + nkv {
                 norm_rope_row(x, kw.view(), cos.row(r), sin.row(r), 1.0)
+            } else {
+                x.to_owned()
+            };
+            want.row_mut(r * heads + h).assign(&row);
+        }
+    }
+    let got = Array::F32(vec![rows * heads, d], got[0].f32().to_vec());
+    assert_close(&format!("{form:?}"), seed, &got, want.view());
+}
+
+/// The portable form: the norm weights as packed pairs, `d` 64 (runs of 32).
+#[test]
+fn qk_norms_and_rotation_of_packed_weights() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, nh, nkv, d) = (2, 4, 1, 64);
+    let heads = nh + 2 * nkv;
+    let y = array3(&mut noise, (rows, heads, d));
+    let (qbits, qw) = bf16_weight(&mut noise, 1, d);
+    let (kbits, kw) = bf16_weight(&mut noise, 1, d);
+    let (cos, sin) = (matrix(&mut noise, rows, d), matrix(&mut noise, rows, d));
+    let inputs = [
+        f32s3(&y),
+        Array::I32(vec![d / 2], pack_pairs(&qbits)),
+        Array::I32(vec![d / 2], pack_pairs(&kbits)),
+        f32s(&cos),
+        f32s(&sin),
+    ];
+    let form = Form::QkvNormRopePacked { rows, nh, nkv, d };
+    let got = run(form, &inputs, 1);
+    let mut want = Array2::zeros((rows * heads, d));
+    for r in 0..rows {
+        for h in 0..heads {
+            let x = y.slice(s![r, h, ..]);
+            let row = if h < nh {
+                norm_rope_row(x, qw.row(0), cos.row(r), sin.row(r), 1.0 / (d as f32).sqrt())
+            } else if h < nh + nkv {
+                norm_rope_row(x, kw.row(0), cos.row(r), sin.row(r), 1.0)
             } else {
                 x.to_owned()
             };

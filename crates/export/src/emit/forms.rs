@@ -122,6 +122,24 @@ pub enum Form {
         d: usize,
         split: bool,
     },
+    /// [`Form::QkvNormRope`] with `split` and the norm weights packed in pairs (the portable
+    /// profile's): `qw`, `kw` `[d/2]` i32, the swapped halves taken as words. The factor is
+    /// shaped as the widened pairs (`rms_factor_parallel_as`; `d` a multiple of 32 above 32).
+    QkvNormRopePacked {
+        rows: usize,
+        nh: usize,
+        nkv: usize,
+        d: usize,
+    },
+    /// [`Form::PairsProduct`] against `weights` packed weights of one shape in one product
+    /// (`Body::contract_pairs_split_many`, the portable gate and up). Arguments `x [rows,
+    /// inner]`, then the weights `[out, inner/2]` i32; results `weights` × `[rows, out]`.
+    PairsProductMany {
+        rows: usize,
+        out: usize,
+        inner: usize,
+        weights: usize,
+    },
     /// The feed-forward gate `activation(g [rows, n])`: gelu-tanh or silu. Result `[rows, n]`.
     Gate {
         activation: Activation,
@@ -133,7 +151,7 @@ pub enum Form {
 /// The MLIR module of `form` alone: `@form` in `module @module`.
 pub fn emit_form(form: Form) -> String {
     let mut spec = KvSpec::default();
-    if let Form::QkvNormRope { nh, nkv, d, .. } = form {
+    if let Form::QkvNormRope { nh, nkv, d, .. } | Form::QkvNormRopePacked { nh, nkv, d, .. } = form {
         (spec.n_heads, spec.n_kv_heads, spec.head_dim) = (nh, nkv, d);
     }
     let arch = Architecture {
@@ -145,7 +163,9 @@ pub fn emit_form(form: Form) -> String {
         Form::RmsNorm { parallel: true, .. }
         | Form::PairsProduct { .. }
         | Form::PairsProductLanes { .. }
-        | Form::PackedNorm { .. } => WeightFormat::PackedI32,
+        | Form::PackedNorm { .. }
+        | Form::QkvNormRopePacked { .. }
+        | Form::PairsProductMany { .. } => WeightFormat::PackedI32,
         Form::RmsNorm { parallel: false, .. } => WeightFormat::Bf16,
         _ => WeightFormat::I16,
     };
@@ -153,7 +173,11 @@ pub fn emit_form(form: Form) -> String {
     // profiles: reductions split, no tuned family.
     let split = matches!(
         form,
-        Form::SplitProduct { .. } | Form::QkvNormRope { split: true, .. } | Form::PairsProductLanes { .. }
+        Form::SplitProduct { .. }
+            | Form::QkvNormRope { split: true, .. }
+            | Form::QkvNormRopePacked { .. }
+            | Form::PairsProductLanes { .. }
+            | Form::PairsProductMany { .. }
     );
     let options = EmitOptions {
         weights,
@@ -277,8 +301,7 @@ pub fn emit_form(form: Form) -> String {
         Form::PackedNorm { rows, n } => {
             let x = arg(&[rows, n], Elem::F32);
             let raw = arg(&[n / 2], Elem::I32);
-            let w = f.widen(&raw);
-            vec![f.rmsnorm(&x, &w)]
+            vec![f.rmsnorm_pairs(&x, &raw)]
         }
         Form::SplitProduct { g, p, d, scores } => {
             let a = arg(&[g, if scores { d } else { p }], Elem::F32);
@@ -318,6 +341,30 @@ pub fn emit_form(form: Form) -> String {
             let cos = arg(&[rows, d], Elem::F32);
             let sin = arg(&[rows, d], Elem::F32);
             vec![f.qkv_norm_rope(&y, 0, &cos, &sin)]
+        }
+        Form::QkvNormRopePacked { rows, nh, nkv, d } => {
+            let y = arg(&[rows, nh + 2 * nkv, d], Elem::F32);
+            for weight in [LayerWeight::AttnQNorm, LayerWeight::AttnKNorm] {
+                let name = Param::Layer(0, weight).to_string();
+                let raw = arg(&[d / 2], Elem::I32);
+                let wide = f.widen(&raw);
+                f.loaded.insert(format!("{name}#raw"), raw);
+                f.loaded.insert(name, wide);
+            }
+            let cos = arg(&[rows, d], Elem::F32);
+            let sin = arg(&[rows, d], Elem::F32);
+            vec![f.qkv_norm_rope(&y, 0, &cos, &sin)]
+        }
+        Form::PairsProductMany {
+            rows,
+            out,
+            inner,
+            weights,
+        } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let ws: Vec<V> = (0..weights).map(|_| arg(&[out, inner / 2], Elem::I32)).collect();
+            let ws: Vec<&V> = ws.iter().collect();
+            f.b.contract_pairs_split_many(&x, &ws, pair_splits(out, inner / 2))
         }
         Form::Gate { activation, rows, n } => {
             let g = arg(&[rows, n], Elem::F32);

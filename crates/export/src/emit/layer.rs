@@ -106,7 +106,10 @@ impl FuncEmitter<'_> {
             _ => {
                 let x = self.settle(&x);
                 let h2 = self.norm_param(&x, &p(LayerWeight::FfnNorm));
-                (self.proj(&h2, &gate), self.proj(&h2, &up))
+                match self.proj_many(&h2, &[&gate, &up]).as_deref() {
+                    Some([g, u]) => (g.clone(), u.clone()),
+                    _ => (self.proj(&h2, &gate), self.proj(&h2, &up)),
+                }
             }
         };
         let act = match arch.activation {

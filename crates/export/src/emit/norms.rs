@@ -22,23 +22,35 @@ impl FuncEmitter<'_> {
     /// thread: a 640-wide norm took 240 µs on the H200 as one loop; here no loop is longer
     /// than 32. `None` where `n` has no runs to make.
     pub(super) fn rms_factor_parallel(&mut self, x: &V) -> Option<V> {
+        let n = *x.ty.static_dims().last()?;
+        self.rms_factor_parallel_as(x, &[n])
+    }
+
+    /// [`Self::rms_factor_parallel`] shaped `[.., tail]` (`tail` a factoring of `n`, e.g. the
+    /// `[n/2, 2]` of packed pairs), so that what multiplies it is written in the same shape: a
+    /// reshape between the factor's reduction and its consumer kept IREE from fusing them (the
+    /// portable norms were three dispatches and a copy).
+    pub(super) fn rms_factor_parallel_as(&mut self, x: &V, tail: &[usize]) -> Option<V> {
         let dims = x.ty.static_dims();
         let last = dims.len() - 1;
         let n = dims[last];
-        if n % 32 != 0 || n <= 32 {
+        if n % 32 != 0 || n <= 32 || tail.iter().product::<usize>() != n {
             return None;
         }
-        let sq = self.b.mul(x, x);
+        // Reshaped before it is squared: a square of the flat row, then reshaped, was a
+        // dispatch of its own (`elementwise_640`) beside the runs' reduction.
         let mut runs = dims.clone();
         runs[last] = n / 32;
         runs.push(32);
-        let sq = self.b.reshape_static(&sq, &runs);
+        let xr = self.b.reshape_static(x, &runs);
+        let sq = self.b.mul(&xr, &xr);
         let partial = self.b.reduce(&sq, &[last + 1], Reduce::Add);
-        let mut each = dims.clone();
+        let mut each: Vec<usize> = dims[..last].to_vec();
+        each.extend_from_slice(tail);
         each.push(n / 32);
-        let keep: Vec<usize> = (0..last).chain([last + 1]).collect();
+        let keep: Vec<usize> = (0..last).chain([each.len() - 1]).collect();
         let spread = self.b.broadcast(&partial, &keep, &Ty::fixed(&each, Elem::F32));
-        let sum = self.b.reduce(&spread, &[last + 1], Reduce::Add);
+        let sum = self.b.reduce(&spread, &[each.len() - 1], Reduce::Add);
         Some(self.rms_from_sum(&sum, n))
     }
 
@@ -68,7 +80,42 @@ impl FuncEmitter<'_> {
         self.b.mul(&y, &wb)
     }
 
+    /// [`Self::rmsnorm`] with a weight of packed pairs `raw [n/2] i32`, over few rows
+    /// ([`Self::pairs_in_place`]): the factor, the row and the widened weight all shaped
+    /// `[.., n/2, 2]` (the widening's own shape), so that the factor's last reduction, the
+    /// products and whatever reads the result elementwise (a residual addition) are one
+    /// dispatch.
+    pub(super) fn rmsnorm_pairs(&mut self, x: &V, raw: &V) -> V {
+        let dims = x.ty.static_dims();
+        let last = dims.len() - 1;
+        let n = dims[last];
+        let mut paired: Vec<usize> = dims[..last].to_vec();
+        paired.extend([n / 2, 2]);
+        let pty = Ty::fixed(&paired, Elem::F32);
+        let factor = match self.rms_factor_parallel_as(x, &[n / 2, 2]) {
+            Some(f) => f,
+            None => {
+                let r = self.rms_factor(x);
+                let keep: Vec<usize> = (0..last).collect();
+                self.b.broadcast(&r, &keep, &pty)
+            }
+        };
+        let xp = self.b.reshape_static(x, &paired);
+        let y = self.b.mul(&xp, &factor);
+        let w = self.widen_pairs(raw);
+        let wb = self.b.broadcast(&w, &[last, last + 1], &pty);
+        let y = self.b.mul(&y, &wb);
+        self.b.reshape_static(&y, &dims)
+    }
+
     pub(super) fn norm_param(&mut self, x: &V, name: &str) -> V {
+        let dims = x.ty.static_dims();
+        let n = dims.last().copied().unwrap_or(0);
+        let pairs = self.pairs_in_place(dims[0]) && self.quant_format(name).is_none() && n % 2 == 0;
+        if pairs && dims.len() >= 2 {
+            let raw = self.raw_param(name);
+            return self.rmsnorm_pairs(x, &raw);
+        }
         let w = self.param(name);
         self.rmsnorm(x, &w)
     }

@@ -92,7 +92,17 @@ impl FuncEmitter<'_> {
         // every element ([`Self::rms_factor_parallel`]): one reduction gave a row's 6 heads 6
         // threads (`reduction_6x256`, ~0.1 ms a layer on the H200's portable profile).
         let spread = if self.options.split_reductions {
-            self.rms_factor_parallel(y)
+            // Shaped as the packed weights' widening reads them, `[.., d/2, 2]`: IREE writes
+            // the rotation's elementwise dispatch in that shape, and a factor of another shape
+            // was a dispatch of its own.
+            let d = self.spec.head_dim;
+            let tail = if self.options.weights == WeightFormat::PackedI32 && d % 4 == 0 {
+                vec![d / 2, 2]
+            } else {
+                vec![d]
+            };
+            self.rms_factor_parallel_as(y, &tail)
+                .map(|f| self.b.reshape_static(&f, &y.ty.static_dims()))
         } else {
             None
         };

@@ -64,32 +64,38 @@ impl FuncEmitter<'_> {
                 self.b.bitcast(&bits, Elem::F32)
             }
             Elem::I32 => {
-                // Each word broadcast to its pair, the pair's element picked by an index: all
-                // elementwise, so IREE fuses the widening into the op that reads it. Two halves
-                // joined by a `concatenate` were four dispatches of their own per use (a norm's
-                // weight at every layer: ~430 of the portable step's 1,077 dispatches).
-                let dims = raw.ty.static_dims();
-                let rank = dims.len();
-                let mut pair_dims = dims.clone();
-                pair_dims.push(2);
-                let pair_ty = Ty::fixed(&pair_dims, Elem::I32);
-                let keep: Vec<usize> = (0..rank).collect();
-                let words = self.b.broadcast(raw, &keep, &pair_ty);
-                let element = self.b.iota(&pair_dims, rank, Elem::I32);
-                let zero = self.b.splat_i32(0, &pair_ty);
-                let low = self.b.compare("EQ", &element, &zero);
-                let sixteen = self.b.splat_i32(16, &pair_ty);
-                let lo = self.b.binary("shift_left", &words, &sixteen);
-                let himask = self.b.splat_i32(-65536, &pair_ty);
-                let hi = self.b.binary("and", &words, &himask);
-                let bits = self.b.select(&low, &lo, &hi);
-                let both = self.b.bitcast(&bits, Elem::F32);
-                let mut full = dims;
+                let both = self.widen_pairs(raw);
+                let mut full = raw.ty.static_dims();
                 *full.last_mut().unwrap() *= 2;
                 self.b.reshape_static(&both, &full)
             }
             other => kv_core::error::invariant(&format!("widen of {other:?}")),
         }
+    }
+
+    /// Packed pairs of bf16 `raw [.., w] i32` widened exactly to f32 `[.., w, 2]` (element `j`
+    /// of word `i` at `[i, j]`, the low half first).
+    pub(super) fn widen_pairs(&mut self, raw: &V) -> V {
+        // Each word broadcast to its pair, the pair's element picked by an index: all
+        // elementwise, so IREE fuses the widening into the op that reads it. Two halves
+        // joined by a `concatenate` were four dispatches of their own per use (a norm's
+        // weight at every layer: ~430 of the portable step's 1,077 dispatches).
+        let dims = raw.ty.static_dims();
+        let rank = dims.len();
+        let mut pair_dims = dims.clone();
+        pair_dims.push(2);
+        let pair_ty = Ty::fixed(&pair_dims, Elem::I32);
+        let keep: Vec<usize> = (0..rank).collect();
+        let words = self.b.broadcast(raw, &keep, &pair_ty);
+        let element = self.b.iota(&pair_dims, rank, Elem::I32);
+        let zero = self.b.splat_i32(0, &pair_ty);
+        let low = self.b.compare("EQ", &element, &zero);
+        let sixteen = self.b.splat_i32(16, &pair_ty);
+        let lo = self.b.binary("shift_left", &words, &sixteen);
+        let himask = self.b.splat_i32(-65536, &pair_ty);
+        let hi = self.b.binary("and", &words, &himask);
+        let bits = self.b.select(&low, &lo, &hi);
+        self.b.bitcast(&bits, Elem::F32)
     }
 
     pub(super) fn quant_format(&self, name: &str) -> Option<QuantFormat> {
