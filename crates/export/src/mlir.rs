@@ -193,6 +193,10 @@ pub fn f32_hex(x: f32) -> String {
     format!("0x{:08X}", x.to_bits())
 }
 
+/// The running maximum's start in [`Body::online_exp_values`]: below every score (a masked one is
+/// `kv_core::mask::MASKED`, -1e30) yet finite, so that `e^(start - m)` is 0, never a NaN.
+const ONLINE_MAX_INIT: &str = "-3.000000e+38";
+
 impl Body {
     pub fn new() -> Self {
         Self::default()
@@ -1461,6 +1465,92 @@ impl Body {
         });
         let [acc, sum] = <[V; 2]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("two outputs"));
         (acc, sum)
+    }
+
+    /// One query row's attention over a cache head in runs, with an online softmax, for targets
+    /// without subgroup operations: scores `s [G, runs, run]` (masked) against values
+    /// `v [runs, run, d]`, each output `(g, run, j)` one thread's loop over its run keeping the
+    /// run's maximum `m`, `Σ e^(s-m)·v` and `Σ e^(s-m)` (rescaled as the maximum grows). No
+    /// maximum over all keys first: the two reductions of that maximum, the exponentials
+    /// written out and their tiled sum were four dispatches a layer of their own. Results
+    /// `(m, acc, sum)`, `[G, runs, d]` each (`m` the same along `d`).
+    pub fn online_exp_values(&mut self, s: &V, v: &V) -> (V, V, V) {
+        let [g, runs, _] = s.ty.static_dims()[..] else {
+            kv_core::error::invariant("scores in runs are [G, runs, run]")
+        };
+        let d = v.ty.static_dims()[2];
+        let ty = Ty::fixed(&[g, runs, d], Elem::F32);
+        let m0 = self.filled(&ty, ONLINE_MAX_INIT);
+        let (a0, s0) = (self.zeros(&ty), self.zeros(&ty));
+        // d0 query row, d1 run, d2 output, d3 key in the run.
+        let ins = [(s, "d0, d1, d3"), (v, "d1, d3, d2")];
+        let outs = [(&m0, "d0, d1, d2"), (&a0, "d0, d1, d2"), (&s0, "d0, d1, d2")];
+        let parts = self.generic(&ins, &outs, 1, "", |b, args| {
+            let [sc, x, m, acc, sum] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            b.online_softmax_step((m, sc), (x, "1.0"), (acc, sum), false)
+        });
+        let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
+        (m, acc, sum)
+    }
+
+    /// The runs of [`Self::online_exp_values`] merged (`[G, runs, d]` each → `[G, d]`): the
+    /// largest maximum `M`, and the runs' sums rescaled to it, `Σ e^(m-M)·acc`, `Σ e^(m-M)·sum`.
+    ///
+    /// `start` gives the merge's starting `(M, acc, sum)`, `[G, d]` each: one more key's score,
+    /// value and 1 (the call's own row), so that nothing is left to join after the merge.
+    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, start: Option<(&V, &V, &V)>) -> (V, V, V) {
+        let [g, _, d] = m.ty.static_dims()[..] else {
+            kv_core::error::invariant("runs are [G, runs, d]")
+        };
+        let ty = Ty::fixed(&[g, d], Elem::F32);
+        let (m0, a0, s0) = match start {
+            Some((m0, a0, s0)) => (m0.clone(), a0.clone(), s0.clone()),
+            None => (self.filled(&ty, ONLINE_MAX_INIT), self.zeros(&ty), self.zeros(&ty)),
+        };
+        // d0 query row, d1 output, d2 run.
+        let ins = [(m, "d0, d2, d1"), (acc, "d0, d2, d1"), (sum, "d0, d2, d1")];
+        let outs = [(&m0, "d0, d1"), (&a0, "d0, d1"), (&s0, "d0, d1")];
+        let parts = self.generic(&ins, &outs, 1, "", |b, args| {
+            let [mr, ar, sr, m, acc, sum] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            b.online_softmax_step((m, mr), (ar, sr), (acc, sum), true)
+        });
+        let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
+        (m, acc, sum)
+    }
+
+    /// The body of one online-softmax step: the running maximum `m` meets `x` (a score, or a
+    /// run's maximum with `merge`), the running sums are rescaled by `e^(m - m')` and gain
+    /// `e^(x - m')` times `(value, weight)` (a value and 1, or a run's two sums with `merge`).
+    fn online_softmax_step(
+        &mut self,
+        (m, x): (&String, &String),
+        (value, weight): (&String, &str),
+        (acc, sum): (&String, &String),
+        merge: bool,
+    ) -> (String, Vec<String>) {
+        let [m1, dm, c, dx, e, ac, ev, acc1, sc, sum1] = std::array::from_fn(|_| self.fresh());
+        let mut ops = String::new();
+        writeln!(ops, "{m1} = arith.maximumf {m}, {x} : f32").unwrap();
+        writeln!(ops, "{dm} = arith.subf {m}, {m1} : f32").unwrap();
+        writeln!(ops, "{c} = math.exp {dm} : f32").unwrap();
+        writeln!(ops, "{dx} = arith.subf {x}, {m1} : f32").unwrap();
+        writeln!(ops, "{e} = math.exp {dx} : f32").unwrap();
+        writeln!(ops, "{ac} = arith.mulf {acc}, {c} : f32").unwrap();
+        writeln!(ops, "{ev} = arith.mulf {e}, {value} : f32").unwrap();
+        writeln!(ops, "{acc1} = arith.addf {ac}, {ev} : f32").unwrap();
+        writeln!(ops, "{sc} = arith.mulf {sum}, {c} : f32").unwrap();
+        if merge {
+            let ew = self.fresh();
+            writeln!(ops, "{ew} = arith.mulf {e}, {weight} : f32").unwrap();
+            writeln!(ops, "{sum1} = arith.addf {sc}, {ew} : f32").unwrap();
+        } else {
+            writeln!(ops, "{sum1} = arith.addf {sc}, {e} : f32").unwrap();
+        }
+        (ops, vec![m1, acc1, sum1])
     }
 
     /// The body of an f32 × f32 product (block arguments `x`, `y`, the accumulator): multiply,

@@ -467,6 +467,31 @@ fn attention_of_one_row() {
     assert_close("attention row", seed, &got[0], want.view());
 }
 
+/// The portable form (runs of 16 keys, an online softmax), with masked keys as the graphs mask
+/// them (`kv_core::mask::MASKED`): a whole run of them (the cache past `pos`), scattered ones,
+/// and one query row whose every cache key is masked (the first token), where only the call's
+/// own row counts. Scores up to ±24, so that a run's maximum is far from the others'.
+#[test]
+fn attention_of_one_row_in_runs_with_an_online_softmax() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (g, p, d) = (4, 128, 16);
+    let mut sc = matrix(&mut noise, g, p).mapv(|v| v * 6.0);
+    sc.slice_mut(s![.., 96..]).fill(kv_core::mask::MASKED);
+    for k in (0..96).step_by(7) {
+        sc[[1, k]] = kv_core::mask::MASKED;
+    }
+    sc.row_mut(3).fill(kv_core::mask::MASKED);
+    let sn = matrix(&mut noise, g, 1).mapv(|v| v * 6.0);
+    let vc = matrix(&mut noise, p, d);
+    let vn = matrix(&mut noise, 1, d);
+    let inputs = [f32s(&sc), f32s(&sn), f32s(&vc), f32s(&vn)];
+    let got = run(Form::AttentionRowOnline { g, p, d }, &inputs, 1);
+    let probs = softmax_rows(&sc, &sn);
+    let want = probs.dot(&concatenate![Axis(0), vc, vn]);
+    assert_close("attention row, online softmax", seed, &got[0], want.view());
+}
+
 fn array3(noise: &mut Noise, dims: (usize, usize, usize)) -> Array3<f32> {
     Array3::from_shape_vec(dims, noise.row(dims.0 * dims.1 * dims.2)).unwrap()
 }

@@ -117,6 +117,35 @@ impl FuncEmitter<'_> {
         self.b.div(&num, &den)
     }
 
+    /// One query row's attention for targets without subgroup operations (the portable step):
+    /// the masked cache scores `sc [G, P]` meet the values `vc [P, d]` in runs with an online
+    /// softmax ([`Body::online_exp_values`]), the runs are merged ([`Body::online_merge`]), and
+    /// the call's own row (`sn [G, 1]`, `vn [1, d]`) joins elementwise: three dispatches after
+    /// the scores where the maximum, the exponentials, their sum and the two-stage values
+    /// product were seven. `None` where the keys make no runs ([`pair_splits`]).
+    pub(super) fn attention_row_online(&mut self, sc: &V, sn: &V, vc: &V, vn: &V) -> Option<V> {
+        let [g, p] = sc.ty.static_dims()[..] else {
+            kv_core::error::invariant("cache scores are [G, P]")
+        };
+        let d = vc.ty.static_dims()[1];
+        let runs = pair_splits(g * d, p);
+        if runs <= 1 {
+            return None;
+        }
+        let s3 = self.b.reshape_static(sc, &[g, runs, p / runs]);
+        let v3 = self.b.reshape_static(vc, &[runs, p / runs, d]);
+        let (m, acc, sum) = self.b.online_exp_values(&s3, &v3);
+        // The merge starts from the call's own row: its score, its value, weight 1.
+        let out = Ty::fixed(&[g, d], Elem::F32);
+        let sn = self.b.reshape_static(sn, &[g]);
+        let sn = self.b.broadcast(&sn, &[0], &out);
+        let vn = self.b.reshape_static(vn, &[d]);
+        let vn = self.b.broadcast(&vn, &[1], &out);
+        let one = self.b.splat_f32(1.0, &out);
+        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, Some((&sn, &vn, &one)));
+        Some(self.b.div(&acc, &sum))
+    }
+
     /// Contract v2's masks of one layer kind for a call of `r` rows at position `pos [1]`: query
     /// row `i` (position `pos + i`) sees the cache row holding position `j` iff `j < pos` and,
     /// with a window, `pos + i - j < window`, and the call's own row `i'` iff `i' <= i` and,
@@ -228,6 +257,12 @@ impl FuncEmitter<'_> {
                 let o = self.attention_row(&sc, &sn, &vc, &vn, config);
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
                 continue;
+            }
+            if self.options.split_reductions && by_reduce && self.options.tiled_softmax {
+                if let Some(o) = self.attention_row_online(&sc, &sn, &vc, &vn) {
+                    outs.push(self.b.reshape_static(&o, &[group, r, d]));
+                    continue;
+                }
             }
             // The portable step divides the output by the sum (`softmax_exps`); the rest divide
             // the probabilities.

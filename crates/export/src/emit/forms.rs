@@ -105,6 +105,9 @@ pub enum Form {
     /// One query row's attention over a cache head (`attention_row`, NVIDIA's one-row form):
     /// scores `sc [g, p]`, `sn [g, 1]`, values `vc [p, d]`, `vn [1, d]`; result `[g, d]`.
     AttentionRow { g: usize, p: usize, d: usize },
+    /// [`Form::AttentionRow`] for targets without subgroup operations (`attention_row_online`):
+    /// the cache's keys in runs with an online softmax, the runs merged from the call's own row.
+    AttentionRowOnline { g: usize, p: usize, d: usize },
     /// `rope(rmsnorm(x, w))` of `x [rows, heads, d]` per head (Gemma's Q/K norms), the norm's
     /// factor applied after the rotation (`norm_rope`). Arguments `x`, `w [d]`, `cos [rows, d]`,
     /// `sin [rows, d]` (the rotation is `x·cos + swap_halves(x)·sin`); result `[rows, heads, d]`.
@@ -178,6 +181,7 @@ pub fn emit_form(form: Form) -> String {
             | Form::QkvNormRopePacked { .. }
             | Form::PairsProductLanes { .. }
             | Form::PairsProductMany { .. }
+            | Form::AttentionRowOnline { .. }
     );
     let options = EmitOptions {
         weights,
@@ -320,6 +324,15 @@ pub fn emit_form(form: Form) -> String {
             let vc = arg(&[p, d], Elem::F32);
             let vn = arg(&[1, d], Elem::F32);
             vec![f.attention_row(&sc, &sn, &vc, &vn, GpuTuning::NVIDIA.attention)]
+        }
+        Form::AttentionRowOnline { g, p, d } => {
+            let sc = arg(&[g, p], Elem::F32);
+            let sn = arg(&[g, 1], Elem::F32);
+            let vc = arg(&[p, d], Elem::F32);
+            let vn = arg(&[1, d], Elem::F32);
+            vec![f
+                .attention_row_online(&sc, &sn, &vc, &vn)
+                .unwrap_or_else(|| panic!("{form:?}: no runs"))]
         }
         Form::NormRope { rows, heads, d } => {
             let x = arg(&[rows, heads, d], Elem::F32);
