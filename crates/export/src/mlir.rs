@@ -197,6 +197,9 @@ pub fn f32_hex(x: f32) -> String {
 /// `kv_core::mask::MASKED`, -1e30) yet finite, so that `e^(start - m)` is 0, never a NaN.
 const ONLINE_MAX_INIT: &str = "-3.000000e+38";
 
+/// `kv_core::mask::MASKED` as an MLIR float literal, for the masks applied inside a body.
+const MASKED_LITERAL: &str = "-1.000000e+30";
+
 impl Body {
     pub fn new() -> Self {
         Self::default()
@@ -1467,48 +1470,111 @@ impl Body {
         (acc, sum)
     }
 
+    /// One query row's scores against KV head `head` of a cache `cache [P, nKV, d]` and of the
+    /// call's own row `new [1, nKV, d]` in one reduction: `q [G, d]` → `[G, P + 1]`, column `P`
+    /// the own row's. The keys are read with `tensor.extract` (the cache's row clamped to
+    /// `P - 1`, then the own row's element selected at column `P`), since no affine map reads
+    /// two tensors as one: where the own row's score was two dispatches of its own (16 lanes,
+    /// then across them) after the cache's.
+    pub fn scores_with_own(&mut self, q: &V, cache: &V, new: &V, head: usize) -> V {
+        let g = q.ty.static_dims()[0];
+        let p = cache.ty.static_dims()[0];
+        let ty = Ty::fixed(&[g, p + 1], Elem::F32);
+        let init = self.zeros(&ty);
+        let (cache_name, cache_ty) = (cache.name.clone(), cache.ty.text());
+        let (new_name, new_ty) = (new.name.clone(), new.ty.text());
+        let mut results = self.generic(&[(q, "d0, d2")], &[(&init, "d0, d1")], 1, "", |b, args| {
+            let [qa, acc] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            let [t, e, last, tc, zero, hd, kc, kn, at, own, k, prod, sum] = std::array::from_fn(|_| b.fresh());
+            let mut ops = String::new();
+            writeln!(ops, "{t} = linalg.index 1 : index").unwrap();
+            writeln!(ops, "{e} = linalg.index 2 : index").unwrap();
+            writeln!(ops, "{last} = arith.constant {} : index", p - 1).unwrap();
+            writeln!(ops, "{tc} = arith.minui {t}, {last} : index").unwrap();
+            writeln!(ops, "{zero} = arith.constant 0 : index").unwrap();
+            writeln!(ops, "{hd} = arith.constant {head} : index").unwrap();
+            writeln!(ops, "{kc} = tensor.extract {cache_name}[{tc}, {hd}, {e}] : {cache_ty}").unwrap();
+            writeln!(ops, "{kn} = tensor.extract {new_name}[{zero}, {hd}, {e}] : {new_ty}").unwrap();
+            writeln!(ops, "{at} = arith.constant {p} : index").unwrap();
+            writeln!(ops, "{own} = arith.cmpi eq, {t}, {at} : index").unwrap();
+            writeln!(ops, "{k} = arith.select {own}, {kn}, {kc} : f32").unwrap();
+            writeln!(ops, "{prod} = arith.mulf {qa}, {k} : f32").unwrap();
+            writeln!(ops, "{sum} = arith.addf {acc}, {prod} : f32").unwrap();
+            (ops, vec![sum])
+        });
+        results
+            .pop()
+            .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
+    }
+
     /// One query row's attention over a cache head in runs, with an online softmax, for targets
-    /// without subgroup operations: scores `s [G, runs, run]` (masked) against values
-    /// `v [runs, run, d]`, each output `(g, run, j)` one thread's loop over its run keeping the
-    /// run's maximum `m`, `Σ e^(s-m)·v` and `Σ e^(s-m)` (rescaled as the maximum grows). No
-    /// maximum over all keys first: the two reductions of that maximum, the exponentials
-    /// written out and their tiled sum were four dispatches a layer of their own. Results
-    /// `(m, acc, sum)`, `[G, runs, d]` each (`m` the same along `d`).
-    pub fn online_exp_values(&mut self, s: &V, v: &V) -> (V, V, V) {
-        let [g, runs, _] = s.ty.static_dims()[..] else {
-            kv_core::error::invariant("scores in runs are [G, runs, run]")
+    /// without subgroup operations: the scores `scores [G, P + 1]` of
+    /// [`Self::scores_with_own`] (columns below `P` the cache's, read with `tensor.extract`: a
+    /// slice of them was a copy of its own), masked by `mask [G, runs, run]` (`i1`, false:
+    /// masked) in the body, against values `v [runs, run, d]`. Each output `(g, run, j)` is one
+    /// thread's loop over its run keeping the run's maximum `m`, `Σ e^(s-m)·v` and `Σ e^(s-m)`
+    /// (rescaled as the maximum grows). No maximum over all keys first: the two reductions of
+    /// that maximum, the exponentials written out and their tiled sum were four dispatches a
+    /// layer of their own. Results `(m, acc, sum)`, `[G, runs, d]` each (`m` the same along
+    /// `d`). A run whose every key is masked keeps `m` at `MASKED`, which the merge's own row
+    /// outweighs.
+    pub fn online_exp_values(&mut self, scores: &V, mask: &V, v: &V) -> (V, V, V) {
+        let [g, runs, run] = mask.ty.static_dims()[..] else {
+            kv_core::error::invariant("masks in runs are [G, runs, run]")
         };
         let d = v.ty.static_dims()[2];
         let ty = Ty::fixed(&[g, runs, d], Elem::F32);
         let m0 = self.filled(&ty, ONLINE_MAX_INIT);
         let (a0, s0) = (self.zeros(&ty), self.zeros(&ty));
+        let (scores_name, scores_ty) = (scores.name.clone(), scores.ty.text());
         // d0 query row, d1 run, d2 output, d3 key in the run.
-        let ins = [(s, "d0, d1, d3"), (v, "d1, d3, d2")];
+        let ins = [(mask, "d0, d1, d3"), (v, "d1, d3, d2")];
         let outs = [(&m0, "d0, d1, d2"), (&a0, "d0, d1, d2"), (&s0, "d0, d1, d2")];
         let parts = self.generic(&ins, &outs, 1, "", |b, args| {
-            let [sc, x, m, acc, sum] = args else {
+            let [keep, x, m, acc, sum] = args else {
                 kv_core::error::invariant("a block argument per input and output")
             };
-            b.online_softmax_step((m, sc), (x, "1.0"), (acc, sum), false)
+            let [row, r, k, len, base, t, raw, masked, sc] = std::array::from_fn(|_| b.fresh());
+            let mut ops = String::new();
+            writeln!(ops, "{row} = linalg.index 0 : index").unwrap();
+            writeln!(ops, "{r} = linalg.index 1 : index").unwrap();
+            writeln!(ops, "{k} = linalg.index 3 : index").unwrap();
+            writeln!(ops, "{len} = arith.constant {run} : index").unwrap();
+            writeln!(ops, "{base} = arith.muli {r}, {len} : index").unwrap();
+            writeln!(ops, "{t} = arith.addi {base}, {k} : index").unwrap();
+            writeln!(ops, "{raw} = tensor.extract {scores_name}[{row}, {t}] : {scores_ty}").unwrap();
+            writeln!(ops, "{masked} = arith.constant {MASKED_LITERAL} : f32").unwrap();
+            writeln!(ops, "{sc} = arith.select {keep}, {raw}, {masked} : f32").unwrap();
+            let (step, yields) = b.online_softmax_step((m, &sc), (x, "1.0"), (acc, sum), false);
+            (format!("{ops}{step}"), yields)
         });
         let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
         (m, acc, sum)
     }
 
     /// The runs of [`Self::online_exp_values`] merged (`[G, runs, d]` each → `[G, d]`): the
-    /// largest maximum `M`, and the runs' sums rescaled to it, `Σ e^(m-M)·acc`, `Σ e^(m-M)·sum`.
-    ///
-    /// `start` gives the merge's starting `(M, acc, sum)`, `[G, d]` each: one more key's score,
-    /// value and 1 (the call's own row), so that nothing is left to join after the merge.
-    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, start: Option<(&V, &V, &V)>) -> (V, V, V) {
+    /// largest maximum `M`, and the runs' sums rescaled to it, `Σ e^(m-M)·acc`, `Σ e^(m-M)·sum`;
+    /// with `own` (the scores `[G, P + 1]` of [`Self::scores_with_own`] and the call's own row's
+    /// value `[1, d]`), the own row merged first (score column `P`, weight 1), read with
+    /// `tensor.extract`, so that nothing is left to join after the merge but the division.
+    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, own: Option<(&V, &V)>) -> (V, V, V) {
         let [g, _, d] = m.ty.static_dims()[..] else {
             kv_core::error::invariant("runs are [G, runs, d]")
         };
         let ty = Ty::fixed(&[g, d], Elem::F32);
-        let (m0, a0, s0) = match start {
-            Some((m0, a0, s0)) => (m0.clone(), a0.clone(), s0.clone()),
-            None => (self.filled(&ty, ONLINE_MAX_INIT), self.zeros(&ty), self.zeros(&ty)),
-        };
+        let m0 = self.filled(&ty, ONLINE_MAX_INIT);
+        let (a0, s0) = (self.zeros(&ty), self.zeros(&ty));
+        let own = own.map(|(s, v)| {
+            (
+                s.name.clone(),
+                s.ty.text(),
+                s.ty.static_dims()[1] - 1,
+                v.name.clone(),
+                v.ty.text(),
+            )
+        });
         // d0 query row, d1 output, d2 run.
         let ins = [(m, "d0, d2, d1"), (acc, "d0, d2, d1"), (sum, "d0, d2, d1")];
         let outs = [(&m0, "d0, d1"), (&a0, "d0, d1"), (&s0, "d0, d1")];
@@ -1516,7 +1582,30 @@ impl Body {
             let [mr, ar, sr, m, acc, sum] = args else {
                 kv_core::error::invariant("a block argument per input and output")
             };
-            b.online_softmax_step((m, mr), (ar, sr), (acc, sum), true)
+            let Some((s_name, s_ty, p, v_name, v_ty)) = own else {
+                return b.online_softmax_step((m, mr), (ar, sr), (acc, sum), true);
+            };
+            // The own row at the first run (a score of `MASKED` at the others adds nothing: by
+            // then the maximum is at least the own row's score), then the run.
+            let [row, col, r, zero, first, at, sn, masked, so, vn, one] = std::array::from_fn(|_| b.fresh());
+            let mut ops = String::new();
+            writeln!(ops, "{row} = linalg.index 0 : index").unwrap();
+            writeln!(ops, "{col} = linalg.index 1 : index").unwrap();
+            writeln!(ops, "{r} = linalg.index 2 : index").unwrap();
+            writeln!(ops, "{zero} = arith.constant 0 : index").unwrap();
+            writeln!(ops, "{first} = arith.cmpi eq, {r}, {zero} : index").unwrap();
+            writeln!(ops, "{at} = arith.constant {p} : index").unwrap();
+            writeln!(ops, "{sn} = tensor.extract {s_name}[{row}, {at}] : {s_ty}").unwrap();
+            writeln!(ops, "{masked} = arith.constant {MASKED_LITERAL} : f32").unwrap();
+            writeln!(ops, "{so} = arith.select {first}, {sn}, {masked} : f32").unwrap();
+            writeln!(ops, "{vn} = tensor.extract {v_name}[{zero}, {col}] : {v_ty}").unwrap();
+            writeln!(ops, "{one} = arith.constant 1.0 : f32").unwrap();
+            let (own_step, own_yields) = b.online_softmax_step((m, &so), (&vn, &one), (acc, sum), true);
+            let [m1, acc1, sum1] = &own_yields[..] else {
+                kv_core::error::invariant("three running values")
+            };
+            let (run_step, yields) = b.online_softmax_step((m1, mr), (ar, sr), (acc1, sum1), true);
+            (format!("{ops}{own_step}{run_step}"), yields)
         });
         let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
         (m, acc, sum)

@@ -467,29 +467,46 @@ fn attention_of_one_row() {
     assert_close("attention row", seed, &got[0], want.view());
 }
 
-/// The portable form (runs of 16 keys, an online softmax), with masked keys as the graphs mask
-/// them (`kv_core::mask::MASKED`): a whole run of them (the cache past `pos`), scattered ones,
-/// and one query row whose every cache key is masked (the first token), where only the call's
-/// own row counts. Scores up to ±24, so that a run's maximum is far from the others'.
+/// The portable form (the own row's score in the cache's reduction, runs of 16 keys, an online
+/// softmax) over KV head 1 of 2, with masked keys as the graphs mask them: a whole run of them
+/// (the cache past `pos`), scattered ones, and one query row whose every cache key is masked
+/// (the first token), where only the call's own row counts. Scores up to ±~100, so that a
+/// run's maximum is far from the others'.
 #[test]
 fn attention_of_one_row_in_runs_with_an_online_softmax() {
     let seed = seed();
     let mut noise = Noise::new(seed);
-    let (g, p, d) = (4, 128, 16);
-    let mut sc = matrix(&mut noise, g, p).mapv(|v| v * 6.0);
-    sc.slice_mut(s![.., 96..]).fill(kv_core::mask::MASKED);
-    for k in (0..96).step_by(7) {
-        sc[[1, k]] = kv_core::mask::MASKED;
-    }
-    sc.row_mut(3).fill(kv_core::mask::MASKED);
-    let sn = matrix(&mut noise, g, 1).mapv(|v| v * 6.0);
+    let (g, p, d, nkv, head) = (4, 128, 16, 2, 1);
+    let q = matrix(&mut noise, g, d).mapv(|v| v * 1.5);
+    let kc = array3(&mut noise, (p, nkv, d));
+    let kn = array3(&mut noise, (1, nkv, d));
     let vc = matrix(&mut noise, p, d);
     let vn = matrix(&mut noise, 1, d);
-    let inputs = [f32s(&sc), f32s(&sn), f32s(&vc), f32s(&vn)];
-    let got = run(Form::AttentionRowOnline { g, p, d }, &inputs, 1);
+    let mut mask_c = Array2::<i32>::ones((g, p));
+    mask_c.slice_mut(s![.., 96..]).fill(0);
+    for k in (0..96).step_by(7) {
+        mask_c[[1, k]] = 0;
+    }
+    mask_c.row_mut(3).fill(0);
+    let inputs = [
+        f32s(&q),
+        f32s3(&kc),
+        f32s3(&kn),
+        f32s(&vc),
+        f32s(&vn),
+        Array::I32(vec![g, p], mask_c.iter().copied().collect()),
+    ];
+    let form = Form::AttentionRowOnline { g, p, d, nkv, head };
+    let got = run(form, &inputs, 1);
+    let keys = kc.slice(s![.., head, ..]);
+    let sc = q.dot(&keys.t());
+    let sc = ndarray::Zip::from(&sc)
+        .and(&mask_c)
+        .map_collect(|&s, &m| if m == 0 { kv_core::mask::MASKED } else { s });
+    let sn = q.dot(&kn.slice(s![0, head, ..]).insert_axis(Axis(1)));
     let probs = softmax_rows(&sc, &sn);
     let want = probs.dot(&concatenate![Axis(0), vc, vn]);
-    assert_close("attention row, online softmax", seed, &got[0], want.view());
+    assert_close(&format!("{form:?}"), seed, &got[0], want.view());
 }
 
 fn array3(noise: &mut Noise, dims: (usize, usize, usize)) -> Array3<f32> {

@@ -117,32 +117,39 @@ impl FuncEmitter<'_> {
         self.b.div(&num, &den)
     }
 
-    /// One query row's attention for targets without subgroup operations (the portable step):
-    /// the masked cache scores `sc [G, P]` meet the values `vc [P, d]` in runs with an online
-    /// softmax ([`Body::online_exp_values`]), the runs are merged ([`Body::online_merge`]), and
-    /// the call's own row (`sn [G, 1]`, `vn [1, d]`) joins elementwise: three dispatches after
-    /// the scores where the maximum, the exponentials, their sum and the two-stage values
-    /// product were seven. `None` where the keys make no runs ([`pair_splits`]).
-    pub(super) fn attention_row_online(&mut self, sc: &V, sn: &V, vc: &V, vn: &V) -> Option<V> {
-        let [g, p] = sc.ty.static_dims()[..] else {
-            kv_core::error::invariant("cache scores are [G, P]")
+    /// One query row's attention for targets without subgroup operations (the portable step,
+    /// `r = 1`): the scores of the cache's keys and of the call's own row in one reduction
+    /// ([`Body::scores_with_own`]), the masked cache scores against the values `vc [P, d]` in
+    /// runs with an online softmax ([`Body::online_exp_values`]), and the runs merged from the
+    /// own row's score and value `vn [1, d]` ([`Body::online_merge`]), divided by the sum in the
+    /// same dispatch: three dispatches where the own row's scores, the maximum, the
+    /// exponentials, their sum and the two-stage values product were nine. `keys` is the layer's
+    /// key cache `[P, nKV, d]`, the call's keys `[1, nKV, d]` and the KV head; `mask_c [G, P]`
+    /// the cache's mask (one row's own key is always visible to it, so no mask of its own).
+    /// `None` where the options or shapes do not apply (several rows, f16 caches, keys that
+    /// make no runs).
+    pub(super) fn attention_row_online(
+        &mut self,
+        q: &V,
+        (kc, kn, head): (&V, &V, usize),
+        (vc, vn): (&V, &V),
+        mask_c: &V,
+    ) -> Option<V> {
+        let [g, d] = q.ty.static_dims()[..] else {
+            kv_core::error::invariant("queries are [G, d]")
         };
-        let d = vc.ty.static_dims()[1];
+        let p = kc.ty.static_dims()[0];
+        let one_row = kn.ty.static_dims()[0] == 1;
         let runs = pair_splits(g * d, p);
-        if runs <= 1 {
+        let applies = self.options.split_reductions && self.options.tiled_softmax && one_row;
+        if !applies || runs <= 1 || kc.ty.elem != Elem::F32 || vc.ty.elem != Elem::F32 {
             return None;
         }
-        let s3 = self.b.reshape_static(sc, &[g, runs, p / runs]);
+        let scores = self.b.scores_with_own(q, kc, kn, head);
+        let mask = self.b.reshape_static(mask_c, &[g, runs, p / runs]);
         let v3 = self.b.reshape_static(vc, &[runs, p / runs, d]);
-        let (m, acc, sum) = self.b.online_exp_values(&s3, &v3);
-        // The merge starts from the call's own row: its score, its value, weight 1.
-        let out = Ty::fixed(&[g, d], Elem::F32);
-        let sn = self.b.reshape_static(sn, &[g]);
-        let sn = self.b.broadcast(&sn, &[0], &out);
-        let vn = self.b.reshape_static(vn, &[d]);
-        let vn = self.b.broadcast(&vn, &[1], &out);
-        let one = self.b.splat_f32(1.0, &out);
-        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, Some((&sn, &vn, &one)));
+        let (m, acc, sum) = self.b.online_exp_values(&scores, &mask, &v3);
+        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, Some((&scores, vn)));
         Some(self.b.div(&acc, &sum))
     }
 
@@ -237,10 +244,14 @@ impl FuncEmitter<'_> {
                 self.b.slice(&qh, &[(j * group, (j + 1) * group), (0, r), (0, d)])
             };
             let qj = self.b.reshape_static(&qj, &[group * r, d]);
-            let kc = head(&mut self.b, cache.0, j);
             let vc = head(&mut self.b, cache.1, j);
-            let kn = head(&mut self.b, new.0, j);
             let vn = head(&mut self.b, new.1, j);
+            if let Some(o) = self.attention_row_online(&qj, (cache.0, new.0, j), (&vc, &vn), masks.0) {
+                outs.push(self.b.reshape_static(&o, &[group, r, d]));
+                continue;
+            }
+            let kc = head(&mut self.b, cache.0, j);
+            let kn = head(&mut self.b, new.0, j);
             // One query row (the step): the cache's products as multiply-and-reduce. As a
             // `dot_general`, CPU data tiling packs the whole cache into tiles on every call (a
             // read and a write of every K and V row) for a matvec. (On the H200 either form is a
@@ -257,12 +268,6 @@ impl FuncEmitter<'_> {
                 let o = self.attention_row(&sc, &sn, &vc, &vn, config);
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
                 continue;
-            }
-            if self.options.split_reductions && by_reduce && self.options.tiled_softmax {
-                if let Some(o) = self.attention_row_online(&sc, &sn, &vc, &vn) {
-                    outs.push(self.b.reshape_static(&o, &[group, r, d]));
-                    continue;
-                }
             }
             // The portable step divides the output by the sum (`softmax_exps`); the rest divide
             // the probabilities.

@@ -105,9 +105,19 @@ pub enum Form {
     /// One query row's attention over a cache head (`attention_row`, NVIDIA's one-row form):
     /// scores `sc [g, p]`, `sn [g, 1]`, values `vc [p, d]`, `vn [1, d]`; result `[g, d]`.
     AttentionRow { g: usize, p: usize, d: usize },
-    /// [`Form::AttentionRow`] for targets without subgroup operations (`attention_row_online`):
-    /// the cache's keys in runs with an online softmax, the runs merged from the call's own row.
-    AttentionRowOnline { g: usize, p: usize, d: usize },
+    /// One query row's attention for targets without subgroup operations
+    /// (`attention_row_online`): the scores of KV head `head` of the cache and of the call's own
+    /// row in one reduction, the cache's keys in runs with an online softmax, the runs merged
+    /// from the own row. Arguments `q [g, d]`, keys `kc [p, nkv, d]`, `kn [1, nkv, d]`, that
+    /// head's values `vc [p, d]`, `vn [1, d]`, and the cache's mask `[g, p]` as i32 (0:
+    /// masked); result `[g, d]`.
+    AttentionRowOnline {
+        g: usize,
+        p: usize,
+        d: usize,
+        nkv: usize,
+        head: usize,
+    },
     /// `rope(rmsnorm(x, w))` of `x [rows, heads, d]` per head (Gemma's Q/K norms), the norm's
     /// factor applied after the rotation (`norm_rope`). Arguments `x`, `w [d]`, `cos [rows, d]`,
     /// `sin [rows, d]` (the rotation is `x·cos + swap_halves(x)·sin`); result `[rows, heads, d]`.
@@ -186,7 +196,10 @@ pub fn emit_form(form: Form) -> String {
     let options = EmitOptions {
         weights,
         tuning: (!split).then_some(GpuTuning::NVIDIA),
-        tiled_softmax: matches!(form, Form::SoftmaxSplit { tiled: true, .. }),
+        tiled_softmax: matches!(
+            form,
+            Form::SoftmaxSplit { tiled: true, .. } | Form::AttentionRowOnline { .. }
+        ),
         split_reductions: split,
         ..EmitOptions::default()
     };
@@ -325,14 +338,18 @@ pub fn emit_form(form: Form) -> String {
             let vn = arg(&[1, d], Elem::F32);
             vec![f.attention_row(&sc, &sn, &vc, &vn, GpuTuning::NVIDIA.attention)]
         }
-        Form::AttentionRowOnline { g, p, d } => {
-            let sc = arg(&[g, p], Elem::F32);
-            let sn = arg(&[g, 1], Elem::F32);
+        Form::AttentionRowOnline { g, p, d, nkv, head } => {
+            let q = arg(&[g, d], Elem::F32);
+            let kc = arg(&[p, nkv, d], Elem::F32);
+            let kn = arg(&[1, nkv, d], Elem::F32);
             let vc = arg(&[p, d], Elem::F32);
             let vn = arg(&[1, d], Elem::F32);
+            let mask = arg(&[g, p], Elem::I32);
+            let zero = f.b.splat_i32(0, &mask.ty);
+            let mask = f.b.compare("NE", &mask, &zero);
             vec![f
-                .attention_row_online(&sc, &sn, &vc, &vn)
-                .unwrap_or_else(|| panic!("{form:?}: no runs"))]
+                .attention_row_online(&q, (&kc, &kn, head), (&vc, &vn), &mask)
+                .unwrap_or_else(|| panic!("{form:?}: does not apply"))]
         }
         Form::NormRope { rows, heads, d } => {
             let x = arg(&[rows, heads, d], Elem::F32);
