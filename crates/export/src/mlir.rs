@@ -1200,6 +1200,142 @@ impl Body {
         })
     }
 
+    /// The four sums a residual stream's pending post-norm needs (`h = x + c·u`, `u = d·post`,
+    /// `c = rsqrt(mean(d²) + eps)`), in runs of 32 elements: `x`, `d` `[R, runs, 16, 2]` (rows
+    /// in runs of 16 pairs), `post` the post-norm's packed words `[runs, 16]` (widened in the
+    /// body). Results `Σ d²`, `Σ x²`, `Σ x·u`, `Σ u²` per run, `[R, runs]` each, from which
+    /// `Σ h² = Σ x² + 2c·Σ x·u + c²·Σ u²` without `h` written out first.
+    pub fn carried_sums_in_runs(&mut self, x: &V, d: &V, post: &V) -> Vec<V> {
+        let [r, runs, _, _] = x.ty.static_dims()[..] else {
+            kv_core::error::invariant("a stream in runs of pairs is [R, runs, 16, 2]")
+        };
+        let ty = Ty::fixed(&[r, runs], Elem::F32);
+        let inits: Vec<V> = (0..4).map(|_| self.zeros(&ty)).collect();
+        // d0 row, d1 run, d2 word in the run, d3 pair element.
+        let ins = [(x, "d0, d1, d2, d3"), (d, "d0, d1, d2, d3"), (post, "d1, d2")];
+        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0, d1")).collect();
+        self.generic(&ins, &outs, 2, "", |b, args| {
+            let [xa, da, word, sdd, sxx, sxu, suu] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            let [j, ji, c16, zero, low, up, mask, hi, bits, w, u] = std::array::from_fn(|_| b.fresh());
+            let mut ops = String::new();
+            writeln!(ops, "{j} = linalg.index 3 : index").unwrap();
+            writeln!(ops, "{ji} = arith.index_cast {j} : index to i32").unwrap();
+            writeln!(ops, "{c16} = arith.constant 16 : i32").unwrap();
+            writeln!(ops, "{zero} = arith.constant 0 : i32").unwrap();
+            writeln!(ops, "{low} = arith.cmpi eq, {ji}, {zero} : i32").unwrap();
+            writeln!(ops, "{up} = arith.shli {word}, {c16} : i32").unwrap();
+            writeln!(ops, "{mask} = arith.constant -65536 : i32").unwrap();
+            writeln!(ops, "{hi} = arith.andi {word}, {mask} : i32").unwrap();
+            writeln!(ops, "{bits} = arith.select {low}, {up}, {hi} : i32").unwrap();
+            writeln!(ops, "{w} = arith.bitcast {bits} : i32 to f32").unwrap();
+            writeln!(ops, "{u} = arith.mulf {da}, {w} : f32").unwrap();
+            let mut yields = Vec::with_capacity(4);
+            for (a, c, acc) in [(da, da, sdd), (xa, xa, sxx), (xa, &u, sxu), (&u, &u, suu)] {
+                let (prod, sum) = (b.fresh(), b.fresh());
+                writeln!(ops, "{prod} = arith.mulf {a}, {c} : f32").unwrap();
+                writeln!(ops, "{sum} = arith.addf {acc}, {prod} : f32").unwrap();
+                yields.push(sum);
+            }
+            (ops, yields)
+        })
+    }
+
+    /// The stream and its norm from [`Self::carried_sums_in_runs`]'s four sums spread to every
+    /// element (`sums`, `[R, n/2, 2]` each: `Σ d²`, `Σ x²`, `Σ x·u`, `Σ u²`), as one
+    /// elementwise generic of two results: `h = x + c·d·post` and `h · rsqrt(mean(h²) + eps) ·
+    /// norm` (`x`, `d` `[R, n/2, 2]`; `post`, `norm` packed words `[n/2]`, widened in the body).
+    /// Written as one op because IREE fused the stablehlo form's ops into two elementwise
+    /// dispatches after the sums' instead of into theirs.
+    pub fn carried_norm_outputs(&mut self, sums: &[V], (x, d): (&V, &V), (post, norm): (&V, &V), eps: f32) -> (V, V) {
+        let [_, half, _] = x.ty.static_dims()[..] else {
+            kv_core::error::invariant("a stream in pairs is [R, n/2, 2]")
+        };
+        let n = half * 2;
+        let ty = x.ty.clone();
+        let (h0, y0) = (self.zeros(&ty), self.zeros(&ty));
+        let mut ins: Vec<(&V, &str)> = sums.iter().map(|v| (v, "d0, d1, d2")).collect();
+        ins.extend([(x, "d0, d1, d2"), (d, "d0, d1, d2"), (post, "d1"), (norm, "d1")]);
+        let outs = [(&h0, "d0, d1, d2"), (&y0, "d0, d1, d2")];
+        let parts = self.generic(&ins, &outs, 0, "", |b, args| {
+            let [sdd, sxx, sxu, suu, xa, da, pw, nw, _, _] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            let [j, ji, c16, zero, low, mask, count, epsv] = std::array::from_fn(|_| b.fresh());
+            let mut ops = String::new();
+            writeln!(ops, "{j} = linalg.index 2 : index").unwrap();
+            writeln!(ops, "{ji} = arith.index_cast {j} : index to i32").unwrap();
+            writeln!(ops, "{c16} = arith.constant 16 : i32").unwrap();
+            writeln!(ops, "{zero} = arith.constant 0 : i32").unwrap();
+            writeln!(ops, "{low} = arith.cmpi eq, {ji}, {zero} : i32").unwrap();
+            writeln!(ops, "{mask} = arith.constant -65536 : i32").unwrap();
+            writeln!(ops, "{count} = arith.constant {} : f32", f32_hex(n as f32)).unwrap();
+            writeln!(ops, "{epsv} = arith.constant {} : f32", f32_hex(eps)).unwrap();
+            let widen = |b: &mut Self, ops: &mut String, word: &str| {
+                let [up, hi, bits, w] = std::array::from_fn(|_| b.fresh());
+                writeln!(ops, "{up} = arith.shli {word}, {c16} : i32").unwrap();
+                writeln!(ops, "{hi} = arith.andi {word}, {mask} : i32").unwrap();
+                writeln!(ops, "{bits} = arith.select {low}, {up}, {hi} : i32").unwrap();
+                writeln!(ops, "{w} = arith.bitcast {bits} : i32 to f32").unwrap();
+                w
+            };
+            let wp = widen(b, &mut ops, pw);
+            let wn = widen(b, &mut ops, nw);
+            let rsqrt_mean = |b: &mut Self, ops: &mut String, sum: &str| {
+                let [mean, var, rs] = std::array::from_fn(|_| b.fresh());
+                writeln!(ops, "{mean} = arith.divf {sum}, {count} : f32").unwrap();
+                writeln!(ops, "{var} = arith.addf {mean}, {epsv} : f32").unwrap();
+                writeln!(ops, "{rs} = math.rsqrt {var} : f32").unwrap();
+                rs
+            };
+            let c = rsqrt_mean(b, &mut ops, sdd);
+            let [two_c, cross, c2, square, s1, shh] = std::array::from_fn(|_| b.fresh());
+            writeln!(ops, "{two_c} = arith.addf {c}, {c} : f32").unwrap();
+            writeln!(ops, "{cross} = arith.mulf {two_c}, {sxu} : f32").unwrap();
+            writeln!(ops, "{c2} = arith.mulf {c}, {c} : f32").unwrap();
+            writeln!(ops, "{square} = arith.mulf {c2}, {suu} : f32").unwrap();
+            writeln!(ops, "{s1} = arith.addf {sxx}, {cross} : f32").unwrap();
+            writeln!(ops, "{shh} = arith.addf {s1}, {square} : f32").unwrap();
+            let rh = rsqrt_mean(b, &mut ops, &shh);
+            let [cd, u, h, hr, y] = std::array::from_fn(|_| b.fresh());
+            writeln!(ops, "{cd} = arith.mulf {da}, {c} : f32").unwrap();
+            writeln!(ops, "{u} = arith.mulf {cd}, {wp} : f32").unwrap();
+            writeln!(ops, "{h} = arith.addf {xa}, {u} : f32").unwrap();
+            writeln!(ops, "{hr} = arith.mulf {h}, {rh} : f32").unwrap();
+            writeln!(ops, "{y} = arith.mulf {hr}, {wn} : f32").unwrap();
+            (ops, vec![h, y])
+        });
+        let [h, y] = <[V; 2]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("two outputs"));
+        (h, y)
+    }
+
+    /// Per-run sums `[R, runs]` each summed across the runs for every element of a row shaped
+    /// `[R, tail..]` (`ty`): `[R, tail..]` each, the same within a row. The second half of a
+    /// norm's factor on targets without subgroup operations (no loop longer than the runs),
+    /// several sums in one dispatch.
+    pub fn spread_sums(&mut self, partials: &[V], ty: &Ty) -> Vec<V> {
+        let rank = ty.rank();
+        let inits: Vec<V> = partials.iter().map(|_| self.zeros(ty)).collect();
+        let run = format!("d0, d{rank}");
+        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, run.as_str())).collect();
+        let each: Vec<String> = (0..rank).map(|i| format!("d{i}")).collect();
+        let each = each.join(", ");
+        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, each.as_str())).collect();
+        let n = partials.len();
+        self.generic(&ins, &outs, 1, "", |b, args| {
+            let (parts, accs) = args.split_at(n);
+            let mut body = String::new();
+            let mut yields = Vec::with_capacity(n);
+            for (part, acc) in parts.iter().zip(accs) {
+                let sum = b.fresh();
+                writeln!(body, "{sum} = arith.addf {acc}, {part} : f32").unwrap();
+                yields.push(sum);
+            }
+            (body, yields)
+        })
+    }
+
     /// The body of a packed-pairs product (block arguments `x`, the word, the accumulator; the
     /// pair element `j` is loop dimension `pair_dim`): element `j` of the word shifted into the
     /// high half, the low half cleared, bitcast, multiplied, accumulated.

@@ -314,6 +314,34 @@ fn norm_of_a_packed_weight_widened() {
     );
 }
 
+/// The portable profiles' pending post-norm made by the next norm: two rows, 96 wide (three
+/// runs of 32), the stream ~50 times the block's output as in a real model's residual.
+#[test]
+fn pending_post_norm_settled_by_the_next_norm() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    let (rows, n) = (2, 96);
+    let x = matrix(&mut noise, rows, n).mapv(|v| v * 50.0);
+    let d = matrix(&mut noise, rows, n);
+    let (post_bits, post) = bf16_weight(&mut noise, 1, n);
+    let (norm_bits, norm) = bf16_weight(&mut noise, 1, n);
+    let inputs = [
+        f32s(&x),
+        f32s(&d),
+        Array::I32(vec![n / 2], pack_pairs(&post_bits)),
+        Array::I32(vec![n / 2], pack_pairs(&norm_bits)),
+    ];
+    let got = run(Form::CarriedNorm { rows, n }, &inputs, 2);
+    let h = &x + &rmsnorm(d.view(), post.row(0));
+    assert_close("the stream settled", seed, &got[0], h.view());
+    assert_close(
+        "the stream normed",
+        seed,
+        &got[1],
+        rmsnorm(h.view(), norm.row(0)).view(),
+    );
+}
+
 #[test]
 fn i16_product_widened_in_its_body() {
     let seed = seed();

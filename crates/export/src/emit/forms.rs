@@ -144,6 +144,11 @@ pub enum Form {
         nkv: usize,
         d: usize,
     },
+    /// A residual stream with a post-norm addition pending, settled and normed by the next norm
+    /// in one pass of sums (`carried_norm`, the portable profiles'): `h = x + rmsnorm(d, post)`
+    /// and `rmsnorm(h, norm)`. Arguments `x`, `d` `[rows, n]`, `post`, `norm` packed words
+    /// `[n/2]` i32 (`n` a multiple of 32 above 32); results `h` and the norm, `[rows, n]` each.
+    CarriedNorm { rows: usize, n: usize },
     /// [`Form::PairsProduct`] against `weights` packed weights of one shape in one product
     /// (`Body::contract_pairs_split_many`, the portable gate and up). Arguments `x [rows,
     /// inner]`, then the weights `[out, inner/2]` i32; results `weights` × `[rows, out]`.
@@ -178,6 +183,7 @@ pub fn emit_form(form: Form) -> String {
         | Form::PairsProductLanes { .. }
         | Form::PackedNorm { .. }
         | Form::QkvNormRopePacked { .. }
+        | Form::CarriedNorm { .. }
         | Form::PairsProductMany { .. } => WeightFormat::PackedI32,
         Form::RmsNorm { parallel: false, .. } => WeightFormat::Bf16,
         _ => WeightFormat::I16,
@@ -192,6 +198,7 @@ pub fn emit_form(form: Form) -> String {
             | Form::PairsProductLanes { .. }
             | Form::PairsProductMany { .. }
             | Form::AttentionRowOnline { .. }
+            | Form::CarriedNorm { .. }
     );
     let options = EmitOptions {
         weights,
@@ -384,6 +391,20 @@ pub fn emit_form(form: Form) -> String {
             let cos = arg(&[rows, d], Elem::F32);
             let sin = arg(&[rows, d], Elem::F32);
             vec![f.qkv_norm_rope(&y, 0, &cos, &sin)]
+        }
+        Form::CarriedNorm { rows, n } => {
+            let x = arg(&[rows, n], Elem::F32);
+            let d = arg(&[rows, n], Elem::F32);
+            f.loaded.insert("post#raw".into(), arg(&[n / 2], Elem::I32));
+            f.loaded.insert("norm#raw".into(), arg(&[n / 2], Elem::I32));
+            let residual = Residual {
+                base: x,
+                pending: Some((d, "post".into())),
+            };
+            let (h, normed) = f
+                .carried_norm(&residual, "norm")
+                .unwrap_or_else(|| panic!("{form:?}: does not apply"));
+            vec![h, normed]
         }
         Form::PairsProductMany {
             rows,

@@ -3,6 +3,7 @@
 
 use kv_core::param::Param;
 
+use super::layer::Residual;
 use super::FuncEmitter;
 use crate::mlir::V;
 
@@ -10,6 +11,12 @@ impl FuncEmitter<'_> {
     /// `rmsnorm(x, output_norm) · Eᵀ` for every row of `x [R, hidden]`: `[R, vocab]`.
     pub(super) fn logits(&mut self, x: &V) -> V {
         let y = self.norm_param(x, &Param::OutputNorm.to_string());
+        self.logits_of_normed(&y)
+    }
+
+    /// `y · Eᵀ` of rows already normed by the output norm.
+    pub(super) fn logits_of_normed(&mut self, y: &V) -> V {
+        let y = y.clone();
         let table = if self.arch.tied_output {
             Param::TokenEmbd
         } else {
@@ -38,6 +45,21 @@ impl FuncEmitter<'_> {
             None => x.clone(),
         };
         self.logits(&row)
+    }
+
+    /// [`Self::head_logits`] of a residual stream whose last post-norm addition is pending,
+    /// made with the output norm in one pass where the profile carries it
+    /// ([`Self::carried_norm`]); else settled, then normed.
+    pub(super) fn head_logits_of(&mut self, x: &Residual, select: Option<&V>) -> V {
+        let Some((_, normed)) = self.carried_norm(x, &Param::OutputNorm.to_string()) else {
+            let x = self.settle(x);
+            return self.head_logits(&x, select);
+        };
+        let row = match select {
+            Some(s) => self.b.dot(s, &normed, (&[], &[]), (&[1], &[0])),
+            None => normed,
+        };
+        self.logits_of_normed(&row)
     }
 
     /// The next token of the row picked by the one-hot `select [1, R]` (or of the only row): `[1] i32`.

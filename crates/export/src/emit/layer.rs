@@ -45,13 +45,28 @@ impl FuncEmitter<'_> {
         let r = x.base.ty.static_dims()[0];
         let p = |w: LayerWeight| Param::Layer(l, w).to_string();
         let fused = self.table.contains_key(&p(LayerWeight::AttnQkv));
+        // The last block's post-norm and this norm in one pass where the profile carries it.
+        let (x, normed) = match self.carried_norm(x, &p(LayerWeight::AttnNorm)) {
+            Some((stream, h)) => (Residual::settled(stream), Some(h)),
+            None => (x.clone(), None),
+        };
+        let x = &x;
         let (q, k, v) = if fused && arch.qk_norm && !arch.attn_bias && r <= NORM_ROPE_MAX_ROWS {
             let (norm, qkv) = (p(LayerWeight::AttnNorm), p(LayerWeight::AttnQkv));
-            let y = match self.normed_products(x, &norm, &[&qkv]) {
+            let products = match &normed {
+                Some(_) => None,
+                None => self.normed_products(x, &norm, &[&qkv]),
+            };
+            let y = match products {
                 Some(mut y) => y.remove(0),
                 None => {
-                    let x = self.settle(x);
-                    let h = self.norm_param(&x, &norm);
+                    let h = match &normed {
+                        Some(h) => h.clone(),
+                        None => {
+                            let x = self.settle(x);
+                            self.norm_param(&x, &norm)
+                        }
+                    };
                     self.proj(&h, &qkv)
                 }
             };
@@ -60,8 +75,13 @@ impl FuncEmitter<'_> {
             let mut heads = |from: usize, n: usize| self.b.slice(&z, &[(0, r), (from, from + n), (0, d)]);
             (heads(0, nh), heads(nh, nkv), heads(nh + nkv, nkv))
         } else {
-            let x = self.settle(x);
-            let h = self.norm_param(&x, &p(LayerWeight::AttnNorm));
+            let h = match &normed {
+                Some(h) => h.clone(),
+                None => {
+                    let x = self.settle(x);
+                    self.norm_param(&x, &p(LayerWeight::AttnNorm))
+                }
+            };
             self.qkv_apart(&h, l, cos, sin)
         };
         let (o, k_out, v_out) = if let MaskIn::V2 { cache, new } = mask {
@@ -98,14 +118,24 @@ impl FuncEmitter<'_> {
         let x = self.add_block(x, a, &p(LayerWeight::PostAttentionNorm));
         // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
         let (gate, up) = (p(LayerWeight::FfnGate), p(LayerWeight::FfnUp));
-        let (g, u) = match self
-            .normed_products(&x, &p(LayerWeight::FfnNorm), &[&gate, &up])
-            .as_deref()
-        {
+        let (x, normed) = match self.carried_norm(&x, &p(LayerWeight::FfnNorm)) {
+            Some((stream, h)) => (Residual::settled(stream), Some(h)),
+            None => (x, None),
+        };
+        let products = match &normed {
+            Some(_) => None,
+            None => self.normed_products(&x, &p(LayerWeight::FfnNorm), &[&gate, &up]),
+        };
+        let (g, u) = match products.as_deref() {
             Some([g, u]) => (g.clone(), u.clone()),
             _ => {
-                let x = self.settle(&x);
-                let h2 = self.norm_param(&x, &p(LayerWeight::FfnNorm));
+                let h2 = match normed {
+                    Some(h) => h,
+                    None => {
+                        let x = self.settle(&x);
+                        self.norm_param(&x, &p(LayerWeight::FfnNorm))
+                    }
+                };
                 match self.proj_many(&h2, &[&gate, &up]).as_deref() {
                     Some([g, u]) => (g.clone(), u.clone()),
                     _ => (self.proj(&h2, &gate), self.proj(&h2, &up)),
@@ -131,7 +161,7 @@ impl FuncEmitter<'_> {
             return Residual::settled(self.b.add(&x, &y));
         }
         let one_row = y.ty.is_static() && y.ty.static_dims()[0] == 1;
-        if one_row && self.row_tuning().is_some() {
+        if (one_row && self.row_tuning().is_some()) || self.carries_post_norms(&y) {
             return Residual {
                 base: x,
                 pending: Some((y, post_norm.to_string())),

@@ -470,12 +470,11 @@ impl<'a> FuncEmitter<'a> {
                     outs.insert(Name::K(l), k);
                     outs.insert(Name::V(l), v);
                 }
-                let x = self.settle(&x);
                 let select = match graph {
                     Graph::Step => None,
                     _ => Some(arg(Name::Select)?),
                 };
-                let logits = self.head_logits(&x, select.as_ref());
+                let logits = self.head_logits_of(&x, select.as_ref());
                 // Every argmax and top-k form below reads the masked logits, so none of them
                 // needs a masked variant of its own (the NVIDIA head product, the staged argmax).
                 let logits = match args.get(&Name::Allowed) {

@@ -2,7 +2,8 @@
 //! ([`FuncEmitter::rms_factor_parallel`], for targets without subgroup operations), or from a sum
 //! of squares taken elsewhere ([`FuncEmitter::rms_from_sum`], the fused normed products').
 
-use super::FuncEmitter;
+use super::layer::Residual;
+use super::{FuncEmitter, WeightFormat};
 use crate::mlir::{Elem, Reduce, Ty, V};
 
 impl FuncEmitter<'_> {
@@ -106,6 +107,53 @@ impl FuncEmitter<'_> {
         let wb = self.b.broadcast(&w, &[last, last + 1], &pty);
         let y = self.b.mul(&y, &wb);
         self.b.reshape_static(&y, &dims)
+    }
+
+    /// Whether a block's post-norm addition is left pending ([`Residual`]) for the next norm to
+    /// make ([`Self::carried_norm`]): the portable profiles' few-row graphs with packed weights,
+    /// rows a multiple of 32 wide.
+    pub(super) fn carries_post_norms(&self, y: &V) -> bool {
+        let dims = y.ty.static_dims();
+        let (rows, n) = (dims[0], dims[dims.len() - 1]);
+        self.options.split_reductions
+            && self.options.weights == WeightFormat::PackedI32
+            && y.ty.is_static()
+            && self.pairs_in_place(rows)
+            && n % 32 == 0
+            && n > 32
+    }
+
+    /// The residual stream `x` settled and normed by `norm`, as `(stream, normed)`, where `x`
+    /// has a post-norm addition pending that this profile carries ([`Self::carries_post_norms`]):
+    /// `h = base + rmsnorm(d, post)` and `rmsnorm(h, norm)` from one pass of sums in runs
+    /// ([`Body::carried_sums_in_runs`]: `Σ d²`, and `Σ h²` taken apart as the tuned normed
+    /// products do) and one spreading them to every element, where the post-norm, its
+    /// addition and the next norm were four dispatches. `None` elsewhere.
+    ///
+    /// [`Body::carried_sums_in_runs`]: crate::mlir::Body::carried_sums_in_runs
+    pub(super) fn carried_norm(&mut self, x: &Residual, norm: &str) -> Option<(V, V)> {
+        let (d, post) = x.pending.as_ref()?;
+        if !self.carries_post_norms(d) || self.quant_format(post).is_some() || self.quant_format(norm).is_some() {
+            return None;
+        }
+        let dims = d.ty.static_dims();
+        let [r, n] = dims[..] else { return None };
+        let runs = n / 32;
+        let in_runs = |e: &mut Self, v: &V| e.b.reshape_static(v, &[r, runs, 16, 2]);
+        let (xb, db) = (in_runs(self, &x.base), in_runs(self, d));
+        let post_raw = self.raw_param(post);
+        let post_words = self.b.reshape_static(&post_raw, &[runs, 16]);
+        let partials = self.b.carried_sums_in_runs(&xb, &db, &post_words);
+        let pty = Ty::fixed(&[r, n / 2, 2], Elem::F32);
+        let sums = self.b.spread_sums(&partials, &pty);
+        let paired = |e: &mut Self, v: &V| e.b.reshape_static(v, &[r, n / 2, 2]);
+        let (xp, dp) = (paired(self, &x.base), paired(self, d));
+        let norm_raw = self.raw_param(norm);
+        let eps = self.arch.rms_eps;
+        let (h, normed) = self
+            .b
+            .carried_norm_outputs(&sums, (&xp, &dp), (&post_raw, &norm_raw), eps);
+        Some((self.b.reshape_static(&h, &dims), self.b.reshape_static(&normed, &dims)))
     }
 
     pub(super) fn norm_param(&mut self, x: &V, name: &str) -> V {
