@@ -1691,35 +1691,25 @@ impl Body {
     }
 
     /// The runs of [`Self::online_exp_values`] merged (`[G, runs, d]` each → `[G, d]`): the
-    /// largest maximum `M`, and the runs' sums rescaled to it, `Σ e^(m-M)·acc`, `Σ e^(m-M)·sum`;
-    /// with `own` (the scores `[G, P + 1]` of [`Self::scores_with_own`] and the call's own row's
-    /// value `[1, d]`), the own row merged first (score column `P`, weight 1), read with
-    /// `tensor.extract`, so that nothing is left to join after the merge but the division.
-    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, own: Option<(&V, &V)>) -> (V, V, V) {
+    /// largest maximum `M`, and the runs' sums rescaled to it, `Σ e^(m-M)·acc`, `Σ e^(m-M)·sum`,
+    /// the call's own row merged first (`own`: the scores `[G, P + 1]` of
+    /// [`Self::scores_with_own`], column `P`, and the own row's value `[1, d]`, weight 1, read
+    /// with `tensor.extract`), so that nothing is left to join after the merge but the division.
+    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, (scores, value): (&V, &V)) -> (V, V, V) {
         let [g, _, d] = m.ty.static_dims()[..] else {
             kv_core::error::invariant("runs are [G, runs, d]")
         };
         let ty = Ty::fixed(&[g, d], Elem::F32);
         let m0 = self.filled(&ty, ONLINE_MAX_INIT);
         let (a0, s0) = (self.zeros(&ty), self.zeros(&ty));
-        let own = own.map(|(s, v)| {
-            (
-                s.name.clone(),
-                s.ty.text(),
-                s.ty.static_dims()[1] - 1,
-                v.name.clone(),
-                v.ty.text(),
-            )
-        });
+        let (s_name, s_ty, p) = (scores.name.clone(), scores.ty.text(), scores.ty.static_dims()[1] - 1);
+        let (v_name, v_ty) = (value.name.clone(), value.ty.text());
         // d0 query row, d1 output, d2 run.
         let ins = [(m, "d0, d2, d1"), (acc, "d0, d2, d1"), (sum, "d0, d2, d1")];
         let outs = [(&m0, "d0, d1"), (&a0, "d0, d1"), (&s0, "d0, d1")];
         let parts = self.generic(&ins, &outs, 1, "", |b, args| {
             let [mr, ar, sr, m, acc, sum] = args else {
                 kv_core::error::invariant("a block argument per input and output")
-            };
-            let Some((s_name, s_ty, p, v_name, v_ty)) = own else {
-                return b.online_softmax_step((m, mr), (ar, sr), (acc, sum), true);
             };
             // The own row at the first run (a score of `MASKED` at the others adds nothing: by
             // then the maximum is at least the own row's score), then the run.

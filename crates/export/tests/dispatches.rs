@@ -25,7 +25,9 @@ const EXPECTED: &[(&str, Option<&str>, usize)] = &[
 fn dispatches_in(flow: &str, func: &str) -> usize {
     let head = format!("util.func public @{func}(");
     let mut lines = flow.lines().skip_while(|l| !l.trim_start().starts_with(&head));
-    let first = lines.next().unwrap_or_else(|| panic!("no function @{func} in the flow module"));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no function @{func} in the flow module"));
     let indent = first.len() - first.trim_start().len();
     let close = format!("{}}}", " ".repeat(indent));
     lines
@@ -54,7 +56,10 @@ fn step_dispatches(fixture: &str, vulkan_target: Option<&str>) -> usize {
     let tmp = tempfile::tempdir().unwrap();
     let (mlir, flow) = (tmp.path().join("step.mlir"), tmp.path().join("step.flow.mlir"));
     std::fs::write(&mlir, text).unwrap();
-    let flags = ["--iree-opt-const-expr-hoisting=false".to_string(), "--compile-to=flow".to_string()];
+    let flags = [
+        "--iree-opt-const-expr-hoisting=false".to_string(),
+        "--compile-to=flow".to_string(),
+    ];
     export::compile_with(&mlir, &target, &flow, &flags).unwrap_or_else(|e| panic!("{fixture}: {e}"));
     dispatches_in(&std::fs::read_to_string(&flow).unwrap(), "gemma_with_past")
 }

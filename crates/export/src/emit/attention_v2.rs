@@ -149,7 +149,7 @@ impl FuncEmitter<'_> {
         let mask = self.b.reshape_static(mask_c, &[g, runs, p / runs]);
         let v3 = self.b.reshape_static(vc, &[runs, p / runs, d]);
         let (m, acc, sum) = self.b.online_exp_values(&scores, &mask, &v3);
-        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, Some((&scores, vn)));
+        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, (&scores, vn));
         Some(self.b.div(&acc, &sum))
     }
 

@@ -10,10 +10,12 @@ use super::{FuncEmitter, MaskIn};
 use crate::mlir::{Body, Elem, V};
 
 /// The residual stream between a layer's blocks: `base`, and in the one-row step of NVIDIA
-/// Vulkan exports the last block's post-norm addition not yet made, `base + rmsnorm(delta,
-/// weight)` as `(delta, weight's name)`. The next normed products take the sum apart
-/// ([`FuncEmitter::normed_products`]) and the next product as wide as the stream writes it
-/// out ([`FuncEmitter::proj_settling`]), so that the post-norm needs no dispatch of its own.
+/// Vulkan exports and the few-row graphs of the portable ones the last block's post-norm
+/// addition not yet made, `base + rmsnorm(delta, weight)` as `(delta, weight's name)`. NVIDIA's:
+/// the next normed products take the sum apart ([`FuncEmitter::normed_products`]) and the next
+/// product as wide as the stream writes it out ([`FuncEmitter::proj_settling`]), so that the
+/// post-norm needs no dispatch of its own. The portable profiles': the next norm makes it
+/// ([`FuncEmitter::carried_norm`]).
 #[derive(Clone)]
 pub(super) struct Residual {
     pub(super) base: V,
@@ -62,10 +64,7 @@ impl FuncEmitter<'_> {
                 None => {
                     let h = match &normed {
                         Some(h) => h.clone(),
-                        None => {
-                            let x = self.settle(x);
-                            self.norm_param(&x, &norm)
-                        }
+                        None => self.settled_norm(x, &norm),
                     };
                     self.proj(&h, &qkv)
                 }
@@ -77,10 +76,7 @@ impl FuncEmitter<'_> {
         } else {
             let h = match &normed {
                 Some(h) => h.clone(),
-                None => {
-                    let x = self.settle(x);
-                    self.norm_param(&x, &p(LayerWeight::AttnNorm))
-                }
+                None => self.settled_norm(x, &p(LayerWeight::AttnNorm)),
             };
             self.qkv_apart(&h, l, cos, sin)
         };
@@ -131,10 +127,7 @@ impl FuncEmitter<'_> {
             _ => {
                 let h2 = match normed {
                     Some(h) => h,
-                    None => {
-                        let x = self.settle(&x);
-                        self.norm_param(&x, &p(LayerWeight::FfnNorm))
-                    }
+                    None => self.settled_norm(&x, &p(LayerWeight::FfnNorm)),
                 };
                 match self.proj_many(&h2, &[&gate, &up]).as_deref() {
                     Some([g, u]) => (g.clone(), u.clone()),
@@ -155,7 +148,8 @@ impl FuncEmitter<'_> {
     /// The residual stream `x` plus a block's output `y` (RMS-normed by `post_norm` where the
     /// architecture has post-norms): the addition left pending where the next products can
     /// make it ([`Residual`]: the one-row step where [`EmitOptions::tuning`] says how
-    /// the products writing the stream out run, with i16 weights).
+    /// the products writing the stream out run, with i16 weights) or the next norm
+    /// ([`Self::carries_post_norms`]).
     pub(super) fn add_block(&mut self, x: V, y: V, post_norm: &str) -> Residual {
         if !self.arch.post_norms {
             return Residual::settled(self.b.add(&x, &y));
@@ -169,6 +163,12 @@ impl FuncEmitter<'_> {
         }
         let y = self.norm_param(&y, post_norm);
         Residual::settled(self.b.add(&x, &y))
+    }
+
+    /// `rmsnorm(x, norm)` of the stream written out first ([`Self::settle`]).
+    pub(super) fn settled_norm(&mut self, x: &Residual, norm: &str) -> V {
+        let x = self.settle(x);
+        self.norm_param(&x, norm)
     }
 
     /// The residual stream written out: `base + rmsnorm(delta, weight)` where an addition is
