@@ -1129,19 +1129,65 @@ impl Body {
         };
         let r = x.ty.static_dims()[0];
         let each = words / parts;
-        // Loop dimensions: d0 row, d1 output, d2 part, d3 word within the part, d4 pair element.
-        let (x4, w3, maps) = if interleaved {
-            let x4 = self.reshape_static(x, &[r, each, parts, 2]);
-            let w3 = self.reshape_static(w, &[o, each, parts]);
-            (x4, w3, ["d0, d3, d2, d4", "d1, d3, d2"])
+        // Loop dimensions: d0 row, d1 output, d2 part, d3 word within the part.
+        let (w3, maps) = if interleaved {
+            (
+                self.reshape_static(w, &[o, each, parts]),
+                ["d0, d3, d2", "d0, d3, d2", "d1, d3, d2"],
+            )
         } else {
-            let x4 = self.reshape_static(x, &[r, parts, each, 2]);
-            let w3 = self.reshape_static(w, &[o, parts, each]);
-            (x4, w3, ["d0, d2, d3, d4", "d1, d2, d3"])
+            (
+                self.reshape_static(w, &[o, parts, each]),
+                ["d0, d2, d3", "d0, d2, d3", "d1, d2, d3"],
+            )
         };
+        let grid = if interleaved { [each, parts] } else { [parts, each] };
+        let (lo, hi) = self.pair_halves(x, grid);
         let ty = Ty::fixed(&[r, o, parts], Elem::F32);
-        let partial = self.reduction_generic(&[&x4, &w3], ty, &maps, 2, "", Self::pair_product(4));
+        let partial = self.reduction_generic(&[&lo, &hi, &w3], ty, &maps, 1, "", Self::pair_halves_product);
         self.reduce(&partial, &[2], Reduce::Add)
+    }
+
+    /// The even and odd elements of `x [R, 2·a·b]` (the low and high halves of a packed pair
+    /// meet them), each `[R, a, b]`: the packed products read them as two inputs, so their body
+    /// needs no loop index to pick a word's half. With the index (a pair dimension) IREE's
+    /// SPIR-V code for the portable target was a scalar loop that loads and stores its
+    /// accumulator in the output buffer at every step; without it, `vector<4xf32>` loads and the
+    /// accumulator in registers (`iree-compile --compile-to=executable-targets`, session 25).
+    fn pair_halves(&mut self, x: &V, [a, b]: [usize; 2]) -> (V, V) {
+        let r = x.ty.static_dims()[0];
+        let x4 = self.reshape_static(x, &[r, a, b, 2]);
+        let mut half = |j: usize| {
+            let h = self.slice(&x4, &[(0, r), (0, a), (0, b), (j, j + 1)]);
+            self.reshape_static(&h, &[r, a, b])
+        };
+        (half(0), half(1))
+    }
+
+    /// The body of a packed-pairs product over the halves of `x` ([`Self::pair_halves`]; block
+    /// arguments the even element, the odd one, the word, the accumulator).
+    fn pair_halves_product(&mut self, args: &[String]) -> (String, String) {
+        let [a, b, word, acc] = args else {
+            kv_core::error::invariant("the halves, the word, then the accumulator")
+        };
+        let [c16, up, mask, hi, lof, hif, p, q, pq, sum]: [String; 10] = std::array::from_fn(|_| self.fresh());
+        let ops = templates::PAIR_HALVES_PRODUCT.fill(&[
+            ("C16", &c16),
+            ("UP", &up),
+            ("WORD", word),
+            ("MASK", &mask),
+            ("HI", &hi),
+            ("LOF", &lof),
+            ("HIF", &hif),
+            ("A", a),
+            ("B", b),
+            ("P", &p),
+            ("Q", &q),
+            ("PQ", &pq),
+            ("ACC", acc),
+            ("SUM", &sum),
+        ]);
+        (ops, sum)
     }
 
     /// [`Self::contract_pairs_split`] of one `x` against several weights of one shape
@@ -1160,24 +1206,24 @@ impl Body {
             return ws.iter().map(|w| self.contract_pairs(x, w)).collect();
         }
         let each = words / splits;
-        let x4 = self.reshape_static(x, &[r, splits, each, 2]);
+        let (lo, hi) = self.pair_halves(x, [splits, each]);
         let w3s: Vec<V> = ws.iter().map(|w| self.reshape_static(w, &[o, splits, each])).collect();
         let ty = Ty::fixed(&[r, o, splits], Elem::F32);
         let inits: Vec<V> = ws.iter().map(|_| self.zeros(&ty)).collect();
-        // Loop dimensions: d0 row, d1 output, d2 run, d3 word within the run, d4 pair element.
-        let mut ins: Vec<(&V, &str)> = vec![(&x4, "d0, d2, d3, d4")];
+        // Loop dimensions: d0 row, d1 output, d2 run, d3 word within the run.
+        let mut ins: Vec<(&V, &str)> = vec![(&lo, "d0, d2, d3"), (&hi, "d0, d2, d3")];
         ins.extend(w3s.iter().map(|w| (w, "d1, d2, d3")));
         let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0, d1, d2")).collect();
         let n = ws.len();
-        let partials = self.generic(&ins, &outs, 2, "", |b, args| {
-            let (xa, rest) = args
-                .split_first()
-                .unwrap_or_else(|| kv_core::error::invariant("x first"));
+        let partials = self.generic(&ins, &outs, 1, "", |b, args| {
+            let [xlo, xhi, rest @ ..] = args else {
+                kv_core::error::invariant("the halves first")
+            };
             let (words, accs) = rest.split_at(n);
             let mut body = String::new();
             let mut yields = Vec::with_capacity(n);
             for (w, acc) in words.iter().zip(accs) {
-                let (ops, sum) = Self::pair_product(4)(b, &[xa.clone(), w.clone(), acc.clone()]);
+                let (ops, sum) = b.pair_halves_product(&[xlo.clone(), xhi.clone(), w.clone(), acc.clone()]);
                 writeln!(body, "{ops}").unwrap();
                 yields.push(sum);
             }

@@ -43,6 +43,9 @@ pub const WIDEN_I16: Template = template!("widen_i16");
 pub const DEQUANT_PRODUCT: Template = template!("dequant_product");
 /// Element `j` of a packed bf16 pair shifted into the high half, multiplied, accumulated.
 pub const PAIR_PRODUCT: Template = template!("pair_product");
+/// A packed word's two bf16 halves against the even and odd elements of `x` (two inputs), with
+/// no loop index in the body.
+pub const PAIR_HALVES_PRODUCT: Template = template!("pair_halves_product");
 /// Element `j` of a word of packed quantized values (two shifts), dequantized, multiplied,
 /// accumulated.
 pub const WORD_DEQUANT_PRODUCT: Template = template!("word_dequant_product");
@@ -68,6 +71,7 @@ pub const ALL: &[Template] = &[
     WIDEN_I16,
     DEQUANT_PRODUCT,
     PAIR_PRODUCT,
+    PAIR_HALVES_PRODUCT,
     WORD_DEQUANT_PRODUCT,
     SETTLE_STREAM,
     ROW_MAX,

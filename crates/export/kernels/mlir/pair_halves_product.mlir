@@ -1,0 +1,10 @@
+{{C16}} = arith.constant 16 : i32
+{{UP}} = arith.shli {{WORD}}, {{C16}} : i32
+{{MASK}} = arith.constant -65536 : i32
+{{HI}} = arith.andi {{WORD}}, {{MASK}} : i32
+{{LOF}} = arith.bitcast {{UP}} : i32 to f32
+{{HIF}} = arith.bitcast {{HI}} : i32 to f32
+{{P}} = arith.mulf {{A}}, {{LOF}} : f32
+{{Q}} = arith.mulf {{B}}, {{HIF}} : f32
+{{PQ}} = arith.addf {{P}}, {{Q}} : f32
+{{SUM}} = arith.addf {{ACC}}, {{PQ}} : f32
