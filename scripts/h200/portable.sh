@@ -18,7 +18,7 @@
 #   VARIANTS="packed packed-v2 i16-p16-v2 i16-ampere-v2" scripts/h200/portable.sh prepare
 #   ROUNDS=2 PROFILE="packed packed-v2" bash scripts/h200/portable.sh run
 # Session 25 left a forms A/B prepared in .cache/device (56 MiB with .gl; no device was lent):
-# packed-v2 (this build's 315-dispatch step), packed-v2-424 (c3211e6: the online-softmax values,
+# packed-v2 (615812b's 315-dispatch step, products vectorized), packed-v2-424 (c3211e6: the online-softmax values,
 # the cache scores still IREE's vectorized contraction) and packed-v2-387 (43c29f8: the scores in
 # a generic with tensor.extract, which IREE compiles to a scalar loop) exported by those builds
 # (BIN=<binary> ... prepare, then the directory renamed), i16-ampere-v2. List this build's
