@@ -1229,21 +1229,7 @@ impl Body {
             }
             (body, yields)
         });
-        let sum_ty = Ty::fixed(&[r, o], Elem::F32);
-        let inits: Vec<V> = ws.iter().map(|_| self.zeros(&sum_ty)).collect();
-        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, "d0, d1, d2")).collect();
-        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0, d1")).collect();
-        self.generic(&ins, &outs, 1, "", |b, args| {
-            let (parts, accs) = args.split_at(n);
-            let mut body = String::new();
-            let mut yields = Vec::with_capacity(n);
-            for (part, acc) in parts.iter().zip(accs) {
-                let sum = b.fresh();
-                writeln!(body, "{sum} = arith.addf {acc}, {part} : f32").unwrap();
-                yields.push(sum);
-            }
-            (body, yields)
-        })
+        self.sums_of(&partials, "d0, d1, d2", &Ty::fixed(&[r, o], Elem::F32))
     }
 
     /// The four sums a residual stream's pending post-norm needs (`h = x + c·u`, `u = d·post`,
@@ -1361,11 +1347,17 @@ impl Body {
     /// norm's factor on targets without subgroup operations (no loop longer than the runs),
     /// several sums in one dispatch.
     pub fn spread_sums(&mut self, partials: &[V], ty: &Ty) -> Vec<V> {
-        let rank = ty.rank();
+        let run = format!("d0, d{}", ty.rank());
+        self.sums_of(partials, &run, ty)
+    }
+
+    /// Each of `partials` summed over the one loop dimension after `ty`'s, read through `map`
+    /// (over `ty`'s dimensions and that one), into a tensor of type `ty`: one generic of as many
+    /// results.
+    fn sums_of(&mut self, partials: &[V], map: &str, ty: &Ty) -> Vec<V> {
         let inits: Vec<V> = partials.iter().map(|_| self.zeros(ty)).collect();
-        let run = format!("d0, d{rank}");
-        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, run.as_str())).collect();
-        let each: Vec<String> = (0..rank).map(|i| format!("d{i}")).collect();
+        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, map)).collect();
+        let each: Vec<String> = (0..ty.rank()).map(|i| format!("d{i}")).collect();
         let each = each.join(", ");
         let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, each.as_str())).collect();
         let n = partials.len();
@@ -1729,7 +1721,7 @@ impl Body {
             writeln!(ops, "{raw} = tensor.extract {scores_name}[{row}, {t}] : {scores_ty}").unwrap();
             writeln!(ops, "{masked} = arith.constant {MASKED_LITERAL} : f32").unwrap();
             writeln!(ops, "{sc} = arith.select {keep}, {raw}, {masked} : f32").unwrap();
-            let (step, yields) = b.online_softmax_step((m, &sc), (x, "1.0"), (acc, sum), false);
+            let (step, yields) = b.online_softmax_step((m, &sc), (x, None), (acc, sum));
             (format!("{ops}{step}"), yields)
         });
         let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
@@ -1772,11 +1764,11 @@ impl Body {
             writeln!(ops, "{so} = arith.select {first}, {sn}, {masked} : f32").unwrap();
             writeln!(ops, "{vn} = tensor.extract {v_name}[{zero}, {col}] : {v_ty}").unwrap();
             writeln!(ops, "{one} = arith.constant 1.0 : f32").unwrap();
-            let (own_step, own_yields) = b.online_softmax_step((m, &so), (&vn, &one), (acc, sum), true);
+            let (own_step, own_yields) = b.online_softmax_step((m, &so), (&vn, Some(&one)), (acc, sum));
             let [m1, acc1, sum1] = &own_yields[..] else {
                 kv_core::error::invariant("three running values")
             };
-            let (run_step, yields) = b.online_softmax_step((m1, mr), (ar, sr), (acc1, sum1), true);
+            let (run_step, yields) = b.online_softmax_step((m1, mr), (ar, Some(sr)), (acc1, sum1));
             (format!("{ops}{own_step}{run_step}"), yields)
         });
         let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
@@ -1784,14 +1776,13 @@ impl Body {
     }
 
     /// The body of one online-softmax step: the running maximum `m` meets `x` (a score, or a
-    /// run's maximum with `merge`), the running sums are rescaled by `e^(m - m')` and gain
-    /// `e^(x - m')` times `(value, weight)` (a value and 1, or a run's two sums with `merge`).
+    /// run's maximum), the running sums are rescaled by `e^(m - m')` and gain `e^(x - m')` times
+    /// `(value, weight)` (a value and, where `weight` is `None`, 1; or a run's two sums).
     fn online_softmax_step(
         &mut self,
         (m, x): (&String, &String),
-        (value, weight): (&String, &str),
+        (value, weight): (&String, Option<&String>),
         (acc, sum): (&String, &String),
-        merge: bool,
     ) -> (String, Vec<String>) {
         let [m1, dm, c, dx, e, ac, ev, acc1, sc, sum1] = std::array::from_fn(|_| self.fresh());
         let mut ops = String::new();
@@ -1804,12 +1795,13 @@ impl Body {
         writeln!(ops, "{ev} = arith.mulf {e}, {value} : f32").unwrap();
         writeln!(ops, "{acc1} = arith.addf {ac}, {ev} : f32").unwrap();
         writeln!(ops, "{sc} = arith.mulf {sum}, {c} : f32").unwrap();
-        if merge {
-            let ew = self.fresh();
-            writeln!(ops, "{ew} = arith.mulf {e}, {weight} : f32").unwrap();
-            writeln!(ops, "{sum1} = arith.addf {sc}, {ew} : f32").unwrap();
-        } else {
-            writeln!(ops, "{sum1} = arith.addf {sc}, {e} : f32").unwrap();
+        match weight {
+            Some(weight) => {
+                let ew = self.fresh();
+                writeln!(ops, "{ew} = arith.mulf {e}, {weight} : f32").unwrap();
+                writeln!(ops, "{sum1} = arith.addf {sc}, {ew} : f32").unwrap();
+            }
+            None => writeln!(ops, "{sum1} = arith.addf {sc}, {e} : f32").unwrap(),
         }
         (ops, vec![m1, acc1, sum1])
     }

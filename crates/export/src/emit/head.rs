@@ -16,7 +16,6 @@ impl FuncEmitter<'_> {
 
     /// `y · Eᵀ` of rows already normed by the output norm.
     pub(super) fn logits_of_normed(&mut self, y: &V) -> V {
-        let y = y.clone();
         let table = if self.arch.tied_output {
             Param::TokenEmbd
         } else {
@@ -32,9 +31,9 @@ impl FuncEmitter<'_> {
             Some(config) if y.ty.static_dims()[0] == 1 => {
                 let w = self.raw_param(&table);
                 let info = config.compilation_info(w.ty.static_dims()[1]);
-                self.b.row_contract_i16(&y, &w, &info)
+                self.b.row_contract_i16(y, &w, &info)
             }
-            _ => self.proj(&y, &table),
+            _ => self.proj(y, &table),
         }
     }
 

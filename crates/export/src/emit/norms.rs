@@ -113,11 +113,13 @@ impl FuncEmitter<'_> {
     /// make ([`Self::carried_norm`]): the portable profiles' few-row graphs with packed weights,
     /// rows a multiple of 32 wide.
     pub(super) fn carries_post_norms(&self, y: &V) -> bool {
+        if !y.ty.is_static() {
+            return false;
+        }
         let dims = y.ty.static_dims();
         let (rows, n) = (dims[0], dims[dims.len() - 1]);
         self.options.split_reductions
             && self.options.weights == WeightFormat::PackedI32
-            && y.ty.is_static()
             && self.pairs_in_place(rows)
             && n % 32 == 0
             && n > 32
