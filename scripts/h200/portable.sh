@@ -3,7 +3,7 @@
 # the tuned one (i16 + ampere) on the H200, alternating in one run (docs/benchmarks.md,
 # "Portable"). Two halves:
 #
-#   scripts/h200/portable.sh prepare      # here: release build, the twin's exports, the tools
+#   scripts/h200/portable.sh prepare      # here: release build, the twin's exports, the wheel's tools
 #   bash scripts/h200/portable.sh run     # there, with the device tool, carry [".cache/device", ".gl"]
 #
 # VARIANTS picks exports (default "packed i16-ampere"; also packed-v2 (the portable target under
@@ -45,11 +45,18 @@ export_args() {
   esac
 }
 if [ "${1:-}" = prepare ]; then
-  # prepare.sh writes the binary, the tools, the loader debs and (through VARIANTS) its own
-  # variants; ours are exported here with the same layout.
-  VARIANTS=none scripts/h200/prepare.sh >/dev/null
+  # What `run` needs, in prepare.sh's layout: the binary, the wheel's benchmark and profile tools
+  # (the run allocates no buffer that needs prepare.sh's patched IREE build, and `iree-profile
+  # explain` reads a capture offline), the loader debs. A fresh machine prepares in minutes.
   source scripts/env.sh
   D=.cache/device
+  cargo build --release -p skainet-kv
+  mkdir -p $D/bin $D/tools .gl
+  cp target/release/skainet-kv $D/bin/ && strip $D/bin/skainet-kv
+  cp .tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/{iree-benchmark-module,iree-profile} $D/tools/
+  if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+    (cd .gl && apt-get download libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libgles2 libopengl0)
+  fi
   for v in $VARIANTS; do
     tmp=$(mktemp -d)
     # shellcheck disable=SC2046
