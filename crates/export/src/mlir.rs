@@ -1190,48 +1190,6 @@ impl Body {
         (ops, sum)
     }
 
-    /// [`Self::contract_pairs_split`] of one `x` against several weights of one shape
-    /// (`ws`, each `[out, in/2]`), each in `splits` runs: one dispatch for all the partial sums
-    /// and one for all the sums across the runs (two generics of one output per weight), where
-    /// a product apiece was two dispatches apiece (the feed-forward block's gate and up).
-    pub fn contract_pairs_split_many(&mut self, x: &V, ws: &[&V], splits: usize) -> Vec<V> {
-        let [o, words] = ws[0].ty.static_dims()[..] else {
-            kv_core::error::invariant("a packed weight is [out, in/2]")
-        };
-        if ws.iter().any(|w| w.ty != ws[0].ty) {
-            kv_core::error::invariant("weights of one shape");
-        }
-        let r = x.ty.static_dims()[0];
-        if splits <= 1 || words % splits != 0 {
-            return ws.iter().map(|w| self.contract_pairs(x, w)).collect();
-        }
-        let each = words / splits;
-        let (lo, hi) = self.pair_halves(x, [splits, each]);
-        let w3s: Vec<V> = ws.iter().map(|w| self.reshape_static(w, &[o, splits, each])).collect();
-        let ty = Ty::fixed(&[r, o, splits], Elem::F32);
-        let inits: Vec<V> = ws.iter().map(|_| self.zeros(&ty)).collect();
-        // Loop dimensions: d0 row, d1 output, d2 run, d3 word within the run.
-        let mut ins: Vec<(&V, &str)> = vec![(&lo, "d0, d2, d3"), (&hi, "d0, d2, d3")];
-        ins.extend(w3s.iter().map(|w| (w, "d1, d2, d3")));
-        let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, "d0, d1, d2")).collect();
-        let n = ws.len();
-        let partials = self.generic(&ins, &outs, 1, "", |b, args| {
-            let [xlo, xhi, rest @ ..] = args else {
-                kv_core::error::invariant("the halves first")
-            };
-            let (words, accs) = rest.split_at(n);
-            let mut body = String::new();
-            let mut yields = Vec::with_capacity(n);
-            for (w, acc) in words.iter().zip(accs) {
-                let (ops, sum) = b.pair_halves_product(&[xlo.clone(), xhi.clone(), w.clone(), acc.clone()]);
-                writeln!(body, "{ops}").unwrap();
-                yields.push(sum);
-            }
-            (body, yields)
-        });
-        self.sums_of(&partials, "d0, d1, d2", &Ty::fixed(&[r, o], Elem::F32))
-    }
-
     /// The four sums a residual stream's pending post-norm needs (`h = x + c·u`, `u = d·post`,
     /// `c = rsqrt(mean(d²) + eps)`), in runs of 32 elements: `x`, `d` `[R, runs, 16, 2]` (rows
     /// in runs of 16 pairs), `post` the post-norm's packed words `[runs, 16]` (widened in the

@@ -13,10 +13,13 @@ use kv_core::ContractVersion;
 
 /// `(fixture, profile, dispatches a call of the step)`: the portable profile (no subgroup
 /// operations, contract 2 by default) and the NVIDIA-tuned one. Session 25: the portable step of
-/// `tiny-gemma3:7` was 273 before its norms, gate/up, attention and carried post-norms fused.
+/// `tiny-gemma3:7` was 273 before its norms, gate/up, attention and carried post-norms fused,
+/// then 143; session 26 gave back one a layer on purpose: the gate and up as two products, each
+/// vectorized by IREE, where one product of two results was a scalar loop (same decode, a 1.2x
+/// faster chunk call on an H100).
 const EXPECTED: &[(&str, Option<&str>, usize)] = &[
-    ("tiny-gemma3:7", None, 143),
-    ("tiny-gemma3-gqa:7", None, 167),
+    ("tiny-gemma3:7", None, 159),
+    ("tiny-gemma3-gqa:7", None, 183),
     ("tiny-gemma3:7", Some("ampere"), 102),
     ("tiny-gemma3-gqa:7", Some("ampere"), 134),
 ];

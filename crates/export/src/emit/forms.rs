@@ -149,15 +149,6 @@ pub enum Form {
     /// and `rmsnorm(h, norm)`. Arguments `x`, `d` `[rows, n]`, `post`, `norm` packed words
     /// `[n/2]` i32 (`n` a multiple of 32 above 32); results `h` and the norm, `[rows, n]` each.
     CarriedNorm { rows: usize, n: usize },
-    /// [`Form::PairsProduct`] against `weights` packed weights of one shape in one product
-    /// (`Body::contract_pairs_split_many`, the portable gate and up). Arguments `x [rows,
-    /// inner]`, then the weights `[out, inner/2]` i32; results `weights` × `[rows, out]`.
-    PairsProductMany {
-        rows: usize,
-        out: usize,
-        inner: usize,
-        weights: usize,
-    },
     /// The feed-forward gate `activation(g [rows, n])`: gelu-tanh or silu. Result `[rows, n]`.
     Gate {
         activation: Activation,
@@ -183,8 +174,7 @@ pub fn emit_form(form: Form) -> String {
         | Form::PairsProductLanes { .. }
         | Form::PackedNorm { .. }
         | Form::QkvNormRopePacked { .. }
-        | Form::CarriedNorm { .. }
-        | Form::PairsProductMany { .. } => WeightFormat::PackedI32,
+        | Form::CarriedNorm { .. } => WeightFormat::PackedI32,
         Form::RmsNorm { parallel: false, .. } => WeightFormat::Bf16,
         _ => WeightFormat::I16,
     };
@@ -196,7 +186,6 @@ pub fn emit_form(form: Form) -> String {
             | Form::QkvNormRope { split: true, .. }
             | Form::QkvNormRopePacked { .. }
             | Form::PairsProductLanes { .. }
-            | Form::PairsProductMany { .. }
             | Form::AttentionRowOnline { .. }
             | Form::CarriedNorm { .. }
     );
@@ -405,17 +394,6 @@ pub fn emit_form(form: Form) -> String {
                 .carried_norm(&residual, "norm")
                 .unwrap_or_else(|| panic!("{form:?}: does not apply"));
             vec![h, normed]
-        }
-        Form::PairsProductMany {
-            rows,
-            out,
-            inner,
-            weights,
-        } => {
-            let x = arg(&[rows, inner], Elem::F32);
-            let ws: Vec<V> = (0..weights).map(|_| arg(&[out, inner / 2], Elem::I32)).collect();
-            let ws: Vec<&V> = ws.iter().collect();
-            f.b.contract_pairs_split_many(&x, &ws, pair_splits(out, inner / 2))
         }
         Form::Gate { activation, rows, n } => {
             let g = arg(&[rows, n], Elem::F32);

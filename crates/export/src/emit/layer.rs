@@ -129,10 +129,10 @@ impl FuncEmitter<'_> {
                     Some(h) => h,
                     None => self.settled_norm(&x, &p(LayerWeight::FfnNorm)),
                 };
-                match self.proj_many(&h2, &[&gate, &up]).as_deref() {
-                    Some([g, u]) => (g.clone(), u.clone()),
-                    _ => (self.proj(&h2, &gate), self.proj(&h2, &up)),
-                }
+                // Two products, not one of two results: IREE vectorizes a reduction of one
+                // result on the portable target and not one of several (session 26, H100: the
+                // one product of two results had the same decode and a 1.2x slower chunk call).
+                (self.proj(&h2, &gate), self.proj(&h2, &up))
             }
         };
         let act = match arch.activation {

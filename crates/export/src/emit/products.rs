@@ -150,34 +150,6 @@ impl FuncEmitter<'_> {
         self.b.reshape_static(&o, &[1, out])
     }
 
-    /// `x · Wᵢᵀ` for each of `weights` (one shape, unquantized) in one product
-    /// ([`Body::contract_pairs_split_many`]) where the portable profiles read packed pairs in
-    /// place over few rows; `None` elsewhere.
-    ///
-    /// [`Body::contract_pairs_split_many`]: crate::mlir::Body::contract_pairs_split_many
-    pub(super) fn proj_many(&mut self, x: &V, weights: &[&str]) -> Option<Vec<V>> {
-        let rows = x.ty.static_dims()[0];
-        if !self.options.split_reductions
-            || !self.pairs_in_place(rows)
-            || weights.iter().any(|w| self.quant_format(w).is_some())
-        {
-            return None;
-        }
-        let ws: Vec<V> = weights.iter().map(|w| self.raw_param(w)).collect();
-        if ws.iter().any(|w| w.ty != ws[0].ty) {
-            return None;
-        }
-        let [o, words] = ws[0].ty.static_dims()[..] else {
-            kv_core::error::invariant("a packed weight is [out, in/2]")
-        };
-        let splits = pair_splits(o, words);
-        if splits <= 1 {
-            return None;
-        }
-        let ws: Vec<&V> = ws.iter().collect();
-        Some(self.b.contract_pairs_split_many(x, &ws, splits))
-    }
-
     /// `x [R, in]` through layer `l`'s projections `parts` (of `rows` output rows each) and, when
     /// `biases` names them, their biases: one product when the archive holds the parts fused as
     /// `fused` (`kv_core::params::FUSED_PROJECTIONS`), its columns then split; `[R, rows]` each.
