@@ -17,14 +17,15 @@
 # Session 23 (issue 36) left this run; session 24 made it (docs/benchmarks.md, "Portable"):
 #   VARIANTS="packed packed-v2 i16-p16-v2 i16-ampere-v2" scripts/h200/portable.sh prepare
 #   ROUNDS=2 PROFILE="packed packed-v2" bash scripts/h200/portable.sh run
-# Session 25 left a forms A/B prepared in .cache/device (56 MiB with .gl; no device was lent):
-# packed-v2 (615812b's 315-dispatch step, products vectorized), packed-v2-424 (c3211e6: the online-softmax values,
-# the cache scores still IREE's vectorized contraction) and packed-v2-387 (43c29f8: the scores in
-# a generic with tensor.extract, which IREE compiles to a scalar loop) exported by those builds
-# (BIN=<binary> ... prepare, then the directory renamed), i16-ampere-v2. List this build's
-# export first (twin_archive writes its archive; the others share it):
-#   ROUNDS=2 PROFILE="packed-v2 packed-v2-424" \
-#     VARIANTS="packed-v2 packed-v2-424 packed-v2-387 i16-ampere-v2" bash scripts/h200/portable.sh run
+# Session 26 (docs/benchmarks.md, "Portable"): several builds' exports of the same flags, each
+# exported with BIN=<that build's binary> VARIANTS=packed-v2 ... prepare and its directory
+# renamed (packed-v2-<name>), this build's last; list this build's first in VARIANTS (twin_archive
+# writes its archive with the carried binary, the others share it). More than ~4 variants
+# exceed the 64 MiB carry: carry them as one archive instead,
+#   tar -cf - .cache/device | xz -T2 -6 >.cache/dev.tar.xz     # 5 variants: 67 -> 11 MB
+# with carry [".cache/dev.tar.xz", ".gl"] and, on the device,
+#   tar -xJf .cache/dev.tar.xz && ROUNDS=2 PROFILE="packed-v2" \
+#     VARIANTS="packed-v2 packed-v2-old i16-ampere-v2" OUT=$OUT bash scripts/h200/portable.sh run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VARIANTS=${VARIANTS:-packed i16-ampere}
