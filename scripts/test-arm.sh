@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ARM: the pure-Rust crates' tests cross-built for aarch64 and armv7 Linux and run under
-# qemu-user (long run only: SKAINET_ARM_LONG=1, scripts/test-long.sh arm); the IREE runtime cross-built for aarch64 Linux with the JNI libraries linked against
-# it and their exports checked, and the IREE conformance suite run on it (aarch64 modules,
+# qemu-user (long run only: SKAINET_ARM_LONG=1, scripts/test-long.sh arm); the IREE runtime
+# cross-built for aarch64 Linux with the JNI libraries linked against it and their exports checked, and the IREE conformance suite run on it (aarch64 modules,
 # local-sync and local-task) under qemu-user; the Android targets built as far as this machine
 # allows (no NDK: the pure-Rust crates compile for them, nothing native is linked). scripts/setup.sh installs the
 # cross compilers, qemu and the Rust targets.

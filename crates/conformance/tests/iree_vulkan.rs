@@ -4,8 +4,8 @@
 //! the seed's window rule, snapshots held, branched, replayed and written to files). The
 //! families' forms (four exports, ~60 s on lavapipe) are long-only here: CI runs them on this
 //! device with the default contract (`iree_vulkan_v2.rs`) and with contract 1 on the CPU
-//! (session 26, CI time). The host-side ones are `scripts/test-long.sh`'s here: arguments refused before any
-//! call and the context-overflow walk (about 40% of this suite's time on lavapipe: every chunk
+//! (session 26, CI time). The host-side ones are `scripts/test-long.sh`'s here: arguments
+//! refused before any call and the context-overflow walk (about 40% of this suite's time on lavapipe: every chunk
 //! call up to maxPositions), another model's snapshot, redecode's room check, the sampler, and
 //! the mask (contract 1 has none, so the check is the refusal); `iree_local_task.rs` runs them
 //! with the same graphs and host code on the CPU (CI time, issue 34).

@@ -1306,15 +1306,8 @@ impl Body {
     /// several sums in one dispatch.
     pub fn spread_sums(&mut self, partials: &[V], ty: &Ty) -> Vec<V> {
         let run = format!("d0, d{}", ty.rank());
-        self.sums_of(partials, &run, ty)
-    }
-
-    /// Each of `partials` summed over the one loop dimension after `ty`'s, read through `map`
-    /// (over `ty`'s dimensions and that one), into a tensor of type `ty`: one generic of as many
-    /// results.
-    fn sums_of(&mut self, partials: &[V], map: &str, ty: &Ty) -> Vec<V> {
         let inits: Vec<V> = partials.iter().map(|_| self.zeros(ty)).collect();
-        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, map)).collect();
+        let ins: Vec<(&V, &str)> = partials.iter().map(|p| (p, run.as_str())).collect();
         let each: Vec<String> = (0..ty.rank()).map(|i| format!("d{i}")).collect();
         let each = each.join(", ");
         let outs: Vec<(&V, &str)> = inits.iter().map(|v| (v, each.as_str())).collect();
