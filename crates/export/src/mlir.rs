@@ -1596,55 +1596,42 @@ impl Body {
     }
 
     /// One query row's scores against KV head `head` of a cache `cache [P, nKV, d]` and of the
-    /// call's own row `new [1, nKV, d]`: `q [G, d]` → `[G, P + 1]`, column `P` the own row's.
-    /// Each score is summed in `lanes` interleaved lanes first (lane `l` takes elements
-    /// `l, l + lanes, …`: `[G, P, lanes]` for the cache, `[G, 1, lanes]` for the own row, written
-    /// side by side), then across the lanes. As one reduction per score IREE gave each score one
-    /// thread looping over all of `d` with its sum in memory: 2,564 threads for a sliding layer of
-    /// the FunctionGemma twin, the step's slowest dispatch (167 µs on an H100, session 26). The
-    /// lanes' products are plain reductions of two inputs (no `tensor.extract`, no
-    /// `linalg.index`), with `math.fma` bodies: IREE then vectorizes them over the lanes
-    /// (`BaseVectorize`, a thread four lanes) instead of taking them for a batch matmul whose
-    /// threads read keys 8 rows apart.
-    pub fn scores_with_own(&mut self, q: &V, cache: &V, new: &V, head: usize, lanes: usize) -> V {
-        let [g, d] = q.ty.static_dims()[..] else {
-            kv_core::error::invariant("queries are [G, d]")
-        };
-        let [p, n_kv, _] = cache.ty.static_dims()[..] else {
-            kv_core::error::invariant("caches are [P, nKV, d]")
-        };
-        let lanes = if d % lanes == 0 { lanes } else { 1 };
-        let q3 = self.reshape_static(q, &[g, d / lanes, lanes]);
-        let lane_sums = |b: &mut Self, keys: &V, rows: usize| {
-            let keys = if n_kv == 1 {
-                keys.clone()
-            } else {
-                b.slice(keys, &[(0, rows), (head, head + 1), (0, d)])
+    /// call's own row `new [1, nKV, d]` in one reduction: `q [G, d]` → `[G, P + 1]`, column `P`
+    /// the own row's. The keys are read with `tensor.extract` (the cache's row clamped to
+    /// `P - 1`, then the own row's element selected at column `P`), since no affine map reads
+    /// two tensors as one: where the own row's score was two dispatches of its own (16 lanes,
+    /// then across them) after the cache's.
+    pub fn scores_with_own(&mut self, q: &V, cache: &V, new: &V, head: usize) -> V {
+        let g = q.ty.static_dims()[0];
+        let p = cache.ty.static_dims()[0];
+        let ty = Ty::fixed(&[g, p + 1], Elem::F32);
+        let init = self.zeros(&ty);
+        let (cache_name, cache_ty) = (cache.name.clone(), cache.ty.text());
+        let (new_name, new_ty) = (new.name.clone(), new.ty.text());
+        let mut results = self.generic(&[(q, "d0, d2")], &[(&init, "d0, d1")], 1, "", |b, args| {
+            let [qa, acc] = args else {
+                kv_core::error::invariant("a block argument per input and output")
             };
-            let k3 = b.reshape_static(&keys, &[rows, d / lanes, lanes]);
-            let init = b.zeros(&Ty::fixed(&[g, rows, lanes], Elem::F32));
-            // d0 query row, d1 key, d2 lane, d3 the lane's step.
-            let mut parts = b.generic(
-                &[(&q3, "d0, d3, d2"), (&k3, "d1, d3, d2")],
-                &[(&init, "d0, d1, d2")],
-                1,
-                "",
-                |b, args| {
-                    let [qa, ka, acc] = args else {
-                        kv_core::error::invariant("a block argument per input and output")
-                    };
-                    let sum = b.fresh();
-                    (format!("{sum} = math.fma {qa}, {ka}, {acc} : f32\n"), vec![sum])
-                },
-            );
-            parts
-                .pop()
-                .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
-        };
-        let cached = lane_sums(self, cache, p);
-        let own = lane_sums(self, new, 1);
-        let lanes_of_all = self.concat(&[cached, own], 1);
-        self.reduce(&lanes_of_all, &[2], Reduce::Add)
+            let [t, e, last, tc, zero, hd, kc, kn, at, own, k, prod, sum] = std::array::from_fn(|_| b.fresh());
+            let mut ops = String::new();
+            writeln!(ops, "{t} = linalg.index 1 : index").unwrap();
+            writeln!(ops, "{e} = linalg.index 2 : index").unwrap();
+            writeln!(ops, "{last} = arith.constant {} : index", p - 1).unwrap();
+            writeln!(ops, "{tc} = arith.minui {t}, {last} : index").unwrap();
+            writeln!(ops, "{zero} = arith.constant 0 : index").unwrap();
+            writeln!(ops, "{hd} = arith.constant {head} : index").unwrap();
+            writeln!(ops, "{kc} = tensor.extract {cache_name}[{tc}, {hd}, {e}] : {cache_ty}").unwrap();
+            writeln!(ops, "{kn} = tensor.extract {new_name}[{zero}, {hd}, {e}] : {new_ty}").unwrap();
+            writeln!(ops, "{at} = arith.constant {p} : index").unwrap();
+            writeln!(ops, "{own} = arith.cmpi eq, {t}, {at} : index").unwrap();
+            writeln!(ops, "{k} = arith.select {own}, {kn}, {kc} : f32").unwrap();
+            writeln!(ops, "{prod} = arith.mulf {qa}, {k} : f32").unwrap();
+            writeln!(ops, "{sum} = arith.addf {acc}, {prod} : f32").unwrap();
+            (ops, vec![sum])
+        });
+        results
+            .pop()
+            .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
     }
 
     /// One query row's attention over a cache head in runs, with an online softmax, for targets

@@ -118,13 +118,12 @@ impl FuncEmitter<'_> {
     }
 
     /// One query row's attention for targets without subgroup operations (the portable step,
-    /// `r = 1`): the scores of the cache's keys and of the call's own row in [`SCORE_LANES`]
-    /// lanes, then across them, as one `[G, P + 1]` tensor ([`Body::scores_with_own`]), the
-    /// masked cache scores against the values `vc [P, d]` in runs with an online softmax
-    /// ([`Body::online_exp_values`]), and the runs merged from the own row's score and value
-    /// `vn [1, d]` ([`Body::online_merge`]), divided by the sum in the same dispatch: five
-    /// dispatches where the own row's scores, the maximum, the exponentials, their sum and the
-    /// two-stage values product were nine. `keys` is the layer's
+    /// `r = 1`): the scores of the cache's keys and of the call's own row in one reduction
+    /// ([`Body::scores_with_own`]), the masked cache scores against the values `vc [P, d]` in
+    /// runs with an online softmax ([`Body::online_exp_values`]), and the runs merged from the
+    /// own row's score and value `vn [1, d]` ([`Body::online_merge`]), divided by the sum in the
+    /// same dispatch: three dispatches where the own row's scores, the maximum, the
+    /// exponentials, their sum and the two-stage values product were nine. `keys` is the layer's
     /// key cache `[P, nKV, d]`, the call's keys `[1, nKV, d]` and the KV head; `mask_c [G, P]`
     /// the cache's mask (one row's own key is always visible to it, so no mask of its own).
     /// `None` where the options or shapes do not apply (several rows, f16 caches, keys that
@@ -141,12 +140,12 @@ impl FuncEmitter<'_> {
         };
         let p = kc.ty.static_dims()[0];
         let one_row = kn.ty.static_dims()[0] == 1;
-        let runs = online_runs(p);
+        let runs = pair_splits(g * d, p);
         let applies = self.options.split_reductions && self.options.tiled_softmax && one_row;
         if !applies || runs <= 1 || kc.ty.elem != Elem::F32 || vc.ty.elem != Elem::F32 {
             return None;
         }
-        let scores = self.b.scores_with_own(q, kc, kn, head, SCORE_LANES);
+        let scores = self.b.scores_with_own(q, kc, kn, head);
         let mask = self.b.reshape_static(mask_c, &[g, runs, p / runs]);
         let v3 = self.b.reshape_static(vc, &[runs, p / runs, d]);
         let (m, acc, sum) = self.b.online_exp_values(&scores, &mask, &v3);
@@ -468,39 +467,3 @@ impl FuncEmitter<'_> {
 
 /// Lanes of the scores' first reduction in [`FuncEmitter::mul_reduce_split`].
 pub(super) const SCORE_LANES: usize = 16;
-
-/// The runs [`FuncEmitter::attention_row_online`] splits `p` cache keys into: the largest power
-/// of two `R` with `R² ≤ p` that divides `p` into runs of at least 16 keys (1: none). Each of
-/// the two stages is a serial loop per thread, over a run's keys and then over the runs, and a
-/// step of either cost about the same on an H100 (session 26's profile: 1.4–1.7 µs), so runs of
-/// about `√p` balance them: a global layer's 2,048 keys in 32 runs of 64, where
-/// [`pair_splits`]' 16 runs of 128 left the values pass at 175 µs beside a merge of 27.
-pub(super) fn online_runs(p: usize) -> usize {
-    let mut runs = 1;
-    while (runs * 2) * (runs * 2) <= p && p % (runs * 2) == 0 && p / (runs * 2) >= 16 {
-        runs *= 2;
-    }
-    runs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::online_runs;
-
-    #[test]
-    fn online_runs_are_about_the_square_root_of_the_keys() {
-        // Gemma 3 270M's sliding (640 rows) and global (2,048) caches.
-        assert_eq!(online_runs(640), 16);
-        assert_eq!(online_runs(2048), 32);
-        // Runs of at least 16 keys, dividing the keys.
-        assert_eq!(online_runs(64), 4);
-        assert_eq!(online_runs(100), 4);
-        assert_eq!(online_runs(48), 2);
-        assert_eq!(online_runs(31), 1);
-        for p in 1..5000 {
-            let r = online_runs(p);
-            assert!(r.is_power_of_two() && p % r == 0 && r * r <= p.max(1), "{p}: {r}");
-            assert!(r == 1 || p / r >= 16, "{p}: {r}");
-        }
-    }
-}
