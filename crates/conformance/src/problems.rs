@@ -20,8 +20,11 @@ pub const MODELS: &[&str] = &[
     "tiny-gemma3-gqa:3:w3",
     "tiny-llama:4",
 ];
-/// The families beyond the default Gemma 3 layout.
-pub const FAMILIES: &[&str] = &["tiny-gemma3-gqa:5", "tiny-llama:6", "tiny-qwen2:7", "tiny-qwen3:8"];
+/// The families beyond the default Gemma 3 layout. GQA Gemma and Llama are [`MODELS`]' own
+/// fixtures: a suite exports each model once (10-20 s of `iree-compile` on 2 cores), and other
+/// seeds of the same shapes (`tiny-gemma3-gqa:5`, `tiny-llama:6`, used here until session 27)
+/// cost an export each in every suite and checked nothing more.
+pub const FAMILIES: &[&str] = &["tiny-gemma3-gqa:3:w3", "tiny-llama:4", "tiny-qwen2:7", "tiny-qwen3:8"];
 
 /// A logit gap below this is a near-tie that FP32 summation order may flip.
 const NEAR_TIE: f32 = 1e-3;
@@ -602,7 +605,7 @@ pub fn bad_input_is_refused_and_session_survives<F: BackendFactory>(factory: &F)
         // the smallest fixture of the suite (4 layers, 512 positions: 56 chunk calls, not
         // Gemma's 96 over 8 layers, which took 60-125 s on lavapipe); the positions' arithmetic
         // is the same, and sliding rings wrap many times in the other problems.
-        let walk_model = "tiny-llama:6";
+        let walk_model = "tiny-llama:4";
         let walk_spec = spec_of(walk_model);
         let mut walker = factory.kv(walk_model, WindowRule::Exact).unwrap();
         walker.prefill(&vec![4; walk_spec.seq]).unwrap();
