@@ -118,13 +118,12 @@ impl FuncEmitter<'_> {
     }
 
     /// One query row's attention for targets without subgroup operations (the portable step,
-    /// `r = 1`): the scores of the cache's keys in [`SCORE_LANES`] lanes, then across them, and
-    /// the call's own row's lanes ([`Body::scores_in_lanes`]), the masked cache scores against
-    /// the values `vc [P, d]` in runs with an online softmax ([`Body::online_exp_values`]), and
-    /// the runs merged from the own row's score (its lanes summed there) and value `vn [1, d]`
-    /// ([`Body::online_merge`]), divided by the sum in the same dispatch: five dispatches where
-    /// the own row's scores, the maximum, the exponentials, their sum and the two-stage values
-    /// product were nine. `keys` is the layer's
+    /// `r = 1`): the scores of the cache's keys and of the call's own row in one reduction
+    /// ([`Body::scores_with_own`]), the masked cache scores against the values `vc [P, d]` in
+    /// runs with an online softmax ([`Body::online_exp_values`]), and the runs merged from the
+    /// own row's score and value `vn [1, d]` ([`Body::online_merge`]), divided by the sum in the
+    /// same dispatch: three dispatches where the own row's scores, the maximum, the
+    /// exponentials, their sum and the two-stage values product were nine. `keys` is the layer's
     /// key cache `[P, nKV, d]`, the call's keys `[1, nKV, d]` and the KV head; `mask_c [G, P]`
     /// the cache's mask (one row's own key is always visible to it, so no mask of its own).
     /// `None` where the options or shapes do not apply (several rows, f16 caches, keys that
@@ -146,11 +145,11 @@ impl FuncEmitter<'_> {
         if !applies || runs <= 1 || kc.ty.elem != Elem::F32 || vc.ty.elem != Elem::F32 {
             return None;
         }
-        let (scores, own) = self.b.scores_in_lanes(q, kc, kn, head, SCORE_LANES);
+        let scores = self.b.scores_with_own(q, kc, kn, head);
         let mask = self.b.reshape_static(mask_c, &[g, runs, p / runs]);
         let v3 = self.b.reshape_static(vc, &[runs, p / runs, d]);
         let (m, acc, sum) = self.b.online_exp_values(&scores, &mask, &v3);
-        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, (&own, vn));
+        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, (&scores, vn));
         Some(self.b.div(&acc, &sum))
     }
 
