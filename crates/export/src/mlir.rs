@@ -1595,51 +1595,67 @@ impl Body {
         (acc, sum)
     }
 
-    /// One query row's scores against KV head `head` of a cache `cache [P, nKV, d]` and of the
-    /// call's own row `new [1, nKV, d]` in one reduction: `q [G, d]` → `[G, P + 1]`, column `P`
-    /// the own row's. The keys are read with `tensor.extract` (the cache's row clamped to
-    /// `P - 1`, then the own row's element selected at column `P`), since no affine map reads
-    /// two tensors as one: where the own row's score was two dispatches of its own (16 lanes,
-    /// then across them) after the cache's.
-    pub fn scores_with_own(&mut self, q: &V, cache: &V, new: &V, head: usize) -> V {
-        let g = q.ty.static_dims()[0];
-        let p = cache.ty.static_dims()[0];
-        let ty = Ty::fixed(&[g, p + 1], Elem::F32);
-        let init = self.zeros(&ty);
-        let (cache_name, cache_ty) = (cache.name.clone(), cache.ty.text());
-        let (new_name, new_ty) = (new.name.clone(), new.ty.text());
-        let mut results = self.generic(&[(q, "d0, d2")], &[(&init, "d0, d1")], 1, "", |b, args| {
-            let [qa, acc] = args else {
-                kv_core::error::invariant("a block argument per input and output")
+    /// One query row's scores against KV head `head` of a cache `cache [P, nKV, d]` and against
+    /// the call's own row `new [1, nKV, d]`, left in `lanes` partial sums each (lane `l` sums
+    /// elements `l, l + lanes, …` of `q [G, d]` times a key): `[G, P, lanes]` and `[G, lanes]`,
+    /// summed across the lanes where [`Self::online_exp_values`] and [`Self::online_merge`]
+    /// read them. As one reduction a score IREE gave each one thread looping over all of `d`
+    /// with its sum in memory: 2,564 threads for a sliding layer of the FunctionGemma twin, the
+    /// step's slowest dispatch (167 µs on an H100). The lanes' products are plain reductions of
+    /// two inputs (no `tensor.extract`, no `linalg.index`) with `math.fma` bodies, which IREE
+    /// vectorizes over the lanes (`BaseVectorize`; a `mulf`/`addf` body is taken for a batch
+    /// matmul whose threads read keys 8 rows apart): 43 µs. Summed in their readers, not in a
+    /// dispatch of their own: on the H100 the portable step costs about 20 µs a dispatch
+    /// whatever it holds, and forms with one or two such dispatches a layer more decoded no
+    /// faster; the own row's lanes written beside the cache's were copied, two dispatches more
+    /// (session 27, `docs/benchmarks.md`).
+    pub fn scores_in_lanes(&mut self, q: &V, cache: &V, new: &V, head: usize, lanes: usize) -> (V, V) {
+        let [g, d] = q.ty.static_dims()[..] else {
+            kv_core::error::invariant("queries are [G, d]")
+        };
+        let [p, n_kv, _] = cache.ty.static_dims()[..] else {
+            kv_core::error::invariant("caches are [P, nKV, d]")
+        };
+        let lanes = if d % lanes == 0 { lanes } else { 1 };
+        let q3 = self.reshape_static(q, &[g, d / lanes, lanes]);
+        let lane_sums = |b: &mut Self, keys: &V, rows: usize| {
+            let keys = if n_kv == 1 {
+                keys.clone()
+            } else {
+                b.slice(keys, &[(0, rows), (head, head + 1), (0, d)])
             };
-            let [t, e, last, tc, zero, hd, kc, kn, at, own, k, prod, sum] = std::array::from_fn(|_| b.fresh());
-            let mut ops = String::new();
-            writeln!(ops, "{t} = linalg.index 1 : index").unwrap();
-            writeln!(ops, "{e} = linalg.index 2 : index").unwrap();
-            writeln!(ops, "{last} = arith.constant {} : index", p - 1).unwrap();
-            writeln!(ops, "{tc} = arith.minui {t}, {last} : index").unwrap();
-            writeln!(ops, "{zero} = arith.constant 0 : index").unwrap();
-            writeln!(ops, "{hd} = arith.constant {head} : index").unwrap();
-            writeln!(ops, "{kc} = tensor.extract {cache_name}[{tc}, {hd}, {e}] : {cache_ty}").unwrap();
-            writeln!(ops, "{kn} = tensor.extract {new_name}[{zero}, {hd}, {e}] : {new_ty}").unwrap();
-            writeln!(ops, "{at} = arith.constant {p} : index").unwrap();
-            writeln!(ops, "{own} = arith.cmpi eq, {t}, {at} : index").unwrap();
-            writeln!(ops, "{k} = arith.select {own}, {kn}, {kc} : f32").unwrap();
-            writeln!(ops, "{prod} = arith.mulf {qa}, {k} : f32").unwrap();
-            writeln!(ops, "{sum} = arith.addf {acc}, {prod} : f32").unwrap();
-            (ops, vec![sum])
-        });
-        results
-            .pop()
-            .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
+            let k3 = b.reshape_static(&keys, &[rows, d / lanes, lanes]);
+            let init = b.zeros(&Ty::fixed(&[g, rows, lanes], Elem::F32));
+            // d0 query row, d1 key, d2 lane, d3 the lane's step.
+            let mut parts = b.generic(
+                &[(&q3, "d0, d3, d2"), (&k3, "d1, d3, d2")],
+                &[(&init, "d0, d1, d2")],
+                1,
+                "",
+                |b, args| {
+                    let [qa, ka, acc] = args else {
+                        kv_core::error::invariant("a block argument per input and output")
+                    };
+                    let sum = b.fresh();
+                    (format!("{sum} = math.fma {qa}, {ka}, {acc} : f32\n"), vec![sum])
+                },
+            );
+            parts
+                .pop()
+                .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
+        };
+        let scores = lane_sums(self, cache, p);
+        let own = lane_sums(self, new, 1);
+        let own = self.reshape_static(&own, &[g, lanes]);
+        (scores, own)
     }
 
     /// One query row's attention over a cache head in runs, with an online softmax, for targets
-    /// without subgroup operations: the scores `scores [G, P + 1]` of
-    /// [`Self::scores_with_own`] (columns below `P` the cache's, read with `tensor.extract`: a
-    /// slice of them was a copy of its own), masked by `mask [G, runs, run]` (`i1`, false:
-    /// masked) in the body, against values `v [runs, run, d]`. Each output `(g, run, j)` is one
-    /// thread's loop over its run keeping the run's maximum `m`, `Σ e^(s-m)·v` and `Σ e^(s-m)`
+    /// without subgroup operations: the cache's scores in lanes `scores [G, P, lanes]` of
+    /// [`Self::scores_in_lanes`] (read with `tensor.extract` and summed across the lanes),
+    /// masked by `mask [G, runs, run]` (`i1`, false: masked) in the body, against values
+    /// `v [runs, run, d]`. Each output `(g, run, j)` is one thread's loop over its run keeping
+    /// the run's maximum `m`, `Σ e^(s-m)·v` and `Σ e^(s-m)`
     /// (rescaled as the maximum grows). No maximum over all keys first: the two reductions of
     /// that maximum, the exponentials written out and their tiled sum were four dispatches a
     /// layer of their own. Results `(m, acc, sum)`, `[G, runs, d]` each (`m` the same along
@@ -1653,7 +1669,6 @@ impl Body {
         let ty = Ty::fixed(&[g, runs, d], Elem::F32);
         let m0 = self.filled(&ty, ONLINE_MAX_INIT);
         let (a0, s0) = (self.zeros(&ty), self.zeros(&ty));
-        let (scores_name, scores_ty) = (scores.name.clone(), scores.ty.text());
         // d0 query row, d1 run, d2 output, d3 key in the run.
         let ins = [(mask, "d0, d1, d3"), (v, "d1, d3, d2")];
         let outs = [(&m0, "d0, d1, d2"), (&a0, "d0, d1, d2"), (&s0, "d0, d1, d2")];
@@ -1661,7 +1676,7 @@ impl Body {
             let [keep, x, m, acc, sum] = args else {
                 kv_core::error::invariant("a block argument per input and output")
             };
-            let [row, r, k, len, base, t, raw, masked, sc] = std::array::from_fn(|_| b.fresh());
+            let [row, r, k, len, base, t, masked, sc] = std::array::from_fn(|_| b.fresh());
             let mut ops = String::new();
             writeln!(ops, "{row} = linalg.index 0 : index").unwrap();
             writeln!(ops, "{r} = linalg.index 1 : index").unwrap();
@@ -1669,7 +1684,7 @@ impl Body {
             writeln!(ops, "{len} = arith.constant {run} : index").unwrap();
             writeln!(ops, "{base} = arith.muli {r}, {len} : index").unwrap();
             writeln!(ops, "{t} = arith.addi {base}, {k} : index").unwrap();
-            writeln!(ops, "{raw} = tensor.extract {scores_name}[{row}, {t}] : {scores_ty}").unwrap();
+            let raw = b.sum_of_lanes(&mut ops, scores, &[&row, &t]);
             writeln!(ops, "{masked} = arith.constant {MASKED_LITERAL} : f32").unwrap();
             writeln!(ops, "{sc} = arith.select {keep}, {raw}, {masked} : f32").unwrap();
             let (step, yields) = b.online_softmax_step((m, &sc), (x, None), (acc, sum));
@@ -1681,17 +1696,16 @@ impl Body {
 
     /// The runs of [`Self::online_exp_values`] merged (`[G, runs, d]` each → `[G, d]`): the
     /// largest maximum `M`, and the runs' sums rescaled to it, `Σ e^(m-M)·acc`, `Σ e^(m-M)·sum`,
-    /// the call's own row merged first (`own`: the scores `[G, P + 1]` of
-    /// [`Self::scores_with_own`], column `P`, and the own row's value `[1, d]`, weight 1, read
-    /// with `tensor.extract`), so that nothing is left to join after the merge but the division.
-    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, (scores, value): (&V, &V)) -> (V, V, V) {
+    /// the call's own row merged first (`own`: its score's lanes `[G, lanes]` of
+    /// [`Self::scores_in_lanes`], summed here, and its value `[1, d]`, weight 1, read with
+    /// `tensor.extract`), so that nothing is left to join after the merge but the division.
+    pub fn online_merge(&mut self, m: &V, acc: &V, sum: &V, (own, value): (&V, &V)) -> (V, V, V) {
         let [g, _, d] = m.ty.static_dims()[..] else {
             kv_core::error::invariant("runs are [G, runs, d]")
         };
         let ty = Ty::fixed(&[g, d], Elem::F32);
         let m0 = self.filled(&ty, ONLINE_MAX_INIT);
         let (a0, s0) = (self.zeros(&ty), self.zeros(&ty));
-        let (s_name, s_ty, p) = (scores.name.clone(), scores.ty.text(), scores.ty.static_dims()[1] - 1);
         let (v_name, v_ty) = (value.name.clone(), value.ty.text());
         // d0 query row, d1 output, d2 run.
         let ins = [(m, "d0, d2, d1"), (acc, "d0, d2, d1"), (sum, "d0, d2, d1")];
@@ -1702,15 +1716,14 @@ impl Body {
             };
             // The own row at the first run (a score of `MASKED` at the others adds nothing: by
             // then the maximum is at least the own row's score), then the run.
-            let [row, col, r, zero, first, at, sn, masked, so, vn, one] = std::array::from_fn(|_| b.fresh());
+            let [row, col, r, zero, first, masked, so, vn, one] = std::array::from_fn(|_| b.fresh());
             let mut ops = String::new();
             writeln!(ops, "{row} = linalg.index 0 : index").unwrap();
             writeln!(ops, "{col} = linalg.index 1 : index").unwrap();
             writeln!(ops, "{r} = linalg.index 2 : index").unwrap();
             writeln!(ops, "{zero} = arith.constant 0 : index").unwrap();
             writeln!(ops, "{first} = arith.cmpi eq, {r}, {zero} : index").unwrap();
-            writeln!(ops, "{at} = arith.constant {p} : index").unwrap();
-            writeln!(ops, "{sn} = tensor.extract {s_name}[{row}, {at}] : {s_ty}").unwrap();
+            let sn = b.sum_of_lanes(&mut ops, own, &[&row]);
             writeln!(ops, "{masked} = arith.constant {MASKED_LITERAL} : f32").unwrap();
             writeln!(ops, "{so} = arith.select {first}, {sn}, {masked} : f32").unwrap();
             writeln!(ops, "{vn} = tensor.extract {v_name}[{zero}, {col}] : {v_ty}").unwrap();
@@ -1724,6 +1737,29 @@ impl Body {
         });
         let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
         (m, acc, sum)
+    }
+
+    /// Body ops (appended to `ops`) summing the lanes of `lanes [.., L]` at `index` (the
+    /// leading indices' names), in order, by `tensor.extract`; returns the sum's name.
+    fn sum_of_lanes(&mut self, ops: &mut String, lanes: &V, index: &[&String]) -> String {
+        let (name, ty) = (&lanes.name, lanes.ty.text());
+        let n = *lanes.ty.static_dims().last().unwrap_or(&1);
+        let lead = index.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", ");
+        let mut total: Option<String> = None;
+        for l in 0..n {
+            let [at, part] = std::array::from_fn(|_| self.fresh());
+            writeln!(ops, "{at} = arith.constant {l} : index").unwrap();
+            writeln!(ops, "{part} = tensor.extract {name}[{lead}, {at}] : {ty}").unwrap();
+            total = Some(match total {
+                None => part,
+                Some(prev) => {
+                    let sum = self.fresh();
+                    writeln!(ops, "{sum} = arith.addf {prev}, {part} : f32").unwrap();
+                    sum
+                }
+            });
+        }
+        total.unwrap_or_else(|| kv_core::error::invariant("at least one lane"))
     }
 
     /// The body of one online-softmax step: the running maximum `m` meets `x` (a score, or a

@@ -469,11 +469,11 @@ fn attention_of_one_row() {
     assert_close("attention row", seed, &got[0], want.view());
 }
 
-/// The portable form (the own row's score in the cache's reduction, runs of 16 keys, an online
-/// softmax) over KV head 1 of 2, with masked keys as the graphs mask them: a whole run of them
-/// (the cache past `pos`), scattered ones, and one query row whose every cache key is masked
-/// (the first token), where only the call's own row counts. Scores up to ±~100, so that a
-/// run's maximum is far from the others'.
+/// The portable form (the scores in 16 lanes, `d` 48 so that a lane loops three times, summed
+/// where they are read; runs of 16 keys, an online softmax) over KV head 1 of 2, with masked
+/// keys as the graphs mask them: a whole run of them (the cache past `pos`), scattered ones, and
+/// one query row whose every cache key is masked (the first token), where only the call's own
+/// row counts. Scores up to ±~100, so that a run's maximum is far from the others'.
 #[test]
 fn attention_of_one_row_in_runs_with_an_online_softmax() {
     let seed = seed();

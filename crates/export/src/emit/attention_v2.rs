@@ -118,16 +118,16 @@ impl FuncEmitter<'_> {
     }
 
     /// One query row's attention for targets without subgroup operations (the portable step,
-    /// `r = 1`): the scores of the cache's keys and of the call's own row in one reduction
-    /// ([`Body::scores_with_own`]), the masked cache scores against the values `vc [P, d]` in
-    /// runs with an online softmax ([`Body::online_exp_values`]), and the runs merged from the
-    /// own row's score and value `vn [1, d]` ([`Body::online_merge`]), divided by the sum in the
-    /// same dispatch: three dispatches where the own row's scores, the maximum, the
-    /// exponentials, their sum and the two-stage values product were nine. `keys` is the layer's
-    /// key cache `[P, nKV, d]`, the call's keys `[1, nKV, d]` and the KV head; `mask_c [G, P]`
-    /// the cache's mask (one row's own key is always visible to it, so no mask of its own).
-    /// `None` where the options or shapes do not apply (several rows, f16 caches, keys that
-    /// make no runs).
+    /// `r = 1`): the scores of the cache's keys and of the call's own row in [`SCORE_LANES`]
+    /// lanes ([`Body::scores_in_lanes`]), the masked cache scores (their lanes summed as they
+    /// are read) against the values `vc [P, d]` in runs with an online softmax
+    /// ([`Body::online_exp_values`]), and the runs merged from the own row's score and value
+    /// `vn [1, d]` ([`Body::online_merge`]), divided by the sum in the same dispatch: four
+    /// dispatches where the own row's scores, the maximum, the exponentials, their sum and the
+    /// two-stage values product were nine. `keys` is the layer's key cache `[P, nKV, d]`, the
+    /// call's keys `[1, nKV, d]` and the KV head; `mask_c [G, P]` the cache's mask (one row's
+    /// own key is always visible to it, so no mask of its own). `None` where the options or
+    /// shapes do not apply (several rows, f16 caches, keys that make no runs).
     pub(super) fn attention_row_online(
         &mut self,
         q: &V,
@@ -145,11 +145,11 @@ impl FuncEmitter<'_> {
         if !applies || runs <= 1 || kc.ty.elem != Elem::F32 || vc.ty.elem != Elem::F32 {
             return None;
         }
-        let scores = self.b.scores_with_own(q, kc, kn, head);
+        let (scores, own) = self.b.scores_in_lanes(q, kc, kn, head, SCORE_LANES);
         let mask = self.b.reshape_static(mask_c, &[g, runs, p / runs]);
         let v3 = self.b.reshape_static(vc, &[runs, p / runs, d]);
         let (m, acc, sum) = self.b.online_exp_values(&scores, &mask, &v3);
-        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, (&scores, vn));
+        let (_, acc, sum) = self.b.online_merge(&m, &acc, &sum, (&own, vn));
         Some(self.b.div(&acc, &sum))
     }
 

@@ -107,8 +107,8 @@ pub enum Form {
     AttentionRow { g: usize, p: usize, d: usize },
     /// One query row's attention for targets without subgroup operations
     /// (`attention_row_online`): the scores of KV head `head` of the cache and of the call's own
-    /// row in one reduction, the cache's keys in runs with an online softmax, the runs merged
-    /// from the own row. Arguments `q [g, d]`, keys `kc [p, nkv, d]`, `kn [1, nkv, d]`, that
+    /// row in lanes, the cache's keys in runs with an online softmax, the runs merged from the
+    /// own row. Arguments `q [g, d]`, keys `kc [p, nkv, d]`, `kn [1, nkv, d]`, that
     /// head's values `vc [p, d]`, `vn [1, d]`, and the cache's mask `[g, p]` as i32 (0:
     /// masked); result `[g, d]`.
     AttentionRowOnline {
