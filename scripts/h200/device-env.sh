@@ -15,26 +15,32 @@ $D/bin/skainet-kv inspect --model $TWIN >/dev/null # generates the twin's archiv
 # the source's parameters, else the one the same export writes there (fused projections), with
 # the carried modules standing in for the compiler (carried-compiler.sh).
 twin_archive() {
-  local v=$D/$1
+  local v=$D/$1 bin=$D/bin/skainet-kv
   if ! grep -q '"fusedProjections": true' $v/manifest.json; then
     ln -f $D/cache/fixtures/gemma3-270m-shape-1/model.irpa $v/model.irpa
     return
   fi
-  # Variants exported with the same flags by two builds (an A/B of emitted forms) read the same
-  # archive: the one written for the first, since only the carried binary's MLIR passes
-  # carried-compiler.sh.
-  local other
-  for other in $D/*/export-args.txt; do
-    other=$(dirname "$other")
-    if [ "$other" != "$v" ] && [ -f "$other/model.irpa" ] && cmp -s "$other/export-args.txt" "$v/export-args.txt"; then
-      ln -f "$other/model.irpa" "$v/model.irpa"
-      return
-    fi
-  done
+  # A variant carrying the binary that exported it (an A/B of builds whose archives differ:
+  # session 28's fused gate/up) writes its archive with that binary.
+  if [ -x $v/skainet-kv ]; then
+    bin=$v/skainet-kv
+  else
+    # Variants exported with the same flags by two builds (an A/B of emitted forms) read the
+    # same archive: the one written for the first, since only the carried binary's MLIR passes
+    # carried-compiler.sh.
+    local other
+    for other in $D/*/export-args.txt; do
+      other=$(dirname "$other")
+      if [ "$other" != "$v" ] && [ ! -x "$other/skainet-kv" ] && [ -f "$other/model.irpa" ] && cmp -s "$other/export-args.txt" "$v/export-args.txt"; then
+        ln -f "$other/model.irpa" "$v/model.irpa"
+        return
+      fi
+    done
+  fi
   local tmp=$v.export
   rm -rf $tmp
   IREE_COMPILE=$PWD/scripts/h200/carried-compiler.sh CARRIED_MODULES=$v \
-    xargs -a $v/export-args.txt -d '\n' $D/bin/skainet-kv export --model $TWIN --out $tmp >/dev/null &&
+    xargs -a $v/export-args.txt -d '\n' $bin export --model $TWIN --out $tmp >/dev/null &&
     mv $tmp/model.irpa $v/model.irpa && rm -rf $tmp
 }
 

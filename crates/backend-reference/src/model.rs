@@ -79,7 +79,7 @@ impl ReferenceModel {
         let architecture = manifest.require_architecture()?.clone();
         let spec = &manifest.spec;
         let quant = manifest.quantization.as_ref();
-        let (table, fused) = archive_table(spec, &architecture, quant, manifest.fused_projections);
+        let (table, fused) = archive_table(spec, &architecture, quant, manifest.fusion());
         let mut store = ParamStore::load(archive, &table, quant)?;
         store.split(&fused);
 

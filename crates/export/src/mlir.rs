@@ -1119,6 +1119,47 @@ impl Body {
         self.contract_pairs_in_parts(x, w, lanes, true)
     }
 
+    /// The gate and up products of one packed matrix `w [2·ff, words]` (gate's rows, then
+    /// up's) in two reductions: the words in `parts` runs as [`Self::contract_pairs_split`]
+    /// (one dispatch for both halves, twice the outputs), then one generic of two results that
+    /// sums each half's runs, `[R, ff]` each. An elementwise consumer of both (the activation
+    /// times up) joins that second dispatch: two dispatches where the halves apart took four.
+    pub fn contract_pairs_gated(&mut self, x: &V, w: &V, parts: usize) -> (V, V) {
+        let [o, words] = w.ty.static_dims()[..] else {
+            kv_core::error::invariant("a packed weight is [out, in/2]")
+        };
+        let parts = if parts >= 1 && words % parts == 0 { parts } else { 1 };
+        let r = x.ty.static_dims()[0];
+        let ff = o / 2;
+        let each = words / parts;
+        let w3 = self.reshape_static(w, &[o, parts, each]);
+        let (lo, hi) = self.pair_halves(x, [parts, each]);
+        let ty = Ty::fixed(&[r, o, parts], Elem::F32);
+        let maps = ["d0, d2, d3", "d0, d2, d3", "d1, d2, d3"];
+        let partial = self.reduction_generic(&[&lo, &hi, &w3], ty, &maps, 1, "", Self::pair_halves_product);
+        let halves = self.reshape_static(&partial, &[r, 2, ff, parts]);
+        let ty = Ty::fixed(&[r, ff], Elem::F32);
+        let (gate, up) = (self.zeros(&ty), self.zeros(&ty));
+        let mut sums = self.generic(
+            &[(&halves, "d0, 0, d1, d2"), (&halves, "d0, 1, d1, d2")],
+            &[(&gate, "d0, d1"), (&up, "d0, d1")],
+            1,
+            "",
+            |b, args| {
+                let [g, u, g_acc, u_acc] = args else {
+                    kv_core::error::invariant("two inputs, then two accumulators")
+                };
+                let (g_sum, u_sum) = (b.fresh(), b.fresh());
+                let ops = format!("{g_sum} = arith.addf {g_acc}, {g} : f32\n{u_sum} = arith.addf {u_acc}, {u} : f32\n");
+                (ops, vec![g_sum, u_sum])
+            },
+        );
+        match (sums.pop(), sums.pop()) {
+            (Some(up), Some(gate)) => (gate, up),
+            _ => kv_core::error::invariant("a generic of two outputs"),
+        }
+    }
+
     /// A packed-pairs product whose words are summed in `parts` partial sums
     /// (`partial [R, out, parts]`), then across them: part `j` holds the `j`-th run of
     /// `words / parts` words ([`Self::contract_pairs_split`]) or, `interleaved`, words

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use kv_core::irpa::{IrpaArchive, IrpaWriter};
 use kv_core::manifest::{CacheType, Functions, MatmulInput, Parameters, V2Spec};
-use kv_core::param::Param;
+use kv_core::param::{LayerWeight, Param};
 use kv_core::params::{parameter_table, FusedParam, ParamInfo};
 use kv_core::quant::{QuantFormat, Quantization, ScaleType};
 use kv_core::ContractVersion;
@@ -257,16 +257,20 @@ impl ExportPlan {
         };
         // Each fused parameter's rows are its parts' one after the other: the values' and the
         // scales' bytes alike (both row-major over the output rows).
-        let (table, fused) = if options.fuse_projections {
-            kv_core::params::fuse_projections(&source_table, m.spec.n_layers, quantization.as_ref())
-        } else {
-            (source_table.clone(), Vec::new())
+        // The portable Vulkan profiles also store gate and up as one matrix: one split product
+        // for both, the activation in its second stage (`Body::contract_pairs_gated`).
+        let fusion = kv_core::params::Fusion {
+            projections: options.fuse_projections,
+            gate_up: options.fuse_projections && profile.split_reductions(),
         };
+        let (table, fused) =
+            kv_core::params::fuse_projections(&source_table, m.spec.n_layers, quantization.as_ref(), fusion);
         if let Some(q) = quantization.as_mut() {
             q.fuse(&fused);
         }
         m.quantization = quantization.clone();
-        m.fused_projections = !fused.is_empty();
+        m.fused_projections = fused.iter().any(|f| !f.name.ends_with(LayerWeight::FfnGateUp.suffix()));
+        m.fused_gate_up = fused.iter().any(|f| f.name.ends_with(LayerWeight::FfnGateUp.suffix()));
 
         let kv: Vec<Graph> = graphs.iter().copied().filter(|g| Graph::KV.contains(g)).collect();
         let redecode: Vec<Graph> = graphs.iter().copied().filter(|g| !Graph::KV.contains(g)).collect();

@@ -259,6 +259,21 @@ fn packed_pairs_read_in_place() {
 }
 
 #[test]
+fn gate_and_up_of_one_packed_matrix() {
+    let seed = seed();
+    let mut noise = Noise::new(seed);
+    // 64 words a row: 4 runs of 16 (`pair_splits`), two rows as a chunk call has.
+    let (rows, ff, inner) = (2, 12, 128);
+    let x = matrix(&mut noise, rows, inner);
+    let (bits, w) = bf16_weight(&mut noise, 2 * ff, inner);
+    let inputs = [f32s(&x), Array::I32(vec![2 * ff, inner / 2], pack_pairs(&bits))];
+    let got = run(Form::GatedPairsProduct { rows, ff, inner }, &inputs, 2);
+    let want = x.dot(&w.t());
+    assert_close("gate of the fused matrix", seed, &got[0], want.slice(s![.., ..ff]));
+    assert_close("up of the fused matrix", seed, &got[1], want.slice(s![.., ff..]));
+}
+
+#[test]
 fn packed_pairs_in_interleaved_lanes() {
     let seed = seed();
     let mut noise = Noise::new(seed);

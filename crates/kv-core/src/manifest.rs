@@ -403,6 +403,9 @@ pub struct Manifest {
     /// Ours: the archive stores the projections that read one input as one matrix each
     /// ([`crate::params::FUSED_PROJECTIONS`], where their parts' formats agree); absent: apart.
     pub fused_projections: bool,
+    /// Ours: the archive stores each layer's gate and up projections as one matrix
+    /// ([`crate::params::FUSED_GATE_UP`]: the portable Vulkan profiles); absent: apart.
+    pub fused_gate_up: bool,
     /// Ours: compiled modules, `target → graph key → .vmfb file`.
     pub modules: BTreeMap<String, BTreeMap<String, String>>,
     /// Ours: `.vmfb file → .irpa file` of the modules that read some weights already in the
@@ -741,6 +744,8 @@ mod wire {
         pub(super) cache_type: CacheType,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub(super) fused_projections: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub(super) fused_gate_up: bool,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         pub(super) modules: BTreeMap<String, BTreeMap<String, String>>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -798,6 +803,7 @@ mod wire {
         matmul_input,
         cache_type,
         fused_projections,
+        fused_gate_up,
         modules,
         encoded_parameters,
         provenance,
@@ -863,6 +869,7 @@ impl Manifest {
             matmul_input: MatmulInput::F32,
             cache_type: CacheType::F32,
             fused_projections: false,
+            fused_gate_up: false,
             modules: BTreeMap::new(),
             encoded_parameters: BTreeMap::new(),
             provenance: Provenance::default(),
@@ -1134,6 +1141,14 @@ impl Manifest {
         match self.parameters.as_ref()? {
             Parameters::Shared(file) => Some(file),
             Parameters::PerGraph(map) => map.get(graph.key()).map(String::as_str),
+        }
+    }
+
+    /// The groups of projections the archive stores as one matrix each.
+    pub fn fusion(&self) -> crate::params::Fusion {
+        crate::params::Fusion {
+            projections: self.fused_projections,
+            gate_up: self.fused_gate_up,
         }
     }
 

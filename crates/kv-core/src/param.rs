@@ -36,10 +36,13 @@ pub enum LayerWeight {
     /// Q, K and V as one matrix (an export's archive, `Manifest::fused_projections`).
     AttnQkv,
     AttnQkvBias,
+    /// Gate and up as one matrix (an export's archive for the portable Vulkan profiles,
+    /// `Manifest::fused_gate_up`).
+    FfnGateUp,
 }
 
 impl LayerWeight {
-    pub const ALL: [LayerWeight; 18] = [
+    pub const ALL: [LayerWeight; 19] = [
         LayerWeight::AttnNorm,
         LayerWeight::AttnQ,
         LayerWeight::AttnK,
@@ -58,6 +61,7 @@ impl LayerWeight {
         LayerWeight::PostFfwNorm,
         LayerWeight::AttnQkv,
         LayerWeight::AttnQkvBias,
+        LayerWeight::FfnGateUp,
     ];
 
     /// The GGUF suffix, e.g. `attn_q.weight`.
@@ -81,6 +85,7 @@ impl LayerWeight {
             LayerWeight::PostFfwNorm => "post_ffw_norm.weight",
             LayerWeight::AttnQkv => "attn_qkv.weight",
             LayerWeight::AttnQkvBias => "attn_qkv.bias",
+            LayerWeight::FfnGateUp => "ffn_gate_up.weight",
         }
     }
 

@@ -67,9 +67,8 @@ pub fn parameter_table(spec: &KvSpec, arch: &Architecture) -> Vec<ParamInfo> {
 /// stored as in a fused archive (`Manifest::fused_projections`): the parts' rows one after the
 /// other, in this order. One matrix is one product in the graphs: on a GPU's decode step, where
 /// every dispatch costs ~14 µs whatever its size, two of a layer's seven projections fewer (and
-/// Gemma's Q/K norms then one dispatch, `docs/journal`, session 14). The gate/up pair is not fused:
-/// its activation reads two slices of a fused product, so IREE no longer fuses it into the up
-/// projection, and the step had as many dispatches as before.
+/// Gemma's Q/K norms then one dispatch, `docs/journal`, session 14). The gate/up pair is fused
+/// only where asked ([`FUSED_GATE_UP`]).
 pub const FUSED_PROJECTIONS: &[(LayerWeight, &[LayerWeight])] = &[
     (
         LayerWeight::AttnQkv,
@@ -81,13 +80,50 @@ pub const FUSED_PROJECTIONS: &[(LayerWeight, &[LayerWeight])] = &[
     ),
 ];
 
-/// `table` with each group of [`FUSED_PROJECTIONS`] whose parts are all present and stored alike
+/// The gate and up projections as one matrix (`Manifest::fused_gate_up`): the portable Vulkan
+/// profiles' step then runs both as one split product whose second stage sums the two and
+/// applies the activation (two dispatches a layer fewer). Not for the tuned GPU profiles, whose
+/// one product of two results the activation already joins (there, a fused product's two
+/// slices cost the activation a dispatch of its own, session 14), nor for the CPU's.
+pub const FUSED_GATE_UP: (LayerWeight, &[LayerWeight]) =
+    (LayerWeight::FfnGateUp, &[LayerWeight::FfnGate, LayerWeight::FfnUp]);
+
+/// Which groups of projections an archive stores as one matrix each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fusion {
+    /// [`FUSED_PROJECTIONS`] (`Manifest::fused_projections`).
+    pub projections: bool,
+    /// [`FUSED_GATE_UP`] (`Manifest::fused_gate_up`).
+    pub gate_up: bool,
+}
+
+impl Fusion {
+    /// Nothing fused: the source's matrices as they are.
+    pub const APART: Fusion = Fusion {
+        projections: false,
+        gate_up: false,
+    };
+    /// [`FUSED_PROJECTIONS`] only: every export's archive but the portable Vulkan ones.
+    pub const PROJECTIONS: Fusion = Fusion {
+        projections: true,
+        gate_up: false,
+    };
+
+    fn groups(self) -> impl Iterator<Item = &'static (LayerWeight, &'static [LayerWeight])> {
+        let projections: &'static [(LayerWeight, &'static [LayerWeight])] =
+            if self.projections { FUSED_PROJECTIONS } else { &[] };
+        projections.iter().chain(self.gate_up.then_some(&FUSED_GATE_UP))
+    }
+}
+
+/// `table` with each group that `fusion` names whose parts are all present and stored alike
 /// under `quant` (all unquantized, or all in one format) replaced by its fused parameter, at the
 /// first part's place; and the fused parameters. Parts stored differently stay apart.
 pub fn fuse_projections(
     table: &[ParamInfo],
     n_layers: usize,
     quant: Option<&Quantization>,
+    fusion: Fusion,
 ) -> (Vec<ParamInfo>, Vec<FusedParam>) {
     let format = |name: &str| -> Option<QuantFormat> { quant.and_then(|q| q.format_of(name)) };
     let index: std::collections::HashMap<&str, usize> =
@@ -95,7 +131,7 @@ pub fn fuse_projections(
     let mut replaced: std::collections::HashMap<usize, Option<ParamInfo>> = std::collections::HashMap::new();
     let mut fused = Vec::new();
     for l in 0..n_layers {
-        for (name, parts) in FUSED_PROJECTIONS {
+        for (name, parts) in fusion.groups() {
             let at: Option<Vec<usize>> = parts
                 .iter()
                 .map(|&w| index.get(Param::Layer(l, w).to_string().as_str()).copied())
@@ -134,21 +170,17 @@ pub fn fuse_projections(
 }
 
 /// The parameters an archive written for `spec`, `arch` and `quant` holds: [`parameter_table`],
-/// fused by [`fuse_projections`] when `fused` (`Manifest::fused_projections`). `quant` may be
+/// with the groups `fusion` names fused ([`fuse_projections`]; `Manifest::fusion`). `quant` may be
 /// the source's, which names the parts, or the fused archive's ([`Quantization::fuse`]): both
 /// give the same groups.
 pub fn archive_table(
     spec: &KvSpec,
     arch: &Architecture,
     quant: Option<&Quantization>,
-    fused: bool,
+    fusion: Fusion,
 ) -> (Vec<ParamInfo>, Vec<FusedParam>) {
     let table = parameter_table(spec, arch);
-    if fused {
-        fuse_projections(&table, spec.n_layers, quant)
-    } else {
-        (table, Vec::new())
-    }
+    fuse_projections(&table, spec.n_layers, quant, fusion)
 }
 
 #[cfg(test)]
@@ -180,6 +212,7 @@ mod tests {
                 (LayerWeight::AttnKBias, &[4]),
                 (LayerWeight::AttnVBias, &[4]),
                 (LayerWeight::FfnGate, &[12, 8]),
+                (LayerWeight::FfnUp, &[12, 8]),
             ] {
                 t.push(info(layer_param(l, w), shape));
             }
@@ -193,7 +226,7 @@ mod tests {
 
     #[test]
     fn each_group_becomes_one_parameter_at_its_first_part() {
-        let (fused_table, fused) = fuse_projections(&table(), 2, None);
+        let (fused_table, fused) = fuse_projections(&table(), 2, None, Fusion::PROJECTIONS);
         let mut want = vec![Param::TokenEmbd.to_string()];
         for l in 0..2 {
             for w in [
@@ -201,6 +234,7 @@ mod tests {
                 LayerWeight::AttnQkv,
                 LayerWeight::AttnQkvBias,
                 LayerWeight::FfnGate,
+                LayerWeight::FfnUp,
             ] {
                 want.push(layer_param(l, w));
             }
@@ -225,7 +259,7 @@ mod tests {
         }
         // Layer 1's value projection in the same format as its query and key ones, layer 0's not.
         q.tensors.insert(layer_param(1, LayerWeight::AttnV), QuantFormat::Q8);
-        let (t, fused) = fuse_projections(&table(), 2, Some(&q));
+        let (t, fused) = fuse_projections(&table(), 2, Some(&q), Fusion::PROJECTIONS);
         let n = names(&t);
         assert!(n.contains(&"blk.0.attn_q.weight") && n.contains(&"blk.0.attn_v.weight"));
         assert!(!n.contains(&"blk.0.attn_qkv.weight"));
@@ -243,8 +277,31 @@ mod tests {
         );
         assert_eq!(fused_q.origin["blk.1.attn_qkv.weight"], "gguf Q8_0");
         // The fused archive's own formats give the same table.
-        let (again, _) = fuse_projections(&table(), 2, Some(&fused_q));
+        let (again, _) = fuse_projections(&table(), 2, Some(&fused_q), Fusion::PROJECTIONS);
         assert_eq!(again, t);
         assert!(!fused_q.tensors.contains_key("blk.1.attn_v.weight"));
+    }
+
+    #[test]
+    fn gate_and_up_fuse_only_when_asked_and_keep_their_order() {
+        let (t, fused) = fuse_projections(
+            &table(),
+            2,
+            None,
+            Fusion {
+                projections: false,
+                gate_up: true,
+            },
+        );
+        let n = names(&t);
+        assert!(n.contains(&"blk.0.attn_q.weight") && !n.contains(&"blk.0.attn_qkv.weight"));
+        assert!(n.contains(&"blk.1.ffn_gate_up.weight"));
+        assert!(!n.contains(&"blk.1.ffn_gate.weight") && !n.contains(&"blk.1.ffn_up.weight"));
+        let at = n.iter().position(|&x| x == "blk.0.ffn_gate_up.weight").unwrap();
+        assert_eq!(t[at].shape, [24, 8]);
+        assert_eq!(fused.len(), 2);
+        assert_eq!(names(&fused[0].parts), ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]);
+        let (apart, none) = fuse_projections(&table(), 2, None, Fusion::APART);
+        assert_eq!((apart, none.len()), (table(), 0));
     }
 }

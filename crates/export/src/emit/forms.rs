@@ -84,6 +84,11 @@ pub enum Form {
     /// in the low half of word `k`), read in place in runs (`Body::contract_pairs_split`, as the
     /// portable Vulkan target's step does). Result `[rows, out]`.
     PairsProduct { rows: usize, out: usize, inner: usize },
+    /// The gate and up products of one packed matrix `w [2·ff, inner/2]` i32 (gate's rows,
+    /// then up's), each half's runs summed in one second reduction of two results
+    /// (`Body::contract_pairs_gated`, the portable step's fused gate/up). Results the gate and
+    /// the up product, `[rows, ff]` each.
+    GatedPairsProduct { rows: usize, ff: usize, inner: usize },
     /// The same product with the words interleaved over [`PAIR_LANES`] lanes, then the lanes
     /// summed (`Body::contract_pairs_lanes`: the portable LM head, too wide to split into runs).
     /// `inner/2` a multiple of the lanes. Result `[rows, out]`.
@@ -171,6 +176,7 @@ pub fn emit_form(form: Form) -> String {
     let weights = match form {
         Form::RmsNorm { parallel: true, .. }
         | Form::PairsProduct { .. }
+        | Form::GatedPairsProduct { .. }
         | Form::PairsProductLanes { .. }
         | Form::PackedNorm { .. }
         | Form::QkvNormRopePacked { .. }
@@ -305,6 +311,12 @@ pub fn emit_form(form: Form) -> String {
             let x = arg(&[rows, inner], Elem::F32);
             let w = arg(&[out, inner / 2], Elem::I32);
             vec![f.b.contract_pairs_split(&x, &w, pair_splits(out, inner / 2))]
+        }
+        Form::GatedPairsProduct { rows, ff, inner } => {
+            let x = arg(&[rows, inner], Elem::F32);
+            let w = arg(&[2 * ff, inner / 2], Elem::I32);
+            let (gate, up) = f.b.contract_pairs_gated(&x, &w, pair_splits(ff, inner / 2));
+            vec![gate, up]
         }
         Form::PairsProductLanes { rows, out, inner } => {
             let x = arg(&[rows, inner], Elem::F32);

@@ -112,7 +112,7 @@ impl FuncEmitter<'_> {
         };
         let (a, x) = self.proj_settling(&o, &p(LayerWeight::AttnOutput), x);
         let x = self.add_block(x, a, &p(LayerWeight::PostAttentionNorm));
-        // (Not fused like Q/K/V: see `kv_core::params::FUSED_PROJECTIONS`.)
+        // Fused in the portable profiles' archives only (`kv_core::params::FUSED_GATE_UP`).
         let (gate, up) = (p(LayerWeight::FfnGate), p(LayerWeight::FfnUp));
         let (x, normed) = match self.carried_norm(&x, &p(LayerWeight::FfnNorm)) {
             Some((stream, h)) => (Residual::settled(stream), Some(h)),
@@ -129,10 +129,7 @@ impl FuncEmitter<'_> {
                     Some(h) => h,
                     None => self.settled_norm(&x, &p(LayerWeight::FfnNorm)),
                 };
-                // Two products, not one of two results: IREE vectorizes a reduction of one
-                // result on the portable target and not one of several (session 26, H100: the
-                // one product of two results had the same decode and a 1.2x slower chunk call).
-                (self.proj(&h2, &gate), self.proj(&h2, &up))
+                self.gate_up(&h2, l)
             }
         };
         let act = match arch.activation {

@@ -144,7 +144,7 @@ pub fn emit_module(manifest: &Manifest, graphs: &[Graph], options: &EmitOptions)
     let arch = manifest.require_architecture().map_err(ExportError::Core)?.clone();
     let spec = manifest.spec.clone();
     spec.validate().map_err(ExportError::Core)?;
-    let (table, _) = archive_table(&spec, &arch, options.quantization.as_ref(), manifest.fused_projections);
+    let (table, _) = archive_table(&spec, &arch, options.quantization.as_ref(), manifest.fusion());
     let table: HashMap<String, ParamInfo> = table.into_iter().map(|p| (p.name.clone(), p)).collect();
     if options.weights == WeightFormat::PackedI32 {
         if let Some(p) = table.values().find(|p| p.shape.last().is_some_and(|n| n % 2 != 0)) {

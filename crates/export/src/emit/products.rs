@@ -112,6 +112,42 @@ impl FuncEmitter<'_> {
         }
     }
 
+    /// Layer `l`'s gate and up projections of `x [R, in]`, `[R, ff]` each, from the archive's
+    /// fused matrix ([`kv_core::params::FUSED_GATE_UP`]) when it has one: packed pairs read in
+    /// place as one split product whose second stage sums both halves
+    /// ([`Body::contract_pairs_gated`]: the activation then joins that stage, one dispatch for
+    /// all of it), any other format as one product sliced; apart, two products.
+    pub(super) fn gate_up(&mut self, x: &V, l: usize) -> (V, V) {
+        let name = |w: LayerWeight| Param::Layer(l, w).to_string();
+        let fused = name(LayerWeight::FfnGateUp);
+        let Some(info) = self.table.get(&fused) else {
+            // Two products, not one of two results: IREE vectorizes a reduction of one result
+            // on the portable target and not one of several (session 26, H100: the one product
+            // of two results had the same decode and a 1.2x slower chunk call).
+            let (gate, up) = (name(LayerWeight::FfnGate), name(LayerWeight::FfnUp));
+            return (self.proj(x, &gate), self.proj(x, &up));
+        };
+        let ff = info.shape[0] / 2;
+        let r = x.ty.static_dims()[0];
+        if self.quant_format(&fused).is_none() && self.pairs_in_place(r) {
+            let w = self.raw_param(&fused);
+            let words = w.ty.static_dims()[1];
+            return self.b.contract_pairs_gated(x, &w, pair_splits(ff, words));
+        }
+        let mut y = self.projections(
+            x,
+            l,
+            (LayerWeight::FfnGateUp, &[LayerWeight::FfnGate, LayerWeight::FfnUp]),
+            &[ff, ff],
+            None,
+        );
+        let up = y.pop();
+        match (y.pop(), up) {
+            (Some(gate), Some(up)) => (gate, up),
+            _ => kv_core::error::invariant("two parts of the gate/up product"),
+        }
+    }
+
     /// `x [1, in] · dequant(W)ᵀ` of a q4 parameter `[out, in]` by [`crate::kernels::Q4_MATVEC`]:
     /// the archive's values as bytes and its f16 scales, flattened, passed to an executable of
     /// this shape (declared once per module, beside the globals).
@@ -308,34 +344,57 @@ pub(super) const PAIR_LANES: usize = 16;
 /// the smaller writes fewer partial sums, which matters more on a phone's few cores.
 pub(super) const PAIR_THREADS: usize = 16_384;
 
-/// Runs of a packed-pairs product ([`Body::contract_pairs_split`]): enough for about
-/// [`PAIR_THREADS`] outputs (`out · splits`), each run at least 16 words, a power of two
-/// dividing `words`.
+/// The most partial sums (`out · splits`) a split product writes ([`pair_splits`]): the LM
+/// head's 262,144 rows are not split (they take [`PAIR_LANES`]).
+pub(super) const SPLIT_OUTPUTS_MAX: usize = 65_536;
+
+/// Runs of a packed-pairs product ([`Body::contract_pairs_split`]), or of the keys in the
+/// portable attention's values pass: about `√words` (the largest power of two whose square is
+/// at most `words`), each run at least 16 words, dividing `words`, at most
+/// [`SPLIT_OUTPUTS_MAX`] partial sums. Each of the two reductions is one thread's serial loop
+/// an output (no subgroup operations), over a run and then over the runs, and a loop's step
+/// cost about the same in both on an H100 (~1.2 µs: the profiled down product of 64-word runs
+/// took 74 µs, its 16-term second stage ~20): runs of about the square root balance them.
+///
+/// [`Body::contract_pairs_split`]: crate::mlir::Body::contract_pairs_split
 pub(super) fn pair_splits(out: usize, words: usize) -> usize {
     let mut splits = 1;
-    while out * splits * 2 <= PAIR_THREADS && words % (splits * 2) == 0 && words / (splits * 2) >= 16 {
-        splits *= 2;
+    loop {
+        let next = splits * 2;
+        if next * next > words || words % next != 0 || words / next < 16 || out * next > SPLIT_OUTPUTS_MAX {
+            return splits;
+        }
+        splits = next;
     }
-    splits
 }
 
 #[cfg(test)]
 mod pair_tests {
-    use super::pair_splits;
+    use super::{pair_splits, SPLIT_OUTPUTS_MAX};
 
     #[test]
-    fn packed_products_split_into_runs_of_at_least_16_words() {
-        // Gemma 3 270M's one-row products: down, gate/up, fused Q/K/V, the LM head.
-        assert_eq!(pair_splits(640, 1024), 16);
-        assert_eq!(pair_splits(2048, 320), 8);
-        assert_eq!(pair_splits(1536, 320), 8);
+    fn packed_products_split_into_about_the_square_root_of_their_words() {
+        // Gemma 3 270M's one-row products: down, gate/up, fused Q/K/V, output, the LM head.
+        assert_eq!(pair_splits(640, 1024), 32);
+        assert_eq!(pair_splits(2048, 320), 16);
+        assert_eq!(pair_splits(1536, 320), 16);
+        assert_eq!(pair_splits(640, 512), 16);
         assert_eq!(pair_splits(262_144, 320), 1);
+        // The attention's values pass: a sliding layer's 640 keys, a global one's 2,048.
+        assert_eq!(pair_splits(1024, 640), 16);
+        assert_eq!(pair_splits(1024, 2048), 32);
         // Short rows are not split below 16 words, odd word counts not at all.
         assert_eq!(pair_splits(8, 32), 2);
         assert_eq!(pair_splits(8, 31), 1);
-        for (out, words) in [(640, 1024), (2048, 320), (8, 32), (100, 96)] {
-            let s = pair_splits(out, words);
-            assert!(words % s == 0 && (s == 1 || words / s >= 16), "{out} x {words}: {s}");
+        for out in [1, 8, 100, 640, 2048, 100_000] {
+            for words in 1..3000 {
+                let s = pair_splits(out, words);
+                assert!(s.is_power_of_two() && words % s == 0, "{out} x {words}: {s}");
+                assert!(
+                    s == 1 || (words / s >= 16 && s * s <= words && out * s <= SPLIT_OUTPUTS_MAX),
+                    "{out} x {words}: {s}"
+                );
+            }
         }
     }
 }
