@@ -126,6 +126,8 @@ for v in ${PROFILE:-}; do
     --device_profiling_mode=dispatch-events --device_profiling_output="/tmp/$v-step.ireeprof" >"/tmp/$v-hal.log" 2>&1
   # Only the explanation comes back ($OUT returns at most 8 files).
   $D/tools/iree-profile explain "/tmp/$v-step.ireeprof" >"$OUT/$v-explain.txt" 2>&1
+  # Every kind of the step's dispatches, not only explain's ten heaviest.
+  $D/tools/iree-profile dispatch --filter='gemma_with_past*' "/tmp/$v-step.ireeprof" 2>&1 | head -c 200000 >"$OUT/$v-dispatch.txt"
   echo "== profile of the bare step, $v"
   grep -E "^  #[0-9]+ " "$OUT/$v-explain.txt" | head -12
 done

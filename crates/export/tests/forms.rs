@@ -375,7 +375,7 @@ fn attention_products_configured() {
 }
 
 /// `mul_reduce_split` against `a · cᵀ` / `a · c`: the scores (`g·p·16 ≤ 16,384`) in 16
-/// interleaved lanes of the head dimension, the values in runs of the keys (`pair_splits(g·d, p)`
+/// interleaved lanes of the head dimension, the values in runs of the keys (`key_runs(g·d, p)`
 /// = 8 runs of 16 here). Above the lanes' threshold the scores are `mul_reduce`, tested by
 /// `per_kv_head_products_over_a_cache`.
 fn split_product(scores: bool) {

@@ -6,7 +6,7 @@
 
 use kv_core::LayerKind;
 
-use super::products::{pair_splits, PAIR_THREADS};
+use super::products::{key_runs, PAIR_THREADS};
 use super::{subgroup_reduce_info, FuncEmitter};
 use crate::mlir::{Body, Elem, Reduce, Ty, V};
 
@@ -140,7 +140,7 @@ impl FuncEmitter<'_> {
         };
         let p = kc.ty.static_dims()[0];
         let one_row = kn.ty.static_dims()[0] == 1;
-        let runs = pair_splits(g * d, p);
+        let runs = key_runs(g * d, p);
         let applies = self.options.split_reductions && self.options.tiled_softmax && one_row;
         if !applies || runs <= 1 || kc.ty.elem != Elem::F32 || vc.ty.elem != Elem::F32 {
             return None;
@@ -419,7 +419,7 @@ impl FuncEmitter<'_> {
     /// [`Self::mul_reduce`] in two reductions, for targets without subgroup operations (IREE's
     /// portable Vulkan baseline), where each output of a reduction is one thread's serial loop.
     /// The values (`a · c`, `G·d` outputs of `P` terms: 2,048 for a global layer): the keys in
-    /// runs ([`pair_splits`]: about [`PAIR_THREADS`] partial sums of at least 16 terms), then
+    /// runs ([`key_runs`]: about `√P` runs of at least 16 keys), then
     /// across the runs. The scores (`a · cᵀ`, `G·P` outputs of `d` terms) where they are few
     /// (the call's own row: 4 outputs of 256 terms took 0.11 ms a layer): the head dimension
     /// interleaved over [`SCORE_LANES`] lanes, lane `j` summing terms `j, j + lanes, …`, so that
@@ -448,7 +448,7 @@ impl FuncEmitter<'_> {
             let partial = self.b.reduce(&prod, &[2], Reduce::Add);
             return self.b.reduce(&partial, &[2], Reduce::Add);
         }
-        let splits = pair_splits(g * d, p);
+        let splits = key_runs(g * d, p);
         if splits <= 1 {
             return self.mul_reduce(a, c, axis);
         }

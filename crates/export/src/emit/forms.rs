@@ -101,7 +101,7 @@ pub enum Form {
     /// subgroup operations (`mul_reduce_split`): with `scores`, `a [g, d] · cᵀ` of keys
     /// `c [p, d]` (`[g, p]`: the head dimension in 16 interleaved lanes where `g·p·16` is at
     /// most `PAIR_THREADS`); else `a [g, p] · c` of values `c [p, d]` (`[g, d]`: the keys in
-    /// runs of `pair_splits(g·d, p)`).
+    /// runs of `key_runs(g·d, p)`).
     SplitProduct { g: usize, p: usize, d: usize, scores: bool },
     /// One softmax over the keys of `sc [q, p]` (the cache's) and `sn [q, r]` (the call's), the
     /// cache's reduced in tiles of 64 keys with `tiled` (`softmax_split`). Results the two

@@ -339,29 +339,46 @@ pub(super) const PAIR_ROWS_MAX: usize = 32;
 /// [`Body::contract_pairs_lanes`]: crate::mlir::Body::contract_pairs_lanes
 pub(super) const PAIR_LANES: usize = 16;
 
-/// The outputs (`out · splits`) a one-row packed-pairs product aims for. Measured on the H200
-/// (docs/benchmarks.md, portable Vulkan): 16,384 and 1,048,576 decode within 3% of each other;
-/// the smaller writes fewer partial sums, which matters more on a phone's few cores.
+/// The most lanes' partial sums of the portable attention's split scores (`G·P·lanes`, in
+/// `FuncEmitter::mul_reduce_split`); more stay one reduction.
 pub(super) const PAIR_THREADS: usize = 16_384;
 
-/// The most partial sums (`out · splits`) a split product writes ([`pair_splits`]): the LM
-/// head's 262,144 rows are not split (they take [`PAIR_LANES`]).
+/// The most partial sums (`out · splits`) a split product or values pass writes
+/// ([`pair_splits`], [`key_runs`]): the LM head's 262,144 rows are not split (they take
+/// [`PAIR_LANES`]). Until session 28 the splits aimed at 16,384 partial sums whatever the run
+/// length (the H200 decoded within 3% of 1,048,576 then, at 785 dispatches a step).
 pub(super) const SPLIT_OUTPUTS_MAX: usize = 65_536;
 
-/// Runs of a packed-pairs product ([`Body::contract_pairs_split`]), or of the keys in the
-/// portable attention's values pass: about `√words` (the largest power of two whose square is
-/// at most `words`), each run at least 16 words, dividing `words`, at most
-/// [`SPLIT_OUTPUTS_MAX`] partial sums. Each of the two reductions is one thread's serial loop
-/// an output (no subgroup operations), over a run and then over the runs, and a loop's step
-/// cost about the same in both on an H100 (~1.2 µs: the profiled down product of 64-word runs
-/// took 74 µs, its 16-term second stage ~20): runs of about the square root balance them.
+/// Runs of a packed-pairs product ([`Body::contract_pairs_split`]): about `√(2·words)` (the
+/// largest power of two whose square is at most twice the words), each run at least 16 words,
+/// dividing `words`, at most [`SPLIT_OUTPUTS_MAX`] partial sums. Each of the two reductions is
+/// one thread's serial loop an output (no subgroup operations), over a run's words and then
+/// over the runs, and the step of either costs about a microsecond on an H100, the first's
+/// (a weight word from memory, widened) more than the second's (a partial sum): profiled
+/// (session 28), the down product in 16 runs of 64 words took 74 µs and in 32 of 32 45 µs, the
+/// output product in 16 of 32 42 µs and in 32 of 16 27 µs, each second stage 10–16 µs.
 ///
 /// [`Body::contract_pairs_split`]: crate::mlir::Body::contract_pairs_split
 pub(super) fn pair_splits(out: usize, words: usize) -> usize {
+    runs_of(out, words, 2)
+}
+
+/// Runs of the keys in the portable attention's values pass ([`FuncEmitter::attention_row_online`]
+/// and the split values product): about `√keys`, each run at least 16 keys. Fewer than
+/// [`pair_splits`] would take: the online merge re-sums the call's own score lanes at every run
+/// (session 28, H100: a sliding layer's 640 keys in 16 runs, values pass 86 µs and merge 41; in
+/// 32 runs, 51 and 71, and decode slower).
+pub(super) fn key_runs(out: usize, keys: usize) -> usize {
+    runs_of(out, keys, 1)
+}
+
+/// The largest power of two `S` with `S² ≤ scale·terms` that divides `terms` into runs of at
+/// least 16, with `out·S ≤ SPLIT_OUTPUTS_MAX` (1: no split).
+fn runs_of(out: usize, terms: usize, scale: usize) -> usize {
     let mut splits = 1;
     loop {
         let next = splits * 2;
-        if next * next > words || words % next != 0 || words / next < 16 || out * next > SPLIT_OUTPUTS_MAX {
+        if next * next > scale * terms || terms % next != 0 || terms / next < 16 || out * next > SPLIT_OUTPUTS_MAX {
             return splits;
         }
         splits = next;
@@ -370,7 +387,7 @@ pub(super) fn pair_splits(out: usize, words: usize) -> usize {
 
 #[cfg(test)]
 mod pair_tests {
-    use super::{pair_splits, SPLIT_OUTPUTS_MAX};
+    use super::{key_runs, pair_splits, SPLIT_OUTPUTS_MAX};
 
     #[test]
     fn packed_products_split_into_about_the_square_root_of_their_words() {
@@ -378,22 +395,21 @@ mod pair_tests {
         assert_eq!(pair_splits(640, 1024), 32);
         assert_eq!(pair_splits(2048, 320), 16);
         assert_eq!(pair_splits(1536, 320), 16);
-        assert_eq!(pair_splits(640, 512), 16);
+        assert_eq!(pair_splits(640, 512), 32);
         assert_eq!(pair_splits(262_144, 320), 1);
         // The attention's values pass: a sliding layer's 640 keys, a global one's 2,048.
-        assert_eq!(pair_splits(1024, 640), 16);
-        assert_eq!(pair_splits(1024, 2048), 32);
+        assert_eq!(key_runs(1024, 640), 16);
+        assert_eq!(key_runs(1024, 2048), 32);
         // Short rows are not split below 16 words, odd word counts not at all.
         assert_eq!(pair_splits(8, 32), 2);
         assert_eq!(pair_splits(8, 31), 1);
         for out in [1, 8, 100, 640, 2048, 100_000] {
             for words in 1..3000 {
-                let s = pair_splits(out, words);
-                assert!(s.is_power_of_two() && words % s == 0, "{out} x {words}: {s}");
-                assert!(
-                    s == 1 || (words / s >= 16 && s * s <= words && out * s <= SPLIT_OUTPUTS_MAX),
-                    "{out} x {words}: {s}"
-                );
+                for (s, scale) in [(pair_splits(out, words), 2), (key_runs(out, words), 1)] {
+                    assert!(s.is_power_of_two() && words % s == 0, "{out} x {words}: {s}");
+                    let bounded = words / s >= 16 && s * s <= scale * words && out * s <= SPLIT_OUTPUTS_MAX;
+                    assert!(s == 1 || bounded, "{out} x {words}: {s}");
+                }
             }
         }
     }
