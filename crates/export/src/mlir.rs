@@ -1755,26 +1755,40 @@ impl Body {
             let [mr, ar, sr, m, acc, sum] = args else {
                 kv_core::error::invariant("a block argument per input and output")
             };
-            // The own row at the first run (a score of `MASKED` at the others adds nothing: by
-            // then the maximum is at least the own row's score), then the run.
-            let [row, col, r, zero, first, masked, so, vn, one] = std::array::from_fn(|_| b.fresh());
+            // The own row at the first run only, under an `scf.if`: its 16 lanes summed at every
+            // run (a score of `MASKED` at the others) made the merge's loop step cost as much as
+            // the values pass's (session 28, H100: 32 runs, 71 µs against 41 for 16), and the runs
+            // could not be balanced. Whatever order a thread visits the runs in, run 0 is one of
+            // them, once; the merge is order-free.
+            let [row, col, r, zero, first, vn, one, own_state] = std::array::from_fn(|_| b.fresh());
             let mut ops = String::new();
             writeln!(ops, "{row} = linalg.index 0 : index").unwrap();
             writeln!(ops, "{col} = linalg.index 1 : index").unwrap();
             writeln!(ops, "{r} = linalg.index 2 : index").unwrap();
             writeln!(ops, "{zero} = arith.constant 0 : index").unwrap();
             writeln!(ops, "{first} = arith.cmpi eq, {r}, {zero} : index").unwrap();
-            let sn = b.sum_of_lanes(&mut ops, own, &[&row]);
-            writeln!(ops, "{masked} = arith.constant {MASKED_LITERAL} : f32").unwrap();
-            writeln!(ops, "{so} = arith.select {first}, {sn}, {masked} : f32").unwrap();
-            writeln!(ops, "{vn} = tensor.extract {v_name}[{zero}, {col}] : {v_ty}").unwrap();
-            writeln!(ops, "{one} = arith.constant 1.0 : f32").unwrap();
-            let (own_step, own_yields) = b.online_softmax_step((m, &so), (&vn, Some(&one)), (acc, sum));
+            let mut then = String::new();
+            let sn = b.sum_of_lanes(&mut then, own, &[&row]);
+            writeln!(then, "{vn} = tensor.extract {v_name}[{zero}, {col}] : {v_ty}").unwrap();
+            writeln!(then, "{one} = arith.constant 1.0 : f32").unwrap();
+            let (own_step, own_yields) = b.online_softmax_step((m, &sn), (&vn, Some(&one)), (acc, sum));
             let [m1, acc1, sum1] = &own_yields[..] else {
                 kv_core::error::invariant("three running values")
             };
-            let (run_step, yields) = b.online_softmax_step((m1, mr), (ar, Some(sr)), (acc1, sum1));
-            (format!("{ops}{own_step}{run_step}"), yields)
+            writeln!(ops, "{own_state}:3 = scf.if {first} -> (f32, f32, f32) {{").unwrap();
+            ops.push_str(&then);
+            ops.push_str(&own_step);
+            writeln!(ops, "scf.yield {m1}, {acc1}, {sum1} : f32, f32, f32").unwrap();
+            writeln!(ops, "}} else {{").unwrap();
+            writeln!(ops, "scf.yield {m}, {acc}, {sum} : f32, f32, f32").unwrap();
+            writeln!(ops, "}}").unwrap();
+            let (m1, acc1, sum1) = (
+                format!("{own_state}#0"),
+                format!("{own_state}#1"),
+                format!("{own_state}#2"),
+            );
+            let (run_step, yields) = b.online_softmax_step((&m1, mr), (ar, Some(sr)), (&acc1, &sum1));
+            (format!("{ops}{run_step}"), yields)
         });
         let [m, acc, sum] = <[V; 3]>::try_from(parts).unwrap_or_else(|_| kv_core::error::invariant("three outputs"));
         (m, acc, sum)

@@ -364,12 +364,12 @@ pub(super) fn pair_splits(out: usize, words: usize) -> usize {
 }
 
 /// Runs of the keys in the portable attention's values pass ([`FuncEmitter::attention_row_online`]
-/// and the split values product): about `√keys`, each run at least 16 keys. Fewer than
-/// [`pair_splits`] would take: the online merge re-sums the call's own score lanes at every run
-/// (session 28, H100: a sliding layer's 640 keys in 16 runs, values pass 86 µs and merge 41; in
-/// 32 runs, 51 and 71, and decode slower).
+/// and the split values product): as [`pair_splits`], about `√(2·keys)`, each run at least 16
+/// keys. (Until the merge summed the call's own score lanes at its first run only, it re-summed
+/// them at every run and fewer runs paid: session 28, H100, a sliding layer's 640 keys in 32
+/// runs took 51 µs in the values pass and 71 in that merge, in 16 runs 86 and 41.)
 pub(super) fn key_runs(out: usize, keys: usize) -> usize {
-    runs_of(out, keys, 1)
+    runs_of(out, keys, 2)
 }
 
 /// The largest power of two `S` with `S² ≤ scale·terms` that divides `terms` into runs of at
@@ -398,14 +398,14 @@ mod pair_tests {
         assert_eq!(pair_splits(640, 512), 32);
         assert_eq!(pair_splits(262_144, 320), 1);
         // The attention's values pass: a sliding layer's 640 keys, a global one's 2,048.
-        assert_eq!(key_runs(1024, 640), 16);
-        assert_eq!(key_runs(1024, 2048), 32);
+        assert_eq!(key_runs(1024, 640), 32);
+        assert_eq!(key_runs(1024, 2048), 64);
         // Short rows are not split below 16 words, odd word counts not at all.
         assert_eq!(pair_splits(8, 32), 2);
         assert_eq!(pair_splits(8, 31), 1);
         for out in [1, 8, 100, 640, 2048, 100_000] {
             for words in 1..3000 {
-                for (s, scale) in [(pair_splits(out, words), 2), (key_runs(out, words), 1)] {
+                for (s, scale) in [(pair_splits(out, words), 2), (key_runs(out, words), 2)] {
                     assert!(s.is_power_of_two() && words % s == 0, "{out} x {words}: {s}");
                     let bounded = words / s >= 16 && s * s <= scale * words && out * s <= SPLIT_OUTPUTS_MAX;
                     assert!(s == 1 || bounded, "{out} x {words}: {s}");
