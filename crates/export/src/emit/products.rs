@@ -360,7 +360,7 @@ pub(super) const SPLIT_OUTPUTS_MAX: usize = 65_536;
 ///
 /// [`Body::contract_pairs_split`]: crate::mlir::Body::contract_pairs_split
 pub(super) fn pair_splits(out: usize, words: usize) -> usize {
-    runs_of(out, words, 2)
+    runs_of(out, words)
 }
 
 /// Runs of the keys in the portable attention's values pass ([`FuncEmitter::attention_row_online`]
@@ -369,16 +369,16 @@ pub(super) fn pair_splits(out: usize, words: usize) -> usize {
 /// them at every run and fewer runs paid: session 28, H100, a sliding layer's 640 keys in 32
 /// runs took 51 µs in the values pass and 71 in that merge, in 16 runs 86 and 41.)
 pub(super) fn key_runs(out: usize, keys: usize) -> usize {
-    runs_of(out, keys, 2)
+    runs_of(out, keys)
 }
 
-/// The largest power of two `S` with `S² ≤ scale·terms` that divides `terms` into runs of at
-/// least 16, with `out·S ≤ SPLIT_OUTPUTS_MAX` (1: no split).
-fn runs_of(out: usize, terms: usize, scale: usize) -> usize {
+/// The largest power of two `S` with `S² ≤ 2·terms` that divides `terms` into runs of at least
+/// 16, with `out·S ≤ SPLIT_OUTPUTS_MAX` (1: no split).
+fn runs_of(out: usize, terms: usize) -> usize {
     let mut splits = 1;
     loop {
         let next = splits * 2;
-        if next * next > scale * terms || terms % next != 0 || terms / next < 16 || out * next > SPLIT_OUTPUTS_MAX {
+        if next * next > 2 * terms || terms % next != 0 || terms / next < 16 || out * next > SPLIT_OUTPUTS_MAX {
             return splits;
         }
         splits = next;
@@ -405,11 +405,11 @@ mod pair_tests {
         assert_eq!(pair_splits(8, 31), 1);
         for out in [1, 8, 100, 640, 2048, 100_000] {
             for words in 1..3000 {
-                for (s, scale) in [(pair_splits(out, words), 2), (key_runs(out, words), 2)] {
-                    assert!(s.is_power_of_two() && words % s == 0, "{out} x {words}: {s}");
-                    let bounded = words / s >= 16 && s * s <= scale * words && out * s <= SPLIT_OUTPUTS_MAX;
-                    assert!(s == 1 || bounded, "{out} x {words}: {s}");
-                }
+                let s = pair_splits(out, words);
+                assert_eq!(key_runs(out, words), s);
+                assert!(s.is_power_of_two() && words % s == 0, "{out} x {words}: {s}");
+                let bounded = words / s >= 16 && s * s <= 2 * words && out * s <= SPLIT_OUTPUTS_MAX;
+                assert!(s == 1 || bounded, "{out} x {words}: {s}");
             }
         }
     }
