@@ -1131,12 +1131,7 @@ impl Body {
         let parts = if parts >= 1 && words % parts == 0 { parts } else { 1 };
         let r = x.ty.static_dims()[0];
         let ff = o / 2;
-        let each = words / parts;
-        let w3 = self.reshape_static(w, &[o, parts, each]);
-        let (lo, hi) = self.pair_halves(x, [parts, each]);
-        let ty = Ty::fixed(&[r, o, parts], Elem::F32);
-        let maps = ["d0, d2, d3", "d0, d2, d3", "d1, d2, d3"];
-        let partial = self.reduction_generic(&[&lo, &hi, &w3], ty, &maps, 1, "", Self::pair_halves_product);
+        let partial = self.pairs_partial_sums(x, w, parts, false);
         let halves = self.reshape_static(&partial, &[r, 2, ff, parts]);
         let ty = Ty::fixed(&[r, ff], Elem::F32);
         let (gate, up) = (self.zeros(&ty), self.zeros(&ty));
@@ -1165,6 +1160,12 @@ impl Body {
     /// `words / parts` words ([`Self::contract_pairs_split`]) or, `interleaved`, words
     /// `j, j + parts, …` ([`Self::contract_pairs_lanes`]).
     fn contract_pairs_in_parts(&mut self, x: &V, w: &V, parts: usize, interleaved: bool) -> V {
+        let partial = self.pairs_partial_sums(x, w, parts, interleaved);
+        self.reduce(&partial, &[2], Reduce::Add)
+    }
+
+    /// The first reduction of [`Self::contract_pairs_in_parts`]: `partial [R, out, parts]`.
+    fn pairs_partial_sums(&mut self, x: &V, w: &V, parts: usize, interleaved: bool) -> V {
         let [o, words] = w.ty.static_dims()[..] else {
             kv_core::error::invariant("a packed weight is [out, in/2]")
         };
@@ -1185,8 +1186,7 @@ impl Body {
         let grid = if interleaved { [each, parts] } else { [parts, each] };
         let (lo, hi) = self.pair_halves(x, grid);
         let ty = Ty::fixed(&[r, o, parts], Elem::F32);
-        let partial = self.reduction_generic(&[&lo, &hi, &w3], ty, &maps, 1, "", Self::pair_halves_product);
-        self.reduce(&partial, &[2], Reduce::Add)
+        self.reduction_generic(&[&lo, &hi, &w3], ty, &maps, 1, "", Self::pair_halves_product)
     }
 
     /// The even and odd elements of `x [R, 2·a·b]` (the low and high halves of a packed pair
