@@ -15,6 +15,8 @@
 #include "iree/modules/hal/types.h"
 #include "iree/modules/io/parameters/module.h"
 #include "iree/io/file_handle.h"
+// A device profiling session written to a file (`iree-profile` reads it).
+#include "iree/hal/utils/profile_file.h"
 #include "iree/io/parameter_index.h"
 #include "iree/io/parameter_index_provider.h"
 #include "iree/io/parameter_provider.h"

@@ -11,8 +11,10 @@
 # 16-bit storage, i16 weights), i16-ampere-v2, and i16-valhall, i16-adreno, which load on NVIDIA
 # but assume another subgroup size: their diverge fails there). Mind the 64 MiB carry: ~10 MB a
 # variant, 13 MB the binary. ROUNDS (default 3) alternations of the bare step and bench;
-# PROFILE="variant ..." adds a dispatch-events profile of each one's step
-# ($OUT/<variant>-explain.txt). The run fails if any diverge does.
+# PROFILE="variant ..." adds a device profile of one utterance of each one's session (`bench
+# --device-profile`), summarized by scripts/h200/step-timeline.py ($OUT/<variant>-timeline.txt:
+# each call's span, busy and idle time, levels, heaviest dispatches). The run fails if any
+# diverge does.
 #
 # Session 23 (issue 36) left this run; session 24 made it (docs/benchmarks.md, "Portable"):
 #   VARIANTS="packed packed-v2 i16-p16-v2 i16-ampere-v2" scripts/h200/portable.sh prepare
@@ -121,14 +123,14 @@ for round in $(seq "${ROUNDS:-3}"); do
   done
 done
 for v in ${PROFILE:-}; do
-  timeout 120 $D/tools/iree-benchmark-module --device=vulkan --module="$(ls $D/$v/*.vmfb)" --parameters=model=$D/$v/model.irpa \
-    --function=gemma_with_past $(cat $D/$v/step-args.txt) --benchmark_min_time=5x \
-    --device_profiling_mode=dispatch-events --device_profiling_output="/tmp/$v-step.ireeprof" >"/tmp/$v-hal.log" 2>&1
-  # Only the explanation comes back ($OUT returns at most 8 files).
-  $D/tools/iree-profile explain "/tmp/$v-step.ireeprof" >"$OUT/$v-explain.txt" 2>&1
-  # Every kind of the step's dispatches, not only explain's ten heaviest.
-  $D/tools/iree-profile dispatch --filter='gemma_with_past*' "/tmp/$v-step.ireeprof" 2>&1 | head -c 200000 >"$OUT/$v-dispatch.txt"
-  echo "== profile of the bare step, $v"
-  grep -E "^  #[0-9]+ " "$OUT/$v-explain.txt" | head -12
+  # Our own session's calls (bench --device-profile: one utterance after the timed stages),
+  # not iree-benchmark-module's lone step, whose caches travel as inputs every call.
+  timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 \
+    --utterances 2 --repeat 1 --device-profile "/tmp/$v-session.ireeprof" >"/tmp/$v-profiled-bench.log" 2>&1
+  echo "== device profile of one utterance (restore, chunk call, 15 steps), $v"
+  python3 scripts/h200/step-timeline.py "/tmp/$v-session.ireeprof" --iree-profile $D/tools/iree-profile --top 24 \
+    2>&1 | tee "$OUT/$v-timeline.txt" | head -40
+  # Every kind of the session's dispatches (only text comes back: $OUT returns at most 8 files).
+  $D/tools/iree-profile dispatch "/tmp/$v-session.ireeprof" 2>&1 | head -c 400000 >"$OUT/$v-dispatch.txt"
 done
 diverge_verdict

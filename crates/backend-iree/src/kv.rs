@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use iree_runtime::{BufferView, Device, ElementType, Function, Transfer};
+use iree_runtime::{BufferView, Device, ElementType, Function, Profiling, Transfer};
 use kv_core::allowed::AllowedTokens;
 use kv_core::irpa::FileStamp;
 use kv_core::manifest::{CacheType, Name};
@@ -205,6 +205,8 @@ pub struct IreeKvBackend {
     /// Contract v2 with `allowedMask`: the mask every call takes (`Name::Allowed`), `all` while
     /// no restriction is set.
     mask: Option<v2::Mask>,
+    /// The device profile being recorded (`begin_device_profile`), ended at drop at the latest.
+    profiling: Option<Profiling>,
 }
 
 impl IreeKvBackend {
@@ -412,6 +414,7 @@ impl IreeKvBackend {
             readbacks: [None, None],
             embed,
             mask: None,
+            profiling: None,
         };
         if backend.manifest.is_v2() {
             backend.v2_check_rule()?;
@@ -760,6 +763,22 @@ impl KvBackend for IreeKvBackend {
 
     fn take_step_phases(&mut self) -> Option<StepPhases> {
         Some(std::mem::take(&mut self.steps))
+    }
+
+    fn begin_device_profile(&mut self, path: &Path) -> Result<()> {
+        // One recording at a time per device: the earlier one's file is completed first.
+        self.end_device_profile()?;
+        let profiling = Profiling::dispatches(&self.device, path)
+            .map_err(iree_err(format!("begin a device profile into {}", path.display())))?;
+        self.profiling = Some(profiling);
+        Ok(())
+    }
+
+    fn end_device_profile(&mut self) -> Result<()> {
+        match self.profiling.take() {
+            Some(p) => p.end().map_err(iree_err("end the device profile")),
+            None => Ok(()),
+        }
     }
 
     fn snapshot(&self) -> Result<IreeSnapshot> {

@@ -116,6 +116,62 @@ fn matches_stepping(dir: &Path) {
     }
 }
 
+/// A device profile around greedy steps (`bench --device-profile`'s): the same tokens as
+/// without it, and the file names each step's dispatches, one queue submission a step (the
+/// step queued ahead of the stop included).
+#[test]
+fn device_profile_of_greedy_steps_changes_no_token() {
+    let dir = artifacts();
+    let (mut profiled, mut plain) = (open(&dir), open(&dir));
+    let first = profiled.prefill(&prompt()).unwrap();
+    assert_eq!(plain.prefill(&prompt()).unwrap(), first);
+    let out = tempfile::tempdir().unwrap();
+    let path = out.path().join("steps.ireeprof");
+    profiled.begin_device_profile(&path).unwrap();
+    let got = greedy(&mut profiled, first, 6, usize::MAX, |b, t, m, f| b.step_greedy(t, m, f));
+    profiled.end_device_profile().unwrap();
+    let want = greedy(&mut plain, first, 6, usize::MAX, |b, t, m, f| b.step_greedy(t, m, f));
+    assert_eq!(got, want);
+    // Ending again is no error; the session goes on.
+    profiled.end_device_profile().unwrap();
+    let last = *got.0.last().unwrap();
+    assert_eq!(profiled.step(last).unwrap(), plain.step(last).unwrap());
+
+    let tool = std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("iree-profile"))
+                .find(|p| p.is_file())
+        })
+        .expect("iree-profile on PATH (source scripts/env.sh; scripts/setup.sh installs it)");
+    let listed = std::process::Command::new(tool)
+        .args(["dispatch", "--dispatch_events", "--format=jsonl"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let text = String::from_utf8(listed.stdout).unwrap();
+    let step_fn = Manifest::load(&dir).unwrap().functions.with_past.unwrap();
+    let step_fn = step_fn.rsplit('.').next().unwrap();
+    let mut submissions = std::collections::BTreeSet::new();
+    for line in text
+        .lines()
+        .filter(|l| l.contains(&format!("\"key\":\"{step_fn}_dispatch_")))
+    {
+        assert!(line.contains("\"valid\":true"), "{line}");
+        let id = line
+            .split("\"submission_id\":")
+            .nth(1)
+            .and_then(|t| t.split(',').next())
+            .unwrap();
+        submissions.insert(id.to_owned());
+    }
+    assert!(
+        (6..=7).contains(&submissions.len()),
+        "6 steps (and the one queued ahead), one submission each: {submissions:?}"
+    );
+}
+
 /// Steps past the context: the same tokens as one step at a time, then the same error, and both
 /// sessions at the last position (the step queued ahead was never queued, not half done).
 #[test]

@@ -173,6 +173,36 @@ fn foreign_snapshot_is_refused_and_the_session_still_works() {
     assert_same_state("a step after the refused restore", &mine, &twin);
 }
 
+/// The reference runs no device: a device profile is `Unsupported`, and the session goes on.
+#[test]
+fn device_profile_is_unsupported_and_changes_nothing() {
+    let model = model("tiny-gemma3:7");
+    let vocab = model.spec().vocab_size;
+    let (mut mine, mut twin) = (
+        ReferenceKv::new(model.clone(), WindowRule::Exact),
+        ReferenceKv::new(model.clone(), WindowRule::Exact),
+    );
+    for s in [&mut mine, &mut twin] {
+        s.prefill(&tokens(9, vocab, 3)).unwrap();
+    }
+    let path = std::env::temp_dir().join(format!("skv-reference-{}.ireeprof", std::process::id()));
+    let err = mine.begin_device_profile(&path).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                op: "begin_device_profile",
+                ..
+            }
+        ),
+        "got {err}"
+    );
+    assert!(!path.exists(), "no file for a refused profile");
+    mine.end_device_profile().unwrap();
+    assert_same_state("after a refused profile", &mine, &twin);
+    assert_eq!(mine.step(3).unwrap(), twin.step(3).unwrap());
+}
+
 /// Position, every layer's rows and the last logits: what a failed call must not change.
 type State = (usize, Vec<LayerKv>, Option<Vec<f32>>);
 

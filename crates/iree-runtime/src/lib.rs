@@ -31,6 +31,7 @@ mod device;
 mod error;
 mod instance;
 mod parameters;
+mod profiling;
 mod session;
 mod transfer;
 
@@ -41,6 +42,7 @@ pub use device::{Device, Queued, DEVICE_NAMES};
 pub use error::{Error, Result, StatusCode};
 pub use instance::Instance;
 pub use parameters::{FileHandle, ParameterIo, ParameterProvider};
+pub use profiling::Profiling;
 pub use session::{Function, Session};
 pub use transfer::Transfer;
 

@@ -9,7 +9,9 @@
 mod common;
 
 use common::{assert_close, fixture, instance, open_session, W};
-use iree_runtime::{BufferView, Device, ElementType, Error, ParameterIo, ParameterProvider, Session, Transfer};
+use iree_runtime::{
+    BufferView, Device, ElementType, Error, ParameterIo, ParameterProvider, Profiling, Session, Transfer,
+};
 
 /// Expands each test function of a device name into one `#[test]` per device.
 macro_rules! device_tests {
@@ -36,6 +38,7 @@ device_tests!(
     inputs_either_side_of_the_host_visible_limit,
     transfers_in_sequence_and_from_threads,
     calls_queue_behind_each_other_and_reads_wait,
+    profiling_records_each_dispatch,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -543,4 +546,83 @@ fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
         }])
         .unwrap_err();
     assert!(err.to_string().contains("a view of device"), "{err}");
+}
+
+/// `(key, valid)` of every dispatch event in a profile bundle, as the wheel's `iree-profile`
+/// reads it (device timestamps on Vulkan, the executing threads' spans on the CPU drivers).
+fn profiled_dispatches(path: &std::path::Path) -> Vec<(String, bool)> {
+    let out = std::process::Command::new(common::tool("iree-profile"))
+        .args(["dispatch", "--dispatch_events", "--format=jsonl"])
+        .arg(path)
+        .output()
+        .expect("run iree-profile");
+    assert!(
+        out.status.success(),
+        "iree-profile: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("dispatch_event\""))
+        .map(|l| {
+            let key = l
+                .split("\"key\":\"")
+                .nth(1)
+                .and_then(|k| k.split('"').next())
+                .unwrap_or("");
+            (key.to_owned(), l.contains("\"valid\":true"))
+        })
+        .collect()
+}
+
+fn profiling_records_each_dispatch(device_name: &str) {
+    let mut session = open_session(device_name);
+    let device = session.device().clone();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("profiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let x = BufferView::from_f32(&device, &[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let y = BufferView::from_f32(&device, &[4], &[10.0, 20.0, 30.0, 40.0]).unwrap();
+    let expected: Vec<f32> = (0..4).map(|i| (i + 1) as f32 * W[i] + 10.0 * (i + 1) as f32).collect();
+    let forward = |session: &mut Session| {
+        session.call("module.forward", &[&x, &y]).unwrap()[0]
+            .to_f32_vec()
+            .unwrap()
+    };
+    let unprofiled = forward(&mut session);
+    // A file that cannot be created: refused, nothing recording, the device still runs.
+    let err = Profiling::dispatches(&device, &dir.join("missing/p.ireeprof"))
+        .err()
+        .expect("a profile in a missing directory");
+    assert!(matches!(err, Error::Iree { .. }), "{err:?}");
+    assert_eq!(forward(&mut session), unprofiled);
+
+    let path = dir.join(format!("{device_name}.ireeprof"));
+    let profiling = Profiling::dispatches(&device, &path).unwrap();
+    for _ in 0..3 {
+        // Recording changes no result.
+        assert_eq!(forward(&mut session), unprofiled);
+    }
+    profiling.end().unwrap();
+    assert_close(&unprofiled, &expected);
+    let events = profiled_dispatches(&path);
+    let forwards: Vec<_> = events
+        .iter()
+        .filter(|(k, _)| k.starts_with("forward_dispatch_"))
+        .collect();
+    assert!(
+        !forwards.is_empty() && forwards.len() % 3 == 0 && forwards.iter().all(|(_, valid)| *valid),
+        "3 calls of `forward`, each dispatch timed once: {events:?}"
+    );
+    // One recording at a time: a second session begins once the first ended, and records
+    // only what ran after it began.
+    let again = dir.join(format!("{device_name}-again.ireeprof"));
+    let profiling = Profiling::dispatches(&device, &again).unwrap();
+    assert_eq!(forward(&mut session), unprofiled);
+    drop(profiling);
+    let once = profiled_dispatches(&again)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("forward_dispatch_"))
+        .count();
+    assert_eq!(once * 3, forwards.len(), "one call recorded after the second begin");
 }

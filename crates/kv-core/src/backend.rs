@@ -243,6 +243,25 @@ pub trait KvBackend {
     fn take_step_phases(&mut self) -> Option<StepPhases> {
         None
     }
+
+    /// Starts recording the device's work (each dispatch's start and end) into `path`, a
+    /// profile bundle that IREE's `iree-profile` reads, until [`Self::end_device_profile`]. A
+    /// backend without a device profiler answers [`crate::Error::Unsupported`]; a second begin
+    /// completes the first recording's file before it starts the next.
+    fn begin_device_profile(&mut self, path: &std::path::Path) -> Result<()> {
+        let _ = path;
+        Err(crate::Error::Unsupported {
+            backend: self.name(),
+            op: "begin_device_profile",
+            reason: "no device profiler",
+        })
+    }
+
+    /// Ends the recording [`Self::begin_device_profile`] started and completes its file; no
+    /// error where none was started.
+    fn end_device_profile(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A fixed-length graph re-run per token (CONTRACT §3).
@@ -325,6 +344,12 @@ impl<B: KvBackend + ?Sized> KvBackend for Box<B> {
     }
     fn take_step_phases(&mut self) -> Option<StepPhases> {
         (**self).take_step_phases()
+    }
+    fn begin_device_profile(&mut self, path: &std::path::Path) -> Result<()> {
+        (**self).begin_device_profile(path)
+    }
+    fn end_device_profile(&mut self) -> Result<()> {
+        (**self).end_device_profile()
     }
     fn set_allowed(&mut self, allowed: Option<&crate::allowed::AllowedTokens>) -> Result<()> {
         (**self).set_allowed(allowed)

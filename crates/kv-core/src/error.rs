@@ -134,6 +134,14 @@ pub enum Error {
         op: &'static str,
         reason: &'static str,
     },
+    /// The backend has no such facility (a device profiler on the FP32 reference); nothing
+    /// changed.
+    #[error("{backend}: {op}: not available on this backend ({reason})")]
+    Unsupported {
+        backend: String,
+        op: &'static str,
+        reason: &'static str,
+    },
     /// A grammar (a [`crate::decoder::TokenConstraint`]) refused to build, refused a token, or
     /// failed inside its engine.
     #[error("constraint: {op}: {reason}")]

@@ -67,6 +67,11 @@ pub struct BenchArgs {
     /// One JSON object (every stage's median and samples) instead of the table.
     #[arg(long)]
     json: bool,
+    /// After the timed stages, run one more utterance (restore, chunk call, decode steps) with
+    /// the device's dispatches recorded into this file: IREE's profile bundle, read by the
+    /// wheel's `iree-profile dispatch FILE` / `iree-profile explain FILE`. IREE backends only.
+    #[arg(long)]
+    device_profile: Option<std::path::PathBuf>,
 }
 
 /// The prefix's snapshot as a file: written, then loaded into the session (median of repeats).
@@ -249,6 +254,19 @@ fn bench<B: PersistSnapshot>(backend: B, args: &BenchArgs, open: Duration) -> Re
         }
     }
     let phases = decoder.backend_mut().take_step_phases();
+    if let Some(path) = &args.device_profile {
+        // Untimed: recording adds work to every dispatch.
+        decoder.backend_mut().begin_device_profile(path)?;
+        let profiled = decoder.generate(&snapshot, &utterance(&spec, 0), None, args.max_new);
+        decoder.backend_mut().end_device_profile()?;
+        let g = profiled?;
+        eprintln!(
+            "device profile of one utterance ({} ids: restore, chunk call, {} steps): {}",
+            g.ids.len(),
+            g.timing.decode_tokens,
+            path.display()
+        );
+    }
     let max = totals.iter().cloned().fold(0.0, f64::max);
     // A prompt without a prefix: the stage of an app that keeps none.
     drop(snapshot);
@@ -426,6 +444,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let is_reference = args.backend == BackendChoice::Reference;
     if !is_reference {
         source.redecode_seq = args.redecode_seq;
+    }
+    if is_reference && args.device_profile.is_some() {
+        // Before the minutes of timed stages, not after them.
+        anyhow::bail!("--device-profile: the reference backend runs no device; pick an IREE backend");
     }
     let (backend, open) = backends::open_kv(args.backend, &source, RuleChoice::Exact)?;
     let spec = crate::with_backend!(&backend, b => b.spec().clone());

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Where a decode step's GPU time goes, from a device profile of our own session.
+
+    skainet-kv bench ... --device-profile P.ireeprof
+    python3 scripts/h200/step-timeline.py P.ireeprof [--iree-profile PATH] [--top N]
+
+Reads every dispatch event (`iree-profile dispatch --dispatch_events --format=jsonl`), groups
+them by queue submission (one submission = one call of a graph), and for each kind of call
+(named by the function most of its dispatches come from: `gemma_with_past` is the step) prints
+the medians over its calls of:
+  - span: first dispatch's start to the last one's end, on the device's clock (the host's for
+    the CPU drivers, whose dispatches run on worker threads);
+  - busy: the union of the dispatches' intervals (the GPU running at least one);
+  - idle: span - busy, the time between dependent dispatches (barriers, launches);
+  - levels: runs of dispatches that overlap in time (a new level starts after every earlier
+    dispatch ended), the dependent chain the command buffer's barriers make;
+and the kinds of dispatch that take the most of a call (median duration x count a call).
+
+Dispatches are named by the executable IREE kept: the step's LM head and argmax stages are the
+prefill graph's executables when their code is the same (`gemma_prefill_at_dispatch_*`).
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def events(path, tool):
+    out = subprocess.run([tool, "dispatch", "--dispatch_events", "--format=jsonl", path],
+                         capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        d = json.loads(line)
+        if d.get("type") == "dispatch_event" and d.get("valid"):
+            yield d
+        elif d.get("type") == "host_dispatch_event" and d.get("valid"):
+            # The CPU drivers time a dispatch on the host's clock (its threads' execution).
+            d["start_tick"], d["end_tick"] = d["start_host_time_ns"], d["end_host_time_ns"]
+            yield d
+
+
+def function_of(key):
+    return key.split("_dispatch_")[0]
+
+
+def analyse(calls):
+    spans, busys, levels_n = [], [], []
+    for evs in calls:
+        evs = sorted(evs, key=lambda e: e["start_tick"])
+        start = evs[0]["start_tick"]
+        end = max(e["end_tick"] for e in evs)
+        busy, cur_s, cur_e, levels = 0, None, None, 0
+        for e in evs:
+            if cur_e is None or e["start_tick"] >= cur_e:
+                if cur_e is not None:
+                    busy += cur_e - cur_s
+                cur_s, cur_e = e["start_tick"], e["end_tick"]
+                levels += 1
+            else:
+                cur_e = max(cur_e, e["end_tick"])
+        busy += cur_e - cur_s
+        spans.append(end - start)
+        busys.append(busy)
+        levels_n.append(levels)
+    return statistics.median(spans), statistics.median(busys), statistics.median(levels_n)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("profile")
+    ap.add_argument("--iree-profile", default=None)
+    ap.add_argument("--top", type=int, default=14)
+    args = ap.parse_args()
+    tool = args.iree_profile or os.environ.get("IREE_PROFILE")
+    if not tool:
+        here = os.path.dirname(os.path.abspath(__file__))
+        found = glob.glob(os.path.join(here, "../../.tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/iree-profile"))
+        tool = found[0] if found else "iree-profile"
+    by_submission = collections.defaultdict(list)
+    for e in events(args.profile, tool):
+        by_submission[(e["queue_ordinal"], e["submission_id"])].append(e)
+    by_kind = collections.defaultdict(list)
+    for evs in by_submission.values():
+        kind = collections.Counter(function_of(e["key"]) for e in evs).most_common(1)[0][0]
+        by_kind[kind].append(evs)
+    for kind, calls in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
+        span, busy, levels = analyse(calls)
+        per_call = statistics.median(len(c) for c in calls)
+        print(f"{kind}: {len(calls)} calls, {per_call:.0f} dispatches a call, medians: "
+              f"span {span / 1e3:.1f} us, busy {busy / 1e3:.1f} us, idle {(span - busy) / 1e3:.1f} us "
+              f"({100 * (span - busy) / max(span, 1):.0f}%), {levels:.0f} levels "
+              f"({span / max(levels, 1) / 1e3:.1f} us a level)")
+        durations = collections.defaultdict(list)
+        for c in calls:
+            for e in c:
+                durations[e["key"]].append(e["end_tick"] - e["start_tick"])
+        rows = []
+        for key, ds in durations.items():
+            med = statistics.median(ds)
+            rows.append((med * len(ds) / len(calls), med, len(ds) / len(calls), key, ds[0]))
+        rows.sort(reverse=True)
+        for share, med, n, key, _ in rows[:args.top]:
+            print(f"  {share / 1e3:8.1f} us a call = {n:5.1f} x {med / 1e3:7.1f} us  {key}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
