@@ -1,7 +1,8 @@
 //! Greedy decoding a step ahead of the host (`KvBackend::step_greedy` on Vulkan, lavapipe here):
 //! the same tokens and caches as one step after the other, whichever prediction stops it, and
 //! a session that goes on from there as if the step queued ahead had never run; under both
-//! contracts (v2's steps write their rows into the caches, the step ahead too).
+//! contracts (v2's steps write their rows into the caches, the step ahead too). One case runs
+//! under a device profile, which changes no token and times each step.
 
 use std::path::{Path, PathBuf};
 
@@ -88,10 +89,23 @@ fn matches_stepping(dir: &Path) {
     let (start_a, start_s) = (ahead.snapshot().unwrap(), serial.snapshot().unwrap());
     // (max steps, stop after this many predictions): stopped by the reader at the first, in the
     // middle and at the last step; by `max`; a single step.
+    let profile = tempfile::tempdir().unwrap();
+    let profile = profile.path().join("steps.ireeprof");
     for (max, stop_after) in [(10, 1), (10, 4), (10, 10), (6, usize::MAX), (1, usize::MAX)] {
         ahead.restore(&start_a).unwrap();
         serial.restore(&start_s).unwrap();
+        // One case runs under a device profile (`bench --device-profile`'s): it must change no
+        // token, and the file names each step (checked below).
+        let profiled = max == 6;
+        if profiled {
+            ahead.begin_device_profile(&profile).unwrap();
+        }
         let got = greedy(&mut ahead, first, max, stop_after, |b, t, m, f| b.step_greedy(t, m, f));
+        if profiled {
+            ahead.end_device_profile().unwrap();
+            // Ending again is no error.
+            ahead.end_device_profile().unwrap();
+        }
         let want = greedy(&mut serial, first, max, stop_after, |b, t, m, f| {
             step_greedy_serially(b, t, m, f)
         });
@@ -114,29 +128,17 @@ fn matches_stepping(dir: &Path) {
             "{case}: the step after"
         );
     }
+    let step_fn = manifest.functions.with_past.unwrap();
+    let steps = profiled_submissions(&profile, step_fn.rsplit('.').next().unwrap());
+    assert!(
+        (6..=7).contains(&steps),
+        "6 steps (and the one queued ahead), one queue submission each: {steps}"
+    );
 }
 
-/// A device profile around greedy steps (`bench --device-profile`'s): the same tokens as
-/// without it, and the file names each step's dispatches, one queue submission a step (the
-/// step queued ahead of the stop included).
-#[test]
-fn device_profile_of_greedy_steps_changes_no_token() {
-    let dir = artifacts();
-    let (mut profiled, mut plain) = (open(&dir), open(&dir));
-    let first = profiled.prefill(&prompt()).unwrap();
-    assert_eq!(plain.prefill(&prompt()).unwrap(), first);
-    let out = tempfile::tempdir().unwrap();
-    let path = out.path().join("steps.ireeprof");
-    profiled.begin_device_profile(&path).unwrap();
-    let got = greedy(&mut profiled, first, 6, usize::MAX, |b, t, m, f| b.step_greedy(t, m, f));
-    profiled.end_device_profile().unwrap();
-    let want = greedy(&mut plain, first, 6, usize::MAX, |b, t, m, f| b.step_greedy(t, m, f));
-    assert_eq!(got, want);
-    // Ending again is no error; the session goes on.
-    profiled.end_device_profile().unwrap();
-    let last = *got.0.last().unwrap();
-    assert_eq!(profiled.step(last).unwrap(), plain.step(last).unwrap());
-
+/// How many queue submissions ran dispatches of the function `function` in the device profile
+/// at `path`, read by the wheel's `iree-profile`; every event timed.
+fn profiled_submissions(path: &Path, function: &str) -> usize {
     let tool = std::env::var_os("PATH")
         .and_then(|p| {
             std::env::split_paths(&p)
@@ -146,17 +148,15 @@ fn device_profile_of_greedy_steps_changes_no_token() {
         .expect("iree-profile on PATH (source scripts/env.sh; scripts/setup.sh installs it)");
     let listed = std::process::Command::new(tool)
         .args(["dispatch", "--dispatch_events", "--format=jsonl"])
-        .arg(&path)
+        .arg(path)
         .output()
         .unwrap();
     assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
     let text = String::from_utf8(listed.stdout).unwrap();
-    let step_fn = Manifest::load(&dir).unwrap().functions.with_past.unwrap();
-    let step_fn = step_fn.rsplit('.').next().unwrap();
     let mut submissions = std::collections::BTreeSet::new();
     for line in text
         .lines()
-        .filter(|l| l.contains(&format!("\"key\":\"{step_fn}_dispatch_")))
+        .filter(|l| l.contains(&format!("\"key\":\"{function}_dispatch_")))
     {
         assert!(line.contains("\"valid\":true"), "{line}");
         let id = line
@@ -166,10 +166,7 @@ fn device_profile_of_greedy_steps_changes_no_token() {
             .unwrap();
         submissions.insert(id.to_owned());
     }
-    assert!(
-        (6..=7).contains(&submissions.len()),
-        "6 steps (and the one queued ahead), one submission each: {submissions:?}"
-    );
+    submissions.len()
 }
 
 /// Steps past the context: the same tokens as one step at a time, then the same error, and both
