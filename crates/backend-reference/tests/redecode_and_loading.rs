@@ -129,6 +129,17 @@ fn missing_and_missized_parameters_are_named() {
         assert!(text.contains(n), "message should name {n}: {text}");
     }
 
+    // A manifest whose fusion the archive does not hold (`fusedGateUp` over an archive of the
+    // parts apart, as a portable Vulkan manifest beside another export's archive would be):
+    // the fused matrix is named missing, not read from the wrong bytes.
+    let mut fused = manifest.clone();
+    fused.fused_gate_up = true;
+    let err = ReferenceModel::from_parts(fused, &archive).unwrap_err();
+    assert!(
+        matches!(&err, Error::Parameter { name, reason } if name == "blk.0.ffn_gate_up.weight" && reason.contains("missing")),
+        "got {err}"
+    );
+
     let mut no_arch = manifest;
     no_arch.architecture = None;
     let err = ReferenceModel::from_parts(no_arch, &archive).unwrap_err();

@@ -269,8 +269,8 @@ impl ExportPlan {
             q.fuse(&fused);
         }
         m.quantization = quantization.clone();
-        m.fused_projections = fused.iter().any(|f| !f.name.ends_with(LayerWeight::FfnGateUp.suffix()));
-        m.fused_gate_up = fused.iter().any(|f| f.name.ends_with(LayerWeight::FfnGateUp.suffix()));
+        m.fused_projections = fused.iter().any(|f| f.weight != LayerWeight::FfnGateUp);
+        m.fused_gate_up = fused.iter().any(|f| f.weight == LayerWeight::FfnGateUp);
 
         let kv: Vec<Graph> = graphs.iter().copied().filter(|g| Graph::KV.contains(g)).collect();
         let redecode: Vec<Graph> = graphs.iter().copied().filter(|g| !Graph::KV.contains(g)).collect();

@@ -203,11 +203,12 @@ impl ParamInfo {
     }
 }
 
-/// A fused parameter of an archive's table (`crate::params::fuse_projections`): its name and
-/// its parts, in row order.
+/// A fused parameter of an archive's table (`crate::params::fuse_projections`): its name, the
+/// fused weight it is (which group: Q/K/V, gate/up) and its parts, in row order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusedParam {
     pub name: String,
+    pub weight: LayerWeight,
     pub parts: Vec<ParamInfo>,
 }
 

@@ -155,7 +155,11 @@ pub fn fuse_projections(
             for &i in &at[1..] {
                 replaced.insert(i, None);
             }
-            fused.push(FusedParam { name: info.name, parts });
+            fused.push(FusedParam {
+                name: info.name,
+                weight: *name,
+                parts,
+            });
         }
     }
     let out = table
