@@ -3,6 +3,7 @@
 
     skainet-kv bench ... --device-profile P.ireeprof
     python3 scripts/h200/step-timeline.py P.ireeprof [--iree-profile PATH] [--top N]
+    python3 scripts/h200/step-timeline.py A.ireeprof --against B.ireeprof   # an A/B by kind
 
 Reads every dispatch event (`iree-profile dispatch --dispatch_events --format=jsonl`), groups
 them by queue submission (one submission = one call of a graph), and for each kind of call
@@ -15,6 +16,9 @@ the medians over its calls of:
   - levels: runs of dispatches that overlap in time (a new level starts after every earlier
     dispatch ended), the dependent chain the command buffer's barriers make;
 and the kinds of dispatch that take the most of a call (median duration x count a call).
+With --against, each kind of call of A is followed by B's figures and the kinds of dispatch
+whose time a call moved most between them (dispatch names without IREE's ordinal, which
+differs between two exports).
 
 Dispatches are named by the executable IREE kept: the step's LM head and argmax stages are the
 prefill graph's executables when their code is the same (`gemma_prefill_at_dispatch_*`).
@@ -24,6 +28,7 @@ import collections
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -68,9 +73,45 @@ def analyse(calls):
     return statistics.median(spans), statistics.median(busys), statistics.median(levels_n)
 
 
+def calls_by_kind(path, tool):
+    by_submission = collections.defaultdict(list)
+    for e in events(path, tool):
+        by_submission[(e["queue_ordinal"], e["submission_id"])].append(e)
+    by_kind = collections.defaultdict(list)
+    for evs in by_submission.values():
+        kind = collections.Counter(function_of(e["key"]) for e in evs).most_common(1)[0][0]
+        by_kind[kind].append(evs)
+    return by_kind
+
+
+def summary(calls):
+    span, busy, levels = analyse(calls)
+    per_call = statistics.median(len(c) for c in calls)
+    return (f"{len(calls)} calls, {per_call:.0f} dispatches a call, medians: "
+            f"span {span / 1e3:.1f} us, busy {busy / 1e3:.1f} us, idle {(span - busy) / 1e3:.1f} us "
+            f"({100 * (span - busy) / max(span, 1):.0f}%), {levels:.0f} levels "
+            f"({span / max(levels, 1) / 1e3:.1f} us a level)")
+
+
+def per_call_time(calls, strip_ordinal=False):
+    """Each kind of dispatch's median duration x its count a call, in ns: {key: (share, med, n)}."""
+    durations = collections.defaultdict(list)
+    for c in calls:
+        for e in c:
+            key = re.sub(r"_dispatch_\d+_", "_", e["key"]) if strip_ordinal else e["key"]
+            durations[key].append(e["end_tick"] - e["start_tick"])
+    out = {}
+    for key, ds in durations.items():
+        med = statistics.median(ds)
+        n = len(ds) / len(calls)
+        out[key] = (med * n, med, n)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("profile")
+    ap.add_argument("--against", default=None, help="a second profile: print B beside A")
     ap.add_argument("--iree-profile", default=None)
     ap.add_argument("--top", type=int, default=14)
     args = ap.parse_args()
@@ -79,31 +120,26 @@ def main():
         here = os.path.dirname(os.path.abspath(__file__))
         found = glob.glob(os.path.join(here, "../../.tools/venv/lib/python3.*/site-packages/iree/_runtime_libs/iree-profile"))
         tool = found[0] if found else "iree-profile"
-    by_submission = collections.defaultdict(list)
-    for e in events(args.profile, tool):
-        by_submission[(e["queue_ordinal"], e["submission_id"])].append(e)
-    by_kind = collections.defaultdict(list)
-    for evs in by_submission.values():
-        kind = collections.Counter(function_of(e["key"]) for e in evs).most_common(1)[0][0]
-        by_kind[kind].append(evs)
-    for kind, calls in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
-        span, busy, levels = analyse(calls)
-        per_call = statistics.median(len(c) for c in calls)
-        print(f"{kind}: {len(calls)} calls, {per_call:.0f} dispatches a call, medians: "
-              f"span {span / 1e3:.1f} us, busy {busy / 1e3:.1f} us, idle {(span - busy) / 1e3:.1f} us "
-              f"({100 * (span - busy) / max(span, 1):.0f}%), {levels:.0f} levels "
-              f"({span / max(levels, 1) / 1e3:.1f} us a level)")
-        durations = collections.defaultdict(list)
-        for c in calls:
-            for e in c:
-                durations[e["key"]].append(e["end_tick"] - e["start_tick"])
-        rows = []
-        for key, ds in durations.items():
-            med = statistics.median(ds)
-            rows.append((med * len(ds) / len(calls), med, len(ds) / len(calls), key, ds[0]))
-        rows.sort(reverse=True)
-        for share, med, n, key, _ in rows[:args.top]:
-            print(f"  {share / 1e3:8.1f} us a call = {n:5.1f} x {med / 1e3:7.1f} us  {key}")
+    a = calls_by_kind(args.profile, tool)
+    b = calls_by_kind(args.against, tool) if args.against else None
+    for kind, calls in sorted(a.items(), key=lambda kv: -len(kv[1])):
+        print(f"{kind}: {summary(calls)}")
+        if b is None:
+            rows = sorted(per_call_time(calls).items(), key=lambda kv: -kv[1][0])
+            for key, (share, med, n) in rows[:args.top]:
+                print(f"  {share / 1e3:8.1f} us a call = {n:5.1f} x {med / 1e3:7.1f} us  {key}")
+            continue
+        if kind not in b:
+            print("  B: no such calls")
+            continue
+        print(f"  B: {summary(b[kind])}")
+        ta, tb = per_call_time(calls, True), per_call_time(b[kind], True)
+        keys = set(ta) | set(tb)
+        moved = sorted(keys, key=lambda k: -abs(ta.get(k, (0,))[0] - tb.get(k, (0,))[0]))
+        for key in moved[:args.top]:
+            sa, sb = ta.get(key, (0, 0, 0)), tb.get(key, (0, 0, 0))
+            print(f"  {sa[0] / 1e3:8.1f} -> {sb[0] / 1e3:8.1f} us a call "
+                  f"({sa[2]:4.1f} x {sa[1] / 1e3:6.1f} -> {sb[2]:4.1f} x {sb[1] / 1e3:6.1f} us)  {key}")
     return 0
 
 
