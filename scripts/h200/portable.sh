@@ -128,8 +128,10 @@ for v in ${PROFILE:-}; do
   timeout 150 $D/bin/skainet-kv bench --backend iree-vulkan --model $TWIN --artifacts $D/$v --prefix-tokens 843 \
     --utterances 2 --repeat 1 --device-profile "/tmp/$v-session.ireeprof" >"/tmp/$v-profiled-bench.log" 2>&1
   echo "== device profile of one utterance (restore, chunk call, 15 steps), $v"
+  # Into the file first: `tee | head` would cut the file where head stops reading.
   python3 scripts/h200/step-timeline.py "/tmp/$v-session.ireeprof" --iree-profile $D/tools/iree-profile --top 24 \
-    2>&1 | tee "$OUT/$v-timeline.txt" | head -40
+    >"$OUT/$v-timeline.txt" 2>&1
+  head -40 "$OUT/$v-timeline.txt"
   # Every kind of the session's dispatches (only text comes back: $OUT returns at most 8 files).
   $D/tools/iree-profile dispatch "/tmp/$v-session.ireeprof" 2>&1 | head -c 400000 >"$OUT/$v-dispatch.txt"
 done

@@ -14,17 +14,17 @@ use crate::device::Device;
 use crate::error::{check, Result};
 use crate::{path_str, string_view};
 
-/// The data families of a dispatch timing profile on `device`: the GPU's timestamps of each
+/// The data family of a dispatch timing profile on `device`: the GPU's timestamps of each
 /// dispatch on Vulkan, the executing threads' spans on the CPU drivers (which record no device
-/// timestamps), with the queue submissions around them and the executables' names.
+/// timestamps: local-task refuses dispatch events). Either names each dispatch by its
+/// executable's export and its queue submission, which is all `iree-profile dispatch` and
+/// `scripts/h200/step-timeline.py` read.
 fn dispatch_families(device: &Device) -> sys::iree_hal_device_profiling_data_families_t {
     let timing = match device.name() {
         "vulkan" => sys::IREE_HAL_DEVICE_PROFILING_DATA_DISPATCH_EVENTS,
         _ => sys::IREE_HAL_DEVICE_PROFILING_DATA_HOST_EXECUTION_EVENTS,
     };
-    (timing
-        | sys::IREE_HAL_DEVICE_PROFILING_DATA_QUEUE_EVENTS
-        | sys::IREE_HAL_DEVICE_PROFILING_DATA_EXECUTABLE_METADATA) as sys::iree_hal_device_profiling_data_families_t
+    timing as sys::iree_hal_device_profiling_data_families_t
 }
 
 /// A profiling session on one device, recording into a file until [`Profiling::end`] (or drop,
@@ -51,9 +51,7 @@ impl Profiling {
         // its own reference).
         let status = unsafe {
             sys::iree_io_file_handle_create(
-                (sys::IREE_IO_FILE_MODE_WRITE
-                    | sys::IREE_IO_FILE_MODE_SEQUENTIAL_SCAN
-                    | sys::IREE_IO_FILE_MODE_SHARE_READ) as sys::iree_io_file_mode_t,
+                sys::IREE_IO_FILE_MODE_WRITE as sys::iree_io_file_mode_t,
                 string_view(name),
                 0,
                 host,
@@ -89,11 +87,6 @@ impl Profiling {
             path: path.to_owned(),
             ended: false,
         })
-    }
-
-    /// The file being written.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Waits for the device's queued work, ends the session and completes the file.
