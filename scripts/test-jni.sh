@@ -30,7 +30,7 @@ expect_kv=$( (printf "${prefix}_IreeKvSession_%s\n" nativeCreate nativePrefill n
     # Beside the seed's ABI: snapshot files (IreeKvSnapshotFile), in the same library.
     printf "${prefix}_IreeKvSnapshotFile_%s\n" nativeSave nativeLoad nativeSnapshotPosition
     # And the app-level API (Engine, Conversation: docs/android.md).
-    printf "${prefix}_Engine_%s\n" nativeOpen nativeInfo nativeClose
+    printf "${prefix}_Engine_%s\n" nativeOpen nativeInfo nativeClose nativeBeginDeviceProfile nativeEndDeviceProfile
     printf "${prefix}_Conversation_%s\n" nativeCreate nativeCatalogSource nativeSend nativeCancel \
         nativeSaveCatalog nativeClose) | sort)
 expect_redecode=$(printf "${prefix}_IreeRedecodeSession_%s\n" nativeCreate nativeCreateWithTopology \

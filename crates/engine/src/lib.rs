@@ -242,6 +242,25 @@ impl<B: PersistSnapshot> Engine<B> {
         lock(&self.decoder).is_none()
     }
 
+    /// Starts recording the device's dispatches into `path` until [`Self::end_device_profile`]:
+    /// IREE's profile bundle (`iree-profile dispatch FILE`, `scripts/h200/step-timeline.py FILE`),
+    /// each dispatch's GPU timestamps on Vulkan. What an app developer can send from a phone's
+    /// GPU, which no machine of ours has. Waits for a send in progress; a second begin completes
+    /// the first file.
+    pub fn begin_device_profile(&self, path: &Path) -> Result<()> {
+        let mut session = self.session()?;
+        let decoder = session.as_mut().unwrap_or_else(|| unreachable!("checked by session()"));
+        Ok(decoder.backend_mut().begin_device_profile(path)?)
+    }
+
+    /// Ends [`Self::begin_device_profile`]'s recording and completes its file; no error where
+    /// none was started.
+    pub fn end_device_profile(&self) -> Result<()> {
+        let mut session = self.session()?;
+        let decoder = session.as_mut().unwrap_or_else(|| unreachable!("checked by session()"));
+        Ok(decoder.backend_mut().end_device_profile()?)
+    }
+
     fn session(&self) -> Result<MutexGuard<'_, Option<KvDecoder<B>>>> {
         let guard = lock(&self.decoder);
         match guard.is_some() {

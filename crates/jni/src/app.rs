@@ -77,6 +77,22 @@ pub fn native_info<'l>(env: EnvUnowned<'l>, h: jlong) -> JObject<'l> {
     })
 }
 
+pub fn native_begin_device_profile<'l>(env: EnvUnowned<'l>, h: jlong, path: JString<'l>) {
+    call_engine(env, "Engine.beginDeviceProfile", |env| {
+        let engine = ENGINES.get(h)?;
+        let path = ffi::string(env, &path, "path")?;
+        engine.begin_device_profile(Path::new(&path))?;
+        Ok(())
+    })
+}
+
+pub fn native_end_device_profile(env: EnvUnowned<'_>, h: jlong) {
+    call_engine(env, "Engine.endDeviceProfile", |_| {
+        ENGINES.get(h)?.end_device_profile()?;
+        Ok(())
+    })
+}
+
 pub fn native_close_engine(env: EnvUnowned<'_>, h: jlong) {
     call_engine(env, "Engine.close", |_| {
         ENGINES.remove(h)?.close();

@@ -40,6 +40,8 @@ skainet_jni::java_exports! { 'l, Engine;
     nativeOpen(dir: JString<'l>, device: JString<'l>) -> jlong = app::native_open;
     nativeInfo(h: jlong) -> JObject<'l> = app::native_info;
     nativeClose(h: jlong) = app::native_close_engine;
+    nativeBeginDeviceProfile(h: jlong, path: JString<'l>) = app::native_begin_device_profile;
+    nativeEndDeviceProfile(h: jlong) = app::native_end_device_profile;
 }
 }
 

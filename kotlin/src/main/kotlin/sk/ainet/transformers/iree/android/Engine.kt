@@ -58,6 +58,18 @@ class Engine private constructor(handle: Long) : AutoCloseable {
         return Conversation(h, this)
     }
 
+    /**
+     * Starts recording the device's dispatches into the file [path] until [endDeviceProfile]:
+     * IREE's profile bundle, each dispatch's GPU timestamps on `vulkan` (the CPU devices record
+     * their threads' spans). Pull it from the device and read it with `iree-profile dispatch`
+     * or `scripts/h200/step-timeline.py` (docs/android.md). Recording adds work to every
+     * dispatch: time the app without it. Waits for an answer in progress.
+     */
+    fun beginDeviceProfile(path: String) = nativeBeginDeviceProfile(liveHandle(), path)
+
+    /** Ends [beginDeviceProfile]'s recording and completes its file; nothing if none was begun. */
+    fun endDeviceProfile() = nativeEndDeviceProfile(liveHandle())
+
     /** Frees the weights, the session and every catalog. Idempotent. */
     override fun close() {
         val h = handle.getAndSet(0L)
@@ -78,6 +90,8 @@ class Engine private constructor(handle: Long) : AutoCloseable {
         @JvmStatic external fun nativeOpen(dir: String, device: String): Long
         @JvmStatic external fun nativeInfo(h: Long): Array<String>
         @JvmStatic external fun nativeClose(h: Long)
+        @JvmStatic external fun nativeBeginDeviceProfile(h: Long, path: String)
+        @JvmStatic external fun nativeEndDeviceProfile(h: Long)
     }
 }
 

@@ -93,6 +93,7 @@ fun main(args: Array<String>) {
             cancellation(f, engine)
             twoConversations(f, engine)
             misuse(f, engine, filesDir)
+            deviceProfile(f, engine, filesDir)
         }
         closed(f)
     } finally {
@@ -288,6 +289,23 @@ private fun misuse(f: EngineFixture, engine: Engine, filesDir: File) {
     }
 }
 
+/** A device profile around one answer: the same reply, a profile bundle on disk; a bad path refused. */
+private fun deviceProfile(f: EngineFixture, engine: Engine, filesDir: File) {
+    engine.endDeviceProfile()
+    check("ending a device profile never begun is no error", true)
+    val file = File(filesDir, "answer.ireeprof")
+    engine.beginDeviceProfile(file.path)
+    val reply = engine.createConversation(config(f)).use { it.send(f.requests[0]) }
+    engine.endDeviceProfile()
+    check("device profile: the same reply", calls(reply) == f.expected(0)) { calls(reply) }
+    val bytes = if (file.isFile) file.readBytes() else ByteArray(0)
+    check("device profile: IREE's profile bundle", bytes.size > 4096 && String(bytes, 0, 4, Charsets.US_ASCII) == "IRPF") { "${bytes.size} bytes" }
+    throwsKind("a device profile in a missing directory", "backend", "no/such") {
+        engine.beginDeviceProfile(File(filesDir, "no/such/answer.ireeprof").path)
+    }
+    check("usable after a refused device profile", calls(engine.createConversation(config(f)).use { it.send(f.requests[1]) }) == f.expected(1))
+}
+
 /** Closed objects refuse every call, from Kotlin and through the native handles. */
 private fun closed(f: EngineFixture) {
     val engine = Engine.open(f.dir)
@@ -301,6 +319,7 @@ private fun closed(f: EngineFixture) {
     engine.close()
     engine.close()
     throwsKind("createConversation on a closed engine", "closed") { engine.createConversation(config(f)) }
+    throwsKind("beginDeviceProfile on a closed engine", "closed") { engine.beginDeviceProfile("/tmp/never.ireeprof") }
     throwsKind("send on a conversation of a closed engine", "closed", "engine") { other.send(f.requests[0]) }
     other.close()
 }
