@@ -1636,6 +1636,30 @@ impl Body {
         (acc, sum)
     }
 
+    /// `fq[g]·fk · Σ_d q[g, d]·k[d]` of `q [G, d]`, `k [d]`, `fq [G]`, `fk []`: `[G]`, one
+    /// reduction whose body applies both factors to each term. As a product and a
+    /// multiplication after it, IREE fused the multiplication, and whatever read it next, into
+    /// the product's dispatch; with any factor made before it, the factor was a dispatch of
+    /// its own.
+    pub fn scaled_row_dot(&mut self, q: &V, k: &V, fq: &V, fk: &V) -> V {
+        let g = q.ty.static_dims()[0];
+        let init = self.zeros(&Ty::fixed(&[g], Elem::F32));
+        let ins = [(q, "d0, d1"), (k, "d1"), (fq, "d0"), (fk, "")];
+        let mut parts = self.generic(&ins, &[(&init, "d0")], 1, "", |b, args| {
+            let [qa, ka, fqa, fka, acc] = args else {
+                kv_core::error::invariant("a block argument per input and output")
+            };
+            let [p, t, u, sum] = std::array::from_fn(|_| b.fresh());
+            let ops = format!(
+                "{p} = arith.mulf {qa}, {ka} : f32\n{t} = arith.mulf {p}, {fqa} : f32\n{u} = arith.mulf {t}, {fka} : f32\n{sum} = arith.addf {acc}, {u} : f32\n"
+            );
+            (ops, vec![sum])
+        });
+        parts
+            .pop()
+            .unwrap_or_else(|| kv_core::error::invariant("a generic of one output"))
+    }
+
     /// One query row's scores against KV head `head` of a cache `cache [P, nKV, d]` and against
     /// the call's own row `new [1, nKV, d]`, left in `lanes` partial sums each (lane `l` sums
     /// elements `l, l + lanes, …` of `q [G, d]` times a key): `[G, P, lanes]` and `[G, lanes]`,

@@ -747,7 +747,8 @@ fn masks_hold(label: &str, dir: &Path, target: &str, device: &str) {
 /// The allowed-token mask (`allowed`, issue 31) in the NVIDIA Vulkan forms (`GpuTuning::NVIDIA`:
 /// the head, stream and attention products, the argmax's width): the module of an `ampere` export,
 /// its SPIR-V configurations taken out, compiled for the CPU and run under masks
-/// ([`masks_hold`]), as `graphs.rs` runs contract 1's forms (lavapipe runs no GPU-target module).
+/// ([`masks_hold`]), as `graphs.rs` runs contract 1's forms (lavapipe runs no GPU-target module);
+/// then steps, each against the reference with its new rows.
 #[test]
 fn allowed_mask_in_nvidia_forms_on_cpu() {
     let tmp = tempfile::tempdir().unwrap();
@@ -785,6 +786,20 @@ fn allowed_mask_in_nvidia_forms_on_cpu() {
     m.modules.insert("llvm-cpu".into(), modules);
     m.save(&dir).unwrap();
     masks_hold("NVIDIA forms on the CPU", &dir, "llvm-cpu", "local-task");
+    // Steps after steps: each step's new key rows (scaled by their norm factors after the
+    // rotation, `FuncEmitter::qkv_rope_deferred`) are the next step's cache.
+    let label = "NVIDIA forms on the CPU";
+    let spec = m.spec.clone();
+    let model = ReferenceModel::open(&tmp.path().join("src")).unwrap();
+    let mut s = V2Session::open(&dir, "llvm-cpu", "local-task", 12);
+    let mut r = ReferenceKv::new(model, WindowRule::Exact);
+    let mut token = chunked_prefill(label, &mut s, &mut r, &tokens(spec.chunk + 2, 9, spec.vocab_size));
+    for _ in 0..3 {
+        let call = s.step(token);
+        r.step(token).unwrap();
+        same_as_reference(&format!("{label}: step at {}", call.pos), &call, &spec, &r);
+        token = call.token;
+    }
 }
 
 /// [`masks_hold`] in the portable staged argmax (lavapipe) and the CPU's maximum-then-index

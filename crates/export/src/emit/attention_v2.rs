@@ -219,7 +219,18 @@ impl FuncEmitter<'_> {
     /// `pos` may hold anything, and an infinite score plus `-1e30` stays infinite), joined along
     /// the key axis into one softmax, and the two parts of the probabilities meet their values
     /// in two products, so the cache is never copied to append the new rows.
-    pub(super) fn attention_v2(&mut self, q: &V, cache: (&V, &V), new: (&V, &V), masks: (&V, &V)) -> V {
+    ///
+    /// `factors` (the queries' `[R, nHeads]` and the new keys' `[R, nKV]`): `q` and the new keys
+    /// are not yet scaled by their heads' norm factors ([`Self::qkv_rope_deferred`]), and the
+    /// scores are, as they leave their products. Only the one-row configured form takes them.
+    pub(super) fn attention_v2(
+        &mut self,
+        q: &V,
+        cache: (&V, &V),
+        new: (&V, &V),
+        masks: (&V, &V),
+        factors: Option<&(V, V)>,
+    ) -> V {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let group = nh / nkv;
         let r = q.ty.static_dims()[0];
@@ -246,7 +257,11 @@ impl FuncEmitter<'_> {
             let qj = self.b.reshape_static(&qj, &[group * r, d]);
             let vc = head(&mut self.b, cache.1, j);
             let vn = head(&mut self.b, new.1, j);
-            if let Some(o) = self.attention_row_online(&qj, (cache.0, new.0, j), (&vc, &vn), masks.0) {
+            let online = match factors {
+                None => self.attention_row_online(&qj, (cache.0, new.0, j), (&vc, &vn), masks.0),
+                Some(_) => None,
+            };
+            if let Some(o) = online {
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
                 continue;
             }
@@ -259,15 +274,36 @@ impl FuncEmitter<'_> {
             // dispatches, and the step's wall time follows the dispatch count there:
             // docs/journal, session 9.)
             let by_reduce = r == 1;
-            let sc = self.head_product(&qj, &kc, true, by_reduce);
+            let mut sc = self.head_product(&qj, &kc, true, by_reduce);
+            let sn = match factors {
+                Some((fq, fk)) => {
+                    // One query row: the query heads of KV head `j` are `fq`'s `[group]`
+                    // columns. The cache's scores are scaled as they leave their configured
+                    // product; the own row's operands are scaled as they enter theirs (scaled
+                    // after it, the product took the exponential behind the maximum as well,
+                    // a dependent dispatch more).
+                    let fq = self.b.slice(fq, &[(0, 1), (j * group, (j + 1) * group)]);
+                    let fq = self.b.reshape_static(&fq, &[group]);
+                    let fqc = self.b.broadcast(&fq, &[0], &sc.ty);
+                    sc = self.b.mul(&sc, &fqc);
+                    let fk = self.b.slice(fk, &[(0, 1), (j, j + 1)]);
+                    let fk = self.b.reshape_static(&fk, &[]);
+                    let k = self.b.reshape_static(&kn, &[d]);
+                    let own = self.b.scaled_row_dot(&qj, &k, &fq, &fk);
+                    self.b.reshape_static(&own, &[group, 1])
+                }
+                None => self.head_product(&qj, &kn, true, by_reduce),
+            };
             let sc = self.b.select(masks.0, &sc, &masked_cache);
-            let sn = self.head_product(&qj, &kn, true, by_reduce);
             let sn = self.b.select(masks.1, &sn, &masked_new);
             let configured = self.options.tuning.map(|t| t.attention).filter(|c| c.keys <= p);
             if let (Some(config), true, Elem::F32) = (configured, by_reduce, vc.ty.elem) {
                 let o = self.attention_row(&sc, &sn, &vc, &vn, config);
                 outs.push(self.b.reshape_static(&o, &[group, r, d]));
                 continue;
+            }
+            if factors.is_some() {
+                kv_core::error::invariant("deferred norm factors outside the configured one-row attention");
             }
             // The portable step divides the output by the sum (`softmax_exps`); the rest divide
             // the probabilities.

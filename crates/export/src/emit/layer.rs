@@ -53,6 +53,18 @@ impl FuncEmitter<'_> {
             None => (x.clone(), None),
         };
         let x = &x;
+        // The one-row step of a tuned GPU's contract 2 (its attention's configured products, f32
+        // caches): each head's norm factor left to the scores ([`Self::qkv_rope_deferred`]).
+        let defer = match (self.options.tuning, &mask, &past) {
+            (Some(tuning), MaskIn::V2 { .. }, Some((ck, _))) => {
+                r == 1
+                    && !self.options.split_reductions
+                    && ck.ty.elem == Elem::F32
+                    && ck.ty.static_dims()[0] >= tuning.attention.keys
+            }
+            _ => false,
+        };
+        let mut factors = None;
         let (q, k, v) = if fused && arch.qk_norm && !arch.attn_bias && r <= NORM_ROPE_MAX_ROWS {
             let (norm, qkv) = (p(LayerWeight::AttnNorm), p(LayerWeight::AttnQkv));
             let products = match &normed {
@@ -70,7 +82,15 @@ impl FuncEmitter<'_> {
                 }
             };
             let y = self.b.reshape_static(&y, &[r, nh + 2 * nkv, d]);
-            let z = self.qkv_norm_rope(&y, l, cos, sin);
+            let z = if defer {
+                let (z, f) = self.qkv_rope_deferred(&y, l, cos, sin);
+                let fq = self.b.slice(&f, &[(0, r), (0, nh)]);
+                let fk = self.b.slice(&f, &[(0, r), (nh, nh + nkv)]);
+                factors = Some((fq, fk));
+                z
+            } else {
+                self.qkv_norm_rope(&y, l, cos, sin)
+            };
             let mut heads = |from: usize, n: usize| self.b.slice(&z, &[(0, r), (from, from + n), (0, d)]);
             (heads(0, nh), heads(nh, nkv), heads(nh + nkv, nkv))
         } else {
@@ -89,7 +109,15 @@ impl FuncEmitter<'_> {
                 let o = self.attention_v2_batched(&q, (&ck, &cv), (&k, &v), (&cache, &new));
                 (o, self.b.convert(&k, Elem::F16), self.b.convert(&v, Elem::F16))
             } else {
-                let o = self.attention_v2(&q, (&ck, &cv), (&k, &v), (&cache, &new));
+                let o = self.attention_v2(&q, (&ck, &cv), (&k, &v), (&cache, &new), factors.as_ref());
+                // The new keys as the cache holds them: scaled by their heads' factors.
+                let k = match &factors {
+                    Some((_, fk)) => {
+                        let fk = self.b.broadcast(fk, &[0, 1], &k.ty);
+                        self.b.mul(&k, &fk)
+                    }
+                    None => k,
+                };
                 (o, k, v)
             }
         } else {

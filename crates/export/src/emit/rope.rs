@@ -83,6 +83,28 @@ impl FuncEmitter<'_> {
     /// parallelism), and a form it fused into one dispatch took 51 (`docs/journal`,
     /// session 14).
     pub(super) fn qkv_norm_rope(&mut self, y: &V, l: usize, cos: &V, sin: &V) -> V {
+        let (rotated, factor) = self.qkv_rope_factor(y, l, cos, sin, false);
+        match factor {
+            QkvFactor::Applied => rotated,
+            QkvFactor::PerHead(_) => kv_core::error::invariant("the factor applied where not deferred"),
+        }
+    }
+
+    /// [`Self::qkv_norm_rope`] with each head's factor (the norm's `rsqrt(mean(x²) + eps)`, the
+    /// query scale; 1 for value heads) left to the consumers: `(rope(x·w) [R, heads, d], factor
+    /// [R, heads])`. The rotation then reads only the product, so it runs beside the norm's
+    /// reduction instead of after it, one dependent dispatch fewer a layer; the attention
+    /// scales its scores by the factor ([`Self::attention_v2`]), and the cache's new keys take
+    /// theirs elementwise. Only where each head's factor is one reduction (no
+    /// [`EmitOptions::split_reductions`](super::EmitOptions::split_reductions)).
+    pub(super) fn qkv_rope_deferred(&mut self, y: &V, l: usize, cos: &V, sin: &V) -> (V, V) {
+        match self.qkv_rope_factor(y, l, cos, sin, true) {
+            (rotated, QkvFactor::PerHead(factor)) => (rotated, factor),
+            (_, QkvFactor::Applied) => kv_core::error::invariant("a deferred factor per head"),
+        }
+    }
+
+    fn qkv_rope_factor(&mut self, y: &V, l: usize, cos: &V, sin: &V, defer: bool) -> (V, QkvFactor) {
         let (nh, nkv, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let [r, heads, _] = y.ty.static_dims()[..] else {
             kv_core::error::invariant("the fused product is [R, heads, d]")
@@ -172,6 +194,12 @@ impl FuncEmitter<'_> {
         let a = self.b.select(&rotated, &a, &yw);
         let s = self.b.mul(&sw, &sb);
         let sum = self.b.add(&a, &s);
+        if defer {
+            return match factor {
+                Some(factor) => (sum, QkvFactor::PerHead(factor)),
+                None => kv_core::error::invariant("a deferred factor needs one reduction a head"),
+            };
+        }
         let fb = match (factor, spread) {
             (Some(factor), _) => self.b.broadcast(&factor, &[0, 1], &y.ty),
             (None, Some(norm)) => {
@@ -182,6 +210,12 @@ impl FuncEmitter<'_> {
             }
             (None, None) => kv_core::error::invariant("a norm factor, per head or per element"),
         };
-        self.b.mul(&sum, &fb)
+        (self.b.mul(&sum, &fb), QkvFactor::Applied)
     }
+}
+
+/// What [`FuncEmitter::qkv_rope_factor`] did with each head's factor.
+enum QkvFactor {
+    Applied,
+    PerHead(V),
 }
