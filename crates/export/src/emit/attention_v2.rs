@@ -279,9 +279,8 @@ impl FuncEmitter<'_> {
                 Some((fq, fk)) => {
                     // One query row: the query heads of KV head `j` are `fq`'s `[group]`
                     // columns. The cache's scores are scaled as they leave their configured
-                    // product; the own row's operands are scaled as they enter theirs (scaled
-                    // after it, the product took the exponential behind the maximum as well,
-                    // a dependent dispatch more).
+                    // product; the own row's score takes both factors inside its reduction
+                    // ([`Body::scaled_row_dot`]).
                     let fq = self.b.slice(fq, &[(0, 1), (j * group, (j + 1) * group)]);
                     let fq = self.b.reshape_static(&fq, &[group]);
                     let fqc = self.b.broadcast(&fq, &[0], &sc.ty);
