@@ -274,26 +274,32 @@ impl FuncEmitter<'_> {
             // dispatches, and the step's wall time follows the dispatch count there:
             // docs/journal, session 9.)
             let by_reduce = r == 1;
-            let mut sc = self.head_product(&qj, &kc, true, by_reduce);
-            let sn = match factors {
+            // With `factors` (one query row): the query heads of KV head `j` are `fq`'s
+            // `[group]` columns. The cache's scores are scaled as they leave their configured
+            // product; the own row's score takes both factors inside its reduction
+            // ([`Body::scaled_row_dot`]).
+            let factors = factors.map(|(fq, fk)| {
+                let fq = self.b.slice(fq, &[(0, 1), (j * group, (j + 1) * group)]);
+                let fk = self.b.slice(fk, &[(0, 1), (j, j + 1)]);
+                (self.b.reshape_static(&fq, &[group]), self.b.reshape_static(&fk, &[]))
+            });
+            let sc = self.head_product(&qj, &kc, true, by_reduce);
+            let sc = match &factors {
+                Some((fq, _)) => {
+                    let fqc = self.b.broadcast(fq, &[0], &sc.ty);
+                    self.b.mul(&sc, &fqc)
+                }
+                None => sc,
+            };
+            let sc = self.b.select(masks.0, &sc, &masked_cache);
+            let sn = match &factors {
                 Some((fq, fk)) => {
-                    // One query row: the query heads of KV head `j` are `fq`'s `[group]`
-                    // columns. The cache's scores are scaled as they leave their configured
-                    // product; the own row's score takes both factors inside its reduction
-                    // ([`Body::scaled_row_dot`]).
-                    let fq = self.b.slice(fq, &[(0, 1), (j * group, (j + 1) * group)]);
-                    let fq = self.b.reshape_static(&fq, &[group]);
-                    let fqc = self.b.broadcast(&fq, &[0], &sc.ty);
-                    sc = self.b.mul(&sc, &fqc);
-                    let fk = self.b.slice(fk, &[(0, 1), (j, j + 1)]);
-                    let fk = self.b.reshape_static(&fk, &[]);
                     let k = self.b.reshape_static(&kn, &[d]);
-                    let own = self.b.scaled_row_dot(&qj, &k, &fq, &fk);
+                    let own = self.b.scaled_row_dot(&qj, &k, fq, fk);
                     self.b.reshape_static(&own, &[group, 1])
                 }
                 None => self.head_product(&qj, &kn, true, by_reduce),
             };
-            let sc = self.b.select(masks.0, &sc, &masked_cache);
             let sn = self.b.select(masks.1, &sn, &masked_new);
             let configured = self.options.tuning.map(|t| t.attention).filter(|c| c.keys <= p);
             if let (Some(config), true, Elem::F32) = (configured, by_reduce, vc.ty.elem) {
