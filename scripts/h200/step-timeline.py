@@ -16,6 +16,12 @@ the medians over its calls of:
   - levels: runs of dispatches that overlap in time (a new level starts after every earlier
     dispatch ended), the dependent chain the command buffer's barriers make;
 and the kinds of dispatch that take the most of a call (median duration x count a call).
+Then the device's time between calls (a decode step's previous call ended -> the step began:
+what the host's work and its waits leave the GPU idle), and how the queue issued each kind of
+operation (Vulkan profiles record queue events: `native`, or `software_defer`, held by the host
+until it observed the signals the operation waits on, with the median time from its submission
+to its release). A chain of `software_defer` operations (session 30: every queue allocation of
+a call, and so every call after it) cannot run ahead of the host.
 With --against, each kind of call of A is followed by B's figures and the kinds of dispatch
 whose time a call moved most between them (dispatch names without IREE's ordinal, which
 differs between two exports).
@@ -108,6 +114,31 @@ def per_call_time(calls, strip_ordinal=False):
     return out
 
 
+def idle_between(by_kind):
+    """Median device time from the end of the previous call to the start of each call, by kind."""
+    calls = []
+    for kind, cs in by_kind.items():
+        for evs in cs:
+            calls.append((min(e["start_tick"] for e in evs), max(e["end_tick"] for e in evs), kind))
+    calls.sort()
+    gaps = collections.defaultdict(list)
+    for (_, end, _), (start, _, kind) in zip(calls, calls[1:]):
+        gaps[kind].append(max(start - end, 0))
+    return {kind: statistics.median(g) for kind, g in gaps.items()}
+
+
+def queue_operations(path, tool):
+    """{(op, strategy): [submit-to-ready ns]} of the profile's queue events (none: not recorded)."""
+    out = subprocess.run([tool, "queue", "--format=jsonl", path], capture_output=True, text=True).stdout
+    ops = collections.defaultdict(list)
+    for line in out.splitlines():
+        d = json.loads(line)
+        if d.get("type") == "queue_event":
+            ready = d.get("ready_host_time_ns", d["host_time_ns"])
+            ops[(d["op"], d.get("dependency_strategy", "?"))].append(ready - d["host_time_ns"])
+    return ops
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("profile")
@@ -140,6 +171,12 @@ def main():
             sa, sb = ta.get(key, (0, 0, 0)), tb.get(key, (0, 0, 0))
             print(f"  {sa[0] / 1e3:8.1f} -> {sb[0] / 1e3:8.1f} us a call "
                   f"({sa[2]:4.1f} x {sa[1] / 1e3:6.1f} -> {sb[2]:4.1f} x {sb[1] / 1e3:6.1f} us)  {key}")
+    gaps = idle_between(a)
+    for kind, calls in sorted(a.items(), key=lambda kv: -len(kv[1])):
+        if kind in gaps:
+            print(f"between calls: {gaps[kind] / 1e3:.1f} us of device idle before each {kind} (median)")
+    for (op, strategy), waits in sorted(queue_operations(args.profile, tool).items()):
+        print(f"queue: {len(waits)} {op} issued {strategy}, submit to ready {statistics.median(waits) / 1e3:.1f} us (median)")
     return 0
 
 

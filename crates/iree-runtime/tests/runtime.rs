@@ -625,4 +625,29 @@ fn profiling_records_each_dispatch(device_name: &str) {
         .filter(|(k, _)| k.starts_with("forward_dispatch_"))
         .count();
     assert_eq!(once * 3, forwards.len(), "one call recorded after the second begin");
+    // Vulkan's profile also holds each call's queue allocations (their results), which show
+    // whether the host held a call back (session 30: every step's were software-deferred).
+    let allocas = queue_allocations(&path);
+    if device_name == "vulkan" {
+        assert!(allocas >= 3, "a queue allocation a call: {allocas}");
+    }
+}
+
+/// The queue allocations `iree-profile memory` reads from the profile at `path`.
+fn queue_allocations(path: &std::path::Path) -> usize {
+    let out = std::process::Command::new(common::tool("iree-profile"))
+        .args(["memory", "--format=jsonl"])
+        .arg(path)
+        .output()
+        .expect("run iree-profile");
+    assert!(
+        out.status.success(),
+        "iree-profile: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"event_type\":\"queue_alloca\""))
+        .count()
 }
