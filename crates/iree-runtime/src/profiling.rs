@@ -20,15 +20,17 @@ use crate::{path_str, string_view};
 /// executable's export and its queue submission, which is all `iree-profile dispatch` and
 /// `scripts/h200/step-timeline.py` read.
 ///
-/// On Vulkan the dispatch events come with the queue's operations (when each was submitted and
+/// On Vulkan the profile also asks for the queue's operations (when each was submitted and
 /// released, and whether natively or held by the host until it observed the signals it waits
-/// on); the profile also asks for the memory events, the queue allocations of each call and
-/// their pools' reservations. Session 30: every step's allocations were held by the host, so no
+/// on; without the family IREE records only the held ones) and the memory events (the queue
+/// allocations of each call and their pools' reservations). Session 30: every step's allocations were held by the host, so no
 /// call ran ahead of it and the GPU idled between calls (`step-timeline.py`'s "between calls").
 fn dispatch_families(device: &Device) -> sys::iree_hal_device_profiling_data_families_t {
     let families = match device.name() {
         "vulkan" => {
-            sys::IREE_HAL_DEVICE_PROFILING_DATA_DISPATCH_EVENTS | sys::IREE_HAL_DEVICE_PROFILING_DATA_MEMORY_EVENTS
+            sys::IREE_HAL_DEVICE_PROFILING_DATA_DISPATCH_EVENTS
+                | sys::IREE_HAL_DEVICE_PROFILING_DATA_QUEUE_EVENTS
+                | sys::IREE_HAL_DEVICE_PROFILING_DATA_MEMORY_EVENTS
         }
         _ => sys::IREE_HAL_DEVICE_PROFILING_DATA_HOST_EXECUTION_EVENTS,
     };
