@@ -744,19 +744,11 @@ fn masks_hold(label: &str, dir: &Path, target: &str, device: &str) {
     }
 }
 
-/// The allowed-token mask (`allowed`, issue 31) in the NVIDIA Vulkan forms (`GpuTuning::NVIDIA`:
-/// the head, stream and attention products, the argmax's width): the module of an `ampere` export,
-/// its SPIR-V configurations taken out, compiled for the CPU and run under masks
-/// ([`masks_hold`]), as `graphs.rs` runs contract 1's forms (lavapipe runs no GPU-target module);
-/// then steps, each against the reference with its new rows.
-#[test]
-fn allowed_mask_in_nvidia_forms_on_cpu() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ampere = Target::Vulkan {
-        target: Some("ampere".into()),
-    };
-    let mut m = tied_export(tmp.path(), "nvidia", vec![ampere], export::WeightFormat::I16);
-    let dir = tmp.path().join("nvidia");
+/// The module of the `ampere` export in `dir` (manifest `m`), its SPIR-V configurations
+/// (`compilation_info`) taken out, compiled for the CPU into the same module files, which the
+/// manifest then names for `llvm-cpu`: the NVIDIA forms run on `local-task` (lavapipe runs no
+/// GPU-target module).
+fn nvidia_forms_for_cpu(dir: &Path, m: &mut Manifest) {
     let mlir = std::fs::read_to_string(dir.join("gemma.mlir")).unwrap();
     assert!(
         mlir.contains("compilation_info"),
@@ -776,7 +768,6 @@ fn allowed_mask_in_nvidia_forms_on_cpu() {
     }
     let cpu_mlir = dir.join("gemma-nvidia-forms.mlir");
     std::fs::write(&cpu_mlir, cpu_text).unwrap();
-    // The same module files, now the CPU's.
     let (_, modules) = m.modules.pop_first().expect("the export's Vulkan modules");
     assert!(m.modules.is_empty(), "one target: {:?}", m.modules.keys());
     for vmfb in modules.values().collect::<BTreeSet<_>>() {
@@ -784,22 +775,42 @@ fn allowed_mask_in_nvidia_forms_on_cpu() {
         export::compile_with(&cpu_mlir, &Target::cpu(), &dir.join(vmfb), &flags).unwrap();
     }
     m.modules.insert("llvm-cpu".into(), modules);
-    m.save(&dir).unwrap();
-    masks_hold("NVIDIA forms on the CPU", &dir, "llvm-cpu", "local-task");
-    // Steps after steps: each step's new key rows (scaled by their norm factors after the
-    // rotation, `FuncEmitter::qkv_rope_deferred`) are the next step's cache.
-    let label = "NVIDIA forms on the CPU";
-    let spec = m.spec.clone();
-    let model = ReferenceModel::open(&tmp.path().join("src")).unwrap();
-    let mut s = V2Session::open(&dir, "llvm-cpu", "local-task", 12);
+    m.save(dir).unwrap();
+}
+
+/// A chunked prefill, then `steps` steps of the export in `dir` (CPU modules) from the model in
+/// `src`, each step judged against the reference with its new K/V rows: each step's new key
+/// rows (scaled by their norm factors after the rotation in the NVIDIA forms,
+/// `FuncEmitter::qkv_rope_deferred`) are the next step's cache.
+fn steps_agree(label: &str, dir: &Path, src: &Path, steps: usize) {
+    let model = ReferenceModel::open(src).unwrap();
+    let mut s = V2Session::open(dir, "llvm-cpu", "local-task", 12);
+    let spec = s.g.m.spec.clone();
     let mut r = ReferenceKv::new(model, WindowRule::Exact);
     let mut token = chunked_prefill(label, &mut s, &mut r, &tokens(spec.chunk + 2, 9, spec.vocab_size));
-    for _ in 0..3 {
+    for _ in 0..steps {
         let call = s.step(token);
         r.step(token).unwrap();
         same_as_reference(&format!("{label}: step at {}", call.pos), &call, &spec, &r);
         token = call.token;
     }
+}
+
+/// The allowed-token mask (`allowed`, issue 31) in the NVIDIA Vulkan forms (`GpuTuning::NVIDIA`:
+/// the head, stream and attention products, the argmax's width), run on the CPU
+/// ([`nvidia_forms_for_cpu`]) under masks ([`masks_hold`]), as `graphs.rs` runs contract 1's
+/// forms; then steps, each against the reference with its new rows.
+#[test]
+fn allowed_mask_in_nvidia_forms_on_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ampere = Target::Vulkan {
+        target: Some("ampere".into()),
+    };
+    let mut m = tied_export(tmp.path(), "nvidia", vec![ampere], export::WeightFormat::I16);
+    let dir = tmp.path().join("nvidia");
+    nvidia_forms_for_cpu(&dir, &mut m);
+    masks_hold("NVIDIA forms on the CPU", &dir, "llvm-cpu", "local-task");
+    steps_agree("NVIDIA forms on the CPU", &dir, &tmp.path().join("src"), 3);
 }
 
 /// [`masks_hold`] in the portable staged argmax (lavapipe) and the CPU's maximum-then-index
