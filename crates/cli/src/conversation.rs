@@ -36,9 +36,7 @@ impl SystemArgs {
     pub fn system(&self) -> Result<Option<String>> {
         match (&self.system, &self.system_file) {
             (Some(text), _) => Ok(Some(text.clone())),
-            (None, Some(file)) => std::fs::read_to_string(file)
-                .map(Some)
-                .with_context(|| format!("reading --system-file {}", file.display())),
+            (None, Some(file)) => crate::text::read_text_file("--system-file", file).map(Some),
             (None, None) => Ok(None),
         }
     }
@@ -52,7 +50,7 @@ impl SystemArgs {
 }
 
 pub fn read_catalog(file: &Path) -> Result<Vec<Tool>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading --tools {}", file.display()))?;
+    let text = crate::text::read_text_file("--tools", file)?;
     tools::parse_catalog(&text).with_context(|| format!("--tools {}", file.display()))
 }
 
@@ -61,7 +59,7 @@ pub fn read_catalog(file: &Path) -> Result<Vec<Tool>> {
 /// the arguments an object or a JSON string) and a tool result's `name` (or its `tool_call_id`,
 /// looked up among the calls before it).
 pub fn read_messages(file: &Path) -> Result<Vec<Message>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading --messages {}", file.display()))?;
+    let text = crate::text::read_text_file("--messages", file)?;
     parse_messages(&text).with_context(|| format!("--messages {}", file.display()))
 }
 

@@ -116,3 +116,32 @@ impl<'a> TextStream<'a> {
 pub fn print_now(text: &str) -> Result<()> {
     crate::report::write_stdout(format_args!("{text}"))
 }
+
+/// The text of the file `path` that `flag` names. Opened without blocking and then read
+/// blocking: a FIFO nobody writes to reads as empty (and is refused as such by the caller)
+/// instead of hanging the command in `open`, while a pipe with a writer (`--tools <(cat
+/// tools.json)`) is read whole.
+pub fn read_text_file(flag: &str, path: &std::path::Path) -> Result<String> {
+    use anyhow::Context;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let what = || format!("reading {flag} {}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(what)?;
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is the open descriptor `file` owns; F_GETFL/F_SETFL only change its flags.
+    let blocking = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) >= 0
+    };
+    if !blocking {
+        return Err(std::io::Error::last_os_error()).with_context(what);
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).with_context(what)?;
+    Ok(text)
+}

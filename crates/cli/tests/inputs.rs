@@ -402,3 +402,68 @@ fn a_full_stdout_is_one_line() {
         one_line_error(&out, &["writing to stdout", "os error 28"]);
     }
 }
+
+/// Text files named by flags: a FIFO nobody writes to reads as empty and fails in one line (or,
+/// for `--system-file`, is an empty system text), where opening it hung the command (the CLI
+/// fuzz test's seed 1796520584305703468, session 30). The fixture refuses text before reading
+/// any of them but `--prefix-file`, so the others run on the real model's tokenizer.
+#[test]
+fn text_inputs_from_a_fifo_without_a_writer_do_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let f = fifo.to_str().unwrap();
+    let out = dir.path().join("s.skvsnap");
+    let o = out.to_str().unwrap();
+    let m = "gemma3-270m";
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[
+                "snapshot",
+                "save",
+                "--model",
+                "tiny-gemma3:7",
+                "--out",
+                o,
+                "--prefix-file",
+                f,
+            ],
+            "",
+        ),
+        (&["snapshot", "save", "--model", m, "--out", o, "--tools", f], "--tools"),
+        (
+            &["generate", "--model", m, "--max-new", "2", "--messages", f],
+            "--messages",
+        ),
+        (&["tool-eval", "--model", m, "--requests", f], "--requests"),
+        (&["chat", "--model", m, "--load", f], "--load"),
+        (
+            &[
+                "generate",
+                "--model",
+                m,
+                "--chat",
+                "hi",
+                "--max-new",
+                "1",
+                "--system-file",
+                f,
+            ],
+            "ok",
+        ),
+    ];
+    for (args, says) in cases {
+        let run = run_within(args, Duration::from_secs(120));
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        if says == "ok" {
+            assert!(run.status.success(), "{args:?}: an empty system text: {stderr}");
+            continue;
+        }
+        assert_eq!(run.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+    }
+}

@@ -84,7 +84,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     // Read what can be wrong before a session (or an export) is paid for.
     let tools_json = match &args.system.tools {
         Some(file) => {
-            let text = std::fs::read_to_string(file).with_context(|| format!("reading --tools {}", file.display()))?;
+            let text = crate::text::read_text_file("--tools", file)?;
             tokenizer::tools::parse_catalog(&text).with_context(|| format!("--tools {}", file.display()))?;
             Some(text)
         }
@@ -145,7 +145,7 @@ struct Saved {
 }
 
 fn read_conversation(file: &Path) -> Result<Saved> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = crate::text::read_text_file("the conversation", file)?;
     let mut turns = crate::conversation::parse_messages(&text)?;
     let system = match turns.first() {
         Some(m) if m.role == "system" => Some(turns.remove(0).content),

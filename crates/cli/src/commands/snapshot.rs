@@ -109,8 +109,7 @@ fn prefix_of(args: &SaveArgs) -> Result<(Vec<i32>, Option<String>)> {
     }
     let ids = match &args.prefix_file {
         Some(file) => {
-            let text =
-                std::fs::read_to_string(file).with_context(|| format!("reading --prefix-file {}", file.display()))?;
+            let text = crate::text::read_text_file("--prefix-file", file)?;
             let tok = crate::model::tokenizer(&args.model)?;
             tok.encode(&text, tok.add_bos_default())
         }

@@ -298,8 +298,7 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
     if choice == ToolChoice::None {
         bail!("--tool-choice none renders no tools: nothing to evaluate");
     }
-    let text = std::fs::read_to_string(&args.requests)
-        .with_context(|| format!("reading --requests {}", args.requests.display()))?;
+    let text = crate::text::read_text_file("--requests", &args.requests)?;
     let set: RequestSet =
         serde_json::from_str(&text).with_context(|| format!("--requests {}", args.requests.display()))?;
     let cases: Vec<Case> = set
@@ -356,8 +355,7 @@ pub fn run(args: ToolEvalArgs) -> Result<()> {
             if args.constrain != EvalConstrain::On {
                 bail!("--explain-against judges picks under the grammar: it needs --constrain on");
             }
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading --explain-against {}", path.display()))?;
+            let text = crate::text::read_text_file("--explain-against", path)?;
             let report: OtherReport =
                 serde_json::from_str(&text).with_context(|| format!("--explain-against {}", path.display()))?;
             Some(report)
