@@ -551,18 +551,7 @@ fn transfers_copy_and_zero_in_one_submission(device_name: &str) {
 /// `(key, valid)` of every dispatch event in a profile bundle, as the wheel's `iree-profile`
 /// reads it (device timestamps on Vulkan, the executing threads' spans on the CPU drivers).
 fn profiled_dispatches(path: &std::path::Path) -> Vec<(String, bool)> {
-    let out = std::process::Command::new(common::tool("iree-profile"))
-        .args(["dispatch", "--dispatch_events", "--format=jsonl"])
-        .arg(path)
-        .output()
-        .expect("run iree-profile");
-    assert!(
-        out.status.success(),
-        "iree-profile: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
+    iree_profile(&["dispatch", "--dispatch_events", "--format=jsonl"], path)
         .lines()
         .filter(|l| l.contains("dispatch_event\""))
         .map(|l| {
@@ -635,8 +624,16 @@ fn profiling_records_each_dispatch(device_name: &str) {
 
 /// The queue allocations `iree-profile memory` reads from the profile at `path`.
 fn queue_allocations(path: &std::path::Path) -> usize {
+    iree_profile(&["memory", "--format=jsonl"], path)
+        .lines()
+        .filter(|l| l.contains("\"event_type\":\"queue_alloca\""))
+        .count()
+}
+
+/// What the wheel's `iree-profile ARGS PATH` prints (it must succeed).
+fn iree_profile(args: &[&str], path: &std::path::Path) -> String {
     let out = std::process::Command::new(common::tool("iree-profile"))
-        .args(["memory", "--format=jsonl"])
+        .args(args)
         .arg(path)
         .output()
         .expect("run iree-profile");
@@ -645,9 +642,5 @@ fn queue_allocations(path: &std::path::Path) -> usize {
         "iree-profile: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains("\"event_type\":\"queue_alloca\""))
-        .count()
+    String::from_utf8(out.stdout).unwrap()
 }
