@@ -1,6 +1,7 @@
 //! [`IreeKvBackend`]: the stateful KV session on an IREE device.
 
 mod greedy;
+mod storage;
 mod v2;
 
 use std::collections::HashMap;
@@ -207,6 +208,8 @@ pub struct IreeKvBackend {
     mask: Option<v2::Mask>,
     /// The device profile being recorded (`begin_device_profile`), ended at drop at the latest.
     profiling: Option<Profiling>,
+    /// The storage of each function that takes it from the caller (`storage`), by name.
+    storage: HashMap<String, storage::StorageRing>,
 }
 
 impl IreeKvBackend {
@@ -415,6 +418,7 @@ impl IreeKvBackend {
             embed,
             mask: None,
             profiling: None,
+            storage: HashMap::new(),
         };
         if backend.manifest.is_v2() {
             backend.v2_check_rule()?;
@@ -526,8 +530,23 @@ impl IreeKvBackend {
         let session = self.sessions[*index]
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));
+        // Contract v1 keeps results (its caches) across calls: those get fresh storage a call.
+        let storage = match (function.storage(), &self.caches) {
+            (Some(spec), Caches::V2(_)) => {
+                let keep: Vec<&BufferView> = self.last_top_k.iter().map(|top| &top.logits).collect();
+                let ring = (self.storage)
+                    .entry(function.name.clone())
+                    .or_insert_with(|| storage::StorageRing::new(spec.clone()));
+                let set = ring.next(&self.device, &keep);
+                Some(set.map_err(iree_err(format!("allocate the results of {}", function.name)))?)
+            }
+            _ => None,
+        };
         let t = Instant::now();
-        let results = session.lock().call_function(function, &refs);
+        let results = match &storage {
+            Some(set) => session.lock().call_function_with(function, &refs, Some(set)),
+            None => session.lock().call_function(function, &refs),
+        };
         self.clock.invoke += t.elapsed();
         let results = results.map_err(iree_err(format!("call {}", function.name)))?;
         let names: Vec<Name> = self.outputs[&graph]
@@ -625,6 +644,40 @@ impl IreeKvBackend {
     }
 
     /// A call's top-k results (views; nothing is read from the device here).
+    /// The last top-k results as a snapshot keeps them: copied (on the queue) out of a step's
+    /// storage, which a later step overwrites (`storage`), else the views themselves.
+    fn owned_top_k(&self) -> Result<Option<TopKViews>> {
+        let Some(top) = &self.last_top_k else {
+            return Ok(None);
+        };
+        if !self
+            .storage
+            .values()
+            .any(|ring| ring.holds(&top.logits) || ring.holds(&top.ids))
+        {
+            return Ok(Some(top.clone()));
+        }
+        let copy = |view: &BufferView| {
+            BufferView::allocate(&self.device, &view.shape(), view.element_type())
+                .map_err(iree_err("allocate a snapshot's top-k"))
+        };
+        let (logits, ids) = (copy(&top.logits)?, copy(&top.ids)?);
+        fn whole<'a>(source: &'a BufferView, target: &'a BufferView) -> Transfer<'a> {
+            Transfer::Copy {
+                source,
+                source_offset: 0,
+                target,
+                target_offset: 0,
+                length: source.byte_length(),
+            }
+        }
+        // Not waited for: a read of these views (`last_top_k`) waits for what was queued.
+        let _copied = (self.device)
+            .transfer_queued(&[whole(&top.logits, &logits), whole(&top.ids, &ids)])
+            .map_err(iree_err("copy a snapshot's top-k"))?;
+        Ok(Some(TopKViews { logits, ids }))
+    }
+
     fn top_k_views(results: &HashMap<Name, BufferView>) -> Option<TopKViews> {
         Some(TopKViews {
             logits: results.get(&Name::TopKLogits)?.clone(),
@@ -786,7 +839,7 @@ impl KvBackend for IreeKvBackend {
             session: self.id,
             position: self.position,
             held: self.caches.hold(self.position),
-            top_k: self.last_top_k.clone(),
+            top_k: self.owned_top_k()?,
         })
     }
 

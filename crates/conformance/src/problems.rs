@@ -972,6 +972,29 @@ pub fn seeded_sampling_matches_the_reference<F: BackendFactory>(factory: &F) {
                 ..SamplingConfig::default()
             },
         ];
+        // A snapshot keeps the top-k of the call before it, whatever runs after it: what a draw
+        // right after its restore samples from. (Compiled Vulkan steps write their results into
+        // storage the session reuses, which later steps overwrite.)
+        let mut session = factory.kv_with_top_k(model, k).unwrap();
+        let token = session.prefill(&prompt[..13]).unwrap();
+        let token = session.step(token).unwrap();
+        let at = session.snapshot().unwrap();
+        let kept = session.last_top_k(k).unwrap().expect("top-k of a step");
+        assert_eq!(kept.ids()[0], token, "the first candidate is the step's token");
+        session.step_greedy(token, 5, &mut |_| true).unwrap();
+        session.step(prompt[14]).unwrap();
+        assert_ne!(
+            session.last_top_k(k).unwrap().as_ref(),
+            Some(&kept),
+            "later steps' top-k"
+        );
+        session.restore(&at).unwrap();
+        assert_eq!(
+            session.last_top_k(k).unwrap(),
+            Some(kept),
+            "the restored snapshot's top-k"
+        );
+        drop(session);
         let mut backend = KvDecoder::new(factory.kv_with_top_k(model, k).unwrap());
         let mut oracle = KvDecoder::new(ReferenceFactory::like(factory).kv(model, WindowRule::Exact).unwrap());
         let prefix = backend.prefill_prefix(&prompt[..13]).unwrap();

@@ -378,6 +378,7 @@ impl ExportPlan {
                 tuning,
                 split_reductions: profile.split_reductions(),
                 chunk_span: 0,
+                caller_storage: profile.has_vulkan(),
             }
         };
         let targets = profile.compile_targets();

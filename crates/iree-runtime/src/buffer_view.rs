@@ -416,6 +416,17 @@ impl BufferView {
         self.raw == other.raw
     }
 
+    /// Whether `other` views the same allocation as this view (the same buffer, or a subspan
+    /// of it): what a call's result written into caller-supplied storage shares with it.
+    pub fn shares_buffer(&self, other: &BufferView) -> bool {
+        // SAFETY: both views are live; the buffers they hold outlive the calls.
+        unsafe {
+            let a = sys::iree_hal_buffer_allocated_buffer(sys::iree_hal_buffer_view_buffer(self.as_ptr()));
+            let b = sys::iree_hal_buffer_allocated_buffer(sys::iree_hal_buffer_view_buffer(other.as_ptr()));
+            a == b
+        }
+    }
+
     /// Rows `r0..r1` of a `[1, H, R, D]` view (axis 2), as a `[1, H, r1 - r0, D]` view.
     ///
     /// With `H == 1` the rows are contiguous and the result is a zero-copy subspan sharing the

@@ -33,6 +33,7 @@ mod instance;
 mod parameters;
 mod profiling;
 mod session;
+mod storage;
 mod transfer;
 
 use std::path::Path;
@@ -44,6 +45,7 @@ pub use instance::Instance;
 pub use parameters::{FileHandle, ParameterIo, ParameterProvider};
 pub use profiling::Profiling;
 pub use session::{Function, Session};
+pub use storage::{CallStorage, StorageSpec};
 pub use transfer::Transfer;
 
 /// Re-export of the raw bindings, for what this crate does not wrap.

@@ -7,6 +7,7 @@ use crate::buffer_view::BufferView;
 use crate::device::Device;
 use crate::error::{check, Error, Result};
 use crate::parameters::{ParameterIo, ParameterProvider};
+use crate::storage::{CallStorage, StorageSpec};
 use crate::{from_string_view, path_str, string_view};
 
 /// Modules the runtime adds by itself; their exports are not listed in lookup errors.
@@ -72,12 +73,15 @@ pub struct Function {
     /// its last two arguments are a wait and a signal fence, which [`Session::call_function`]
     /// passes on the device's timeline semaphore.
     coarse_fences: bool,
+    /// Storage the caller supplies after the tensors ([`StorageSpec`]).
+    storage: Option<StorageSpec>,
     raw: sys::iree_vm_function_t,
     context: Context,
 }
 
 impl Function {
-    /// The tensors the function takes: its VM arguments but the two fences of an async one.
+    /// The tensors the function takes: its VM arguments but the two fences of an async one and
+    /// the storage a caller supplies ([`Self::storage`]).
     pub fn argument_count(&self) -> usize {
         let refs = self
             .calling_convention
@@ -88,7 +92,14 @@ impl Function {
             .chars()
             .filter(|&c| c == 'r')
             .count();
-        refs - if self.coarse_fences { 2.min(refs) } else { 0 }
+        let fences = if self.coarse_fences { 2 } else { 0 };
+        refs.saturating_sub(fences + self.storage.as_ref().map_or(0, StorageSpec::argument_count))
+    }
+
+    /// The storage a call supplies (results written into given buffers, a transients buffer),
+    /// where the function was compiled to take it: [`Session::call_function_with`].
+    pub fn storage(&self) -> Option<&StorageSpec> {
+        self.storage.as_ref()
     }
 
     /// Whether the function is async (`iree.abi.model` `coarse-fences`): a call passes it a
@@ -287,11 +298,13 @@ impl Session {
         let coarse_fences = attributes
             .iter()
             .any(|(k, v)| k == "iree.abi.model" && v == "coarse-fences");
+        let storage = StorageSpec::parse(&attributes, name)?;
         Ok(Function {
             name: name.to_owned(),
             calling_convention,
             attributes,
             coarse_fences,
+            storage,
             raw,
             context: self.context.clone(),
         })
@@ -341,8 +354,28 @@ impl Session {
     }
 
     /// [`Session::call`] without the name lookup. A function looked up on another session is
-    /// refused ([`Error::InvalidArgument`]).
+    /// refused ([`Error::InvalidArgument`]). A function that takes caller-supplied storage
+    /// ([`Function::storage`]) gets a fresh set each call; [`Self::call_function_with`] reuses
+    /// one.
     pub fn call_function(&mut self, function: &Function, inputs: &[&BufferView]) -> Result<Vec<BufferView>> {
+        let storage = match &function.storage {
+            Some(spec) => Some(spec.allocate(&self.device)?),
+            None => None,
+        };
+        self.call_function_with(function, inputs, storage.as_ref())
+    }
+
+    /// [`Self::call_function`] with the storage of a function compiled to take it: the tied
+    /// results come back as views of `storage`'s buffers (overwritten by the next call given
+    /// the same set), and the call allocates nothing on the device's queue. Storage for a
+    /// function that takes none, or of other shapes, or none for one that does, is refused
+    /// ([`Error::InvalidArgument`]).
+    pub fn call_function_with(
+        &mut self,
+        function: &Function,
+        inputs: &[&BufferView],
+        storage: Option<&CallStorage>,
+    ) -> Result<Vec<BufferView>> {
         let op = format!("call `{}`", function.name);
         if function.context.0 != self.context.0 {
             return Err(Error::InvalidArgument {
@@ -360,8 +393,25 @@ impl Session {
                 ),
             });
         }
+        match (&function.storage, storage) {
+            (Some(spec), Some(storage)) => spec.check(storage, &self.device, &function.name)?,
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument {
+                    op: "call",
+                    reason: format!("`{}` takes its results' storage; none was given", function.name),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(Error::InvalidArgument {
+                    op: "call",
+                    reason: format!("`{}` takes no storage; some was given", function.name),
+                })
+            }
+        }
         let host = self.device.host_allocator();
-        let input_list = VmList::new(inputs.len(), host)?;
+        let extra = storage.map_or(0, |s| s.results().len() + usize::from(s.transients().is_some()));
+        let input_list = VmList::new(inputs.len() + extra + 2, host)?;
         for view in inputs {
             // SAFETY: the list is live; retain_ref adds a reference that push_ref_move hands
             // to the list (on failure the ref is still ours, so release it).
@@ -374,6 +424,26 @@ impl Session {
                 status
             };
             check(status, format!("{op}: pass argument"))?;
+        }
+        if let Some(storage) = storage {
+            let results = storage.results().iter().map(|view| (view, false));
+            for (view, whole_buffer) in results.chain(storage.transients().map(|view| (view, true))) {
+                // SAFETY: as above. The transients go as their buffer (`!hal.buffer`), the
+                // results as views.
+                let status = unsafe {
+                    let mut value = if whole_buffer {
+                        sys::iree_hal_buffer_retain_ref(sys::iree_hal_buffer_view_buffer(view.as_ptr()))
+                    } else {
+                        sys::iree_hal_buffer_view_retain_ref(view.as_ptr())
+                    };
+                    let status = sys::iree_vm_list_push_ref_move(input_list.raw.as_ptr(), &mut value);
+                    if !status.is_null() {
+                        sys::iree_vm_ref_release(&mut value);
+                    }
+                    status
+                };
+                check(status, format!("{op}: pass its storage"))?;
+            }
         }
         let output_list = VmList::new(4, host)?;
         let invoke = || {

@@ -10,7 +10,7 @@ mod common;
 
 use common::{assert_close, fixture, instance, open_session, W};
 use iree_runtime::{
-    BufferView, Device, ElementType, Error, ParameterIo, ParameterProvider, Profiling, Session, Transfer,
+    BufferView, Device, ElementType, Error, ParameterIo, ParameterProvider, Profiling, Session, StorageSpec, Transfer,
 };
 
 /// Expands each test function of a device name into one `#[test]` per device.
@@ -39,6 +39,7 @@ device_tests!(
     transfers_in_sequence_and_from_threads,
     calls_queue_behind_each_other_and_reads_wait,
     profiling_records_each_dispatch,
+    caller_storage_holds_the_results,
 );
 
 fn forward_uses_parameter(device_name: &str) {
@@ -620,6 +621,112 @@ fn profiling_records_each_dispatch(device_name: &str) {
     if device_name == "vulkan" {
         assert!(allocas >= 3, "a queue allocation a call: {allocas}");
     }
+}
+
+/// `forward_into` (the results of `forward` plus the sum of `x * w`, and that sum as an i32)
+/// of inputs `x`, `y`.
+fn forward_into_expected(x: &[f32; 4], y: &[f32; 4]) -> (Vec<f32>, i32) {
+    let xw: Vec<f32> = (0..4).map(|i| x[i] * W[i]).collect();
+    let sum: f32 = xw.iter().sum();
+    ((0..4).map(|i| xw[i] + y[i] + sum).collect(), sum as i32)
+}
+
+/// A function compiled with `iree.abi.output` / `iree.abi.transients` arguments: its storage is
+/// read from the reflection, a plain call gets fresh storage, a given set holds the results
+/// (and is overwritten by the next call given it), a set that does not fit is refused and the
+/// session goes on, and on Vulkan such calls allocate nothing on the queue.
+fn caller_storage_holds_the_results(device_name: &str) {
+    let mut session = open_session(device_name);
+    let device = session.device().clone();
+    let into = session.lookup("module.forward_into").unwrap();
+    let spec = into.storage().expect("forward_into takes its storage").clone();
+    assert_eq!(
+        spec.results,
+        vec![(vec![4], ElementType::F32), (vec![1], ElementType::I32)]
+    );
+    assert!(spec.transients.is_some_and(|bytes| bytes > 0), "{spec:?}");
+    assert_eq!(
+        into.argument_count(),
+        2,
+        "the storage is not a tensor the caller passes"
+    );
+    let forward = session.lookup("module.forward").unwrap();
+    assert!(forward.storage().is_none());
+
+    let (xa, ya) = ([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]);
+    let (xb, yb) = ([-1.0, 0.5, 8.0, 2.0], [0.0, 1.0, 2.0, 3.0]);
+    let view = |data: &[f32; 4]| BufferView::from_f32(&device, &[4], data).unwrap();
+    let (xa, ya, xb, yb, data) = (view(&xa), view(&ya), view(&xb), view(&yb), (xa, ya, xb, yb));
+    let read = |results: &[BufferView]| (results[0].to_f32_vec().unwrap(), results[1].to_i32_vec().unwrap()[0]);
+    let (a, b) = (
+        forward_into_expected(&data.0, &data.1),
+        forward_into_expected(&data.2, &data.3),
+    );
+
+    let fresh = session.call_function(&into, &[&xa, &ya]).unwrap();
+    let (values, n) = read(&fresh);
+    assert_close(&values, &a.0);
+    assert_eq!(n, a.1);
+
+    let set = spec.allocate(&device).unwrap();
+    let first = session.call_function_with(&into, &[&xa, &ya], Some(&set)).unwrap();
+    assert!(
+        first.iter().all(|r| set.holds(r)),
+        "the results are views of the storage"
+    );
+    assert!(!fresh.iter().any(|r| set.holds(r)));
+    assert_eq!(read(&first), read(&fresh));
+    let second = session.call_function_with(&into, &[&xb, &yb], Some(&set)).unwrap();
+    let (values, n) = read(&second);
+    assert_close(&values, &b.0);
+    assert_eq!(n, b.1);
+    assert_eq!(read(&first), read(&second), "the first call's results were overwritten");
+    assert_eq!(read(&fresh).1, a.1, "fresh storage is the call's own");
+
+    // Sets that do not fit, storage for a function that takes none, none for one that does:
+    // refused by name, and the session still computes.
+    let wrong = StorageSpec {
+        results: vec![(vec![5], ElementType::F32), (vec![1], ElementType::I32)],
+        transients: spec.transients,
+    };
+    let small = StorageSpec {
+        transients: Some(1),
+        ..spec.clone()
+    };
+    for bad in [wrong.allocate(&device).unwrap(), small.allocate(&device).unwrap()] {
+        let err = session.call_function_with(&into, &[&xa, &ya], Some(&bad)).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "call", .. }), "{err:?}");
+    }
+    let err = session.call_function_with(&into, &[&xa, &ya], None).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { reason, .. } if reason.contains("none was given")),
+        "{err:?}"
+    );
+    let err = session
+        .call_function_with(&forward, &[&xa, &ya], Some(&set))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { reason, .. } if reason.contains("takes no storage")),
+        "{err:?}"
+    );
+    let again = session.call_function_with(&into, &[&xa, &ya], Some(&set)).unwrap();
+    assert_eq!(read(&again), read(&fresh));
+
+    // No queue allocation: what lets a Vulkan call be recorded while the one before it runs.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("profiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{device_name}-storage.ireeprof"));
+    let profiling = Profiling::dispatches(&device, &path).unwrap();
+    for _ in 0..3 {
+        session.call_function_with(&into, &[&xb, &yb], Some(&set)).unwrap();
+    }
+    assert_eq!(read(&first), read(&second));
+    profiling.end().unwrap();
+    assert_eq!(
+        queue_allocations(&path),
+        0,
+        "calls given their storage allocate nothing on the queue"
+    );
 }
 
 /// The queue allocations `iree-profile memory` reads from the profile at `path`.

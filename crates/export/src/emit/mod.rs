@@ -125,6 +125,27 @@ pub struct EmitOptions {
     /// (`<chunk function>_span<N>`, with its token: [`kv_core::contract::V2Spec::spanned`]);
     /// 0 = none. The plan sets it for the small chunk graph (`V2Spec::small_chunk_span`).
     pub chunk_span: usize,
+    /// Contract v2's step graph and the embedding function write their results into buffers
+    /// the caller passes after the tensors (`iree.abi.output = N`), and keep their transients
+    /// in one more (`iree.abi.transients`): such a call allocates nothing on the device's
+    /// queue, where each allocation made every Vulkan call wait on the host for the call
+    /// before it (`iree_runtime::StorageSpec`; docs/journal/sessions-30-34.md, session 31).
+    pub caller_storage: bool,
+}
+
+/// The arguments through which a function takes its results' storage and its transients'
+/// buffer from the caller ([`EmitOptions::caller_storage`]), after its `inputs` tensors.
+fn storage_args(inputs: usize, results: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = results
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| format!("%arg{}: {ty} {{iree.abi.output = {i} : index}}", inputs + i))
+        .collect();
+    args.push(format!(
+        "%arg{}: !hal.buffer {{iree.abi.transients}}",
+        inputs + results.len()
+    ));
+    args
 }
 
 /// A `compilation_info` for IREE's SPIR-V SubgroupReduce pipeline (each output reduced by one
@@ -530,6 +551,9 @@ impl<'a> FuncEmitter<'a> {
             ret_vals.push(v.name.clone());
             ret_types.push(v.ty.text());
         }
+        if graph == Graph::Step && self.v2.is_some() && self.options.caller_storage {
+            sig.extend(storage_args(sig.len(), &ret_types));
+        }
         let body = std::mem::take(&mut self.b).finish();
         let mut text = String::new();
         writeln!(
@@ -555,8 +579,13 @@ impl<'a> FuncEmitter<'a> {
         let row = self.embedding_rows(&token);
         let body = std::mem::take(&mut self.b).finish();
         let (arg, ret) = (token.ty.text(), row.ty.text());
+        let mut sig = vec![format!("%arg0: {arg}")];
+        if self.v2.is_some() && self.options.caller_storage {
+            sig.extend(storage_args(1, std::slice::from_ref(&ret)));
+        }
         format!(
-            "  func.func @{func}(%arg0: {arg}) -> {ret} {{\n{body}    return {} : {ret}\n  }}\n",
+            "  func.func @{func}({}) -> {ret} {{\n{body}    return {} : {ret}\n  }}\n",
+            sig.join(", "),
             row.name
         )
     }

@@ -183,6 +183,7 @@ pub fn run_module(
         write_npy(&p, a);
         cmd.arg(format!("--input=@{}", p.display()));
     }
+    cmd.args(storage_inputs(vmfb, function));
     let outs: Vec<PathBuf> = (0..n_out).map(|i| work.join(format!("out{i}.npy"))).collect();
     for p in &outs {
         let _ = std::fs::remove_file(p);
@@ -200,6 +201,49 @@ pub fn run_module(
         String::from_utf8_lossy(&output.stderr)
     );
     outs.iter().map(|p| read_npy(p)).collect()
+}
+
+/// The `--input`s of the storage `function` of `vmfb` takes from its caller (Vulkan exports'
+/// step and embedding, `EmitOptions::caller_storage`): a buffer view of each tied result's type
+/// and the transients' buffer (`&` makes a bare buffer), read from the module's reflection
+/// with `iree-dump-module` (once per module and function).
+fn storage_inputs(vmfb: &Path, function: &str) -> Vec<String> {
+    static SEEN: std::sync::Mutex<Vec<(PathBuf, String, Vec<String>)>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, inputs)) = seen.iter().find(|(p, f, _)| p == vmfb && f == function) {
+        return inputs.clone();
+    }
+    let dump = Command::new(iree_tool("iree-dump-module"))
+        .arg(vmfb)
+        .output()
+        .expect("run iree-dump-module");
+    assert!(dump.status.success(), "iree-dump-module {}", vmfb.display());
+    let text = String::from_utf8_lossy(&dump.stdout);
+    let attrs: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.contains(&format!("] {function}(")))
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .collect();
+    let attr = |key: &str| attrs.iter().find_map(|l| l.trim().strip_prefix(key));
+    let mut inputs = Vec::new();
+    let declaration = attr("iree.abi.declaration: ").unwrap_or("");
+    let args = declaration.split_once(") ->").map_or(declaration, |(a, _)| a);
+    for arg in args.split(", %") {
+        if arg.contains("iree.abi.output") {
+            let ty = arg
+                .split_once("tensor<")
+                .and_then(|(_, t)| t.split_once('>'))
+                .unwrap()
+                .0;
+            inputs.push(format!("--input={ty}"));
+        } else if arg.contains("iree.abi.transients") {
+            let bytes = attr("iree.abi.transients.size.constant: ").expect("a constant transients size");
+            inputs.push(format!("--input=&{}xi8", bytes.trim()));
+        }
+    }
+    seen.push((vmfb.to_path_buf(), function.to_string(), inputs.clone()));
+    inputs
 }
 
 // ---- a host session over the exported graphs --------------------------------------------------

@@ -26,6 +26,20 @@ module @module {
     %0 = stablehlo.add %x, %x : tensor<1x2x5x3xf32>
     return %0 : tensor<1x2x5x3xf32>
   }
+  func.func @forward_into(%x: tensor<4xf32>, %y: tensor<4xf32>,
+      %out: tensor<4xf32> {iree.abi.output = 0 : index}, %n: tensor<1xi32> {iree.abi.output = 1 : index},
+      %t: !hal.buffer {iree.abi.transients}) -> (tensor<4xf32>, tensor<1xi32>) {
+    %w = util.global.load @w : tensor<4xf32>
+    %0 = stablehlo.multiply %x, %w : tensor<4xf32>
+    %z = stablehlo.constant dense<0.0> : tensor<f32>
+    %s = stablehlo.reduce(%0 init: %z) applies stablehlo.add across dimensions = [0] : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
+    %b = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %1 = stablehlo.add %0, %y : tensor<4xf32>
+    %2 = stablehlo.add %1, %b : tensor<4xf32>
+    %c = stablehlo.convert %s : (tensor<f32>) -> tensor<i32>
+    %r = stablehlo.reshape %c : (tensor<i32>) -> tensor<1xi32>
+    return %2, %r : tensor<4xf32>, tensor<1xi32>
+  }
   func.func @increment(%x: tensor<3xi32>) -> tensor<3xi32> {
     %c = stablehlo.constant dense<1> : tensor<3xi32>
     %0 = stablehlo.add %x, %c : tensor<3xi32>

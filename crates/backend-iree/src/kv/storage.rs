@@ -1,0 +1,59 @@
+//! The caller-supplied storage of contract v2's step and embedding functions
+//! (`iree_runtime::StorageSpec`): results written into buffers the session keeps, so that a
+//! Vulkan call allocates nothing on the device's queue (with an allocation, each call waited on
+//! the host for the one before it: decode 4.46 → 2.20 ms/token on an H100 for the NVIDIA-tuned
+//! export, 6.69 → 4.46 for the portable one; docs/journal/sessions-30-34.md, session 31).
+//!
+//! A call's tied results are views of the set it was given, overwritten when that set is given
+//! again. What reads them: the queue (row writes, the token's copy, the next call's inputs:
+//! calls and transfers run in submission order on the device's one timeline, so a later call
+//! never overwrites what an earlier queued op still has to read) and the host, for the top-k
+//! results (`last_top_k`) and a token read directly. So a call never gets the set of the call
+//! before it (a step queued ahead reads its token from there) nor a set holding a result the
+//! session still keeps (the caller names those: the last top-k); snapshots copy the top-k they
+//! keep ([`super::IreeKvBackend::owned_top_k`]). Three sets always leave one free. The
+//! transients' buffer is one per function: its calls run one after another.
+
+use iree_runtime::{BufferView, CallStorage, Device, StorageSpec};
+
+/// Storage sets of one function, used in turn.
+pub(super) struct StorageRing {
+    spec: StorageSpec,
+    sets: [Option<CallStorage>; 3],
+    /// The set the last call was given.
+    last: Option<usize>,
+}
+
+impl StorageRing {
+    pub(super) fn new(spec: StorageSpec) -> StorageRing {
+        StorageRing {
+            spec,
+            sets: [None, None, None],
+            last: None,
+        }
+    }
+
+    /// The set for the next call: not the last call's, and none holding a view of `keep`
+    /// (allocated on first use).
+    pub(super) fn next(&mut self, device: &Device, keep: &[&BufferView]) -> iree_runtime::Result<CallStorage> {
+        let free = (0..self.sets.len())
+            .find(|&i| {
+                Some(i) != self.last
+                    && self.sets[i]
+                        .as_ref()
+                        .is_none_or(|set| !keep.iter().any(|view| set.holds(view)))
+            })
+            .unwrap_or_else(|| kv_core::error::invariant("three storage sets and at most two taken"));
+        if self.sets[free].is_none() {
+            let transients = self.sets.iter().flatten().find_map(CallStorage::transients).cloned();
+            self.sets[free] = Some(self.spec.allocate_results(device, transients.as_ref())?);
+        }
+        self.last = Some(free);
+        Ok(self.sets[free].clone().expect("allocated above"))
+    }
+
+    /// Whether `view` is a result held in one of the sets.
+    pub(super) fn holds(&self, view: &BufferView) -> bool {
+        self.sets.iter().flatten().any(|set| set.holds(view))
+    }
+}
