@@ -86,9 +86,17 @@ vmfb = glob.glob(f"{d}/*.vmfb")[0]
 dump = subprocess.run(["iree-dump-module", vmfb], capture_output=True, text=True).stdout
 decl = next((l for l in dump.splitlines() if "sync func @gemma_with_past(" in l), "")
 args = []
-for i, m in enumerate(re.finditer(r"tensor<([^>]*)>", decl.split("(", 1)[-1].split(") ->")[0])):
-    t = m.group(1).replace("?", "200")
-    if t.endswith("i32"):
+# A step that takes its results' storage and transients (contract 2 on Vulkan since session 31):
+# a buffer view per tied result, a bare buffer (`&`) of the reflected size for the transients.
+size = re.search(r"iree.abi.transients.size.constant: (\d+)", dump[dump.find(decl):]) if decl else None
+for i, arg in enumerate(decl.split("(", 1)[-1].split(") ->")[0].split(", %")):
+    m = re.search(r"tensor<([^>]*)>", arg)
+    t = m.group(1).replace("?", "200") if m else ""
+    if "iree.abi.output" in arg:
+        args.append(f"--input={t}")
+    elif "iree.abi.transients" in arg:
+        args.append(f"--input=&{size.group(1)}xi8")
+    elif t.endswith("i32"):
         args.append(f"--input={t}=200" if i == 2 else f"--input={t}=7")
     else:
         args.append(f"--input={t}=0.01")
