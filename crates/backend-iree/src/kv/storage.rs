@@ -57,3 +57,50 @@ impl StorageRing {
         self.sets.iter().flatten().any(|set| set.holds(view))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use iree_runtime::{BufferView, Device, ElementType, Instance, StorageSpec};
+
+    use super::StorageRing;
+
+    fn ring() -> (Device, StorageRing) {
+        let device = Device::open(&Instance::shared().unwrap(), "local-sync").unwrap();
+        let spec = StorageSpec {
+            results: vec![(vec![2], ElementType::F32), (vec![1], ElementType::I32)],
+            transients: Some(64),
+        };
+        (device, StorageRing::new(spec))
+    }
+
+    /// Which of `sets` (in allocation order) holds `set`'s first result.
+    fn index(sets: &[iree_runtime::CallStorage], set: &iree_runtime::CallStorage) -> usize {
+        sets.iter().position(|s| s.holds(&set.results()[0])).unwrap()
+    }
+
+    #[test]
+    fn a_call_never_gets_the_last_set_nor_one_holding_a_kept_result() {
+        let (device, mut ring) = ring();
+        let a = ring.next(&device, &[]).unwrap();
+        let b = ring.next(&device, &[]).unwrap();
+        assert!(!a.holds(&b.results()[0]), "the last call's set is not given again");
+        // Nothing kept: two sets in turn.
+        let again = ring.next(&device, &[]).unwrap();
+        assert!(again.holds(&a.results()[0]));
+        // The last call's set (`again` = a) and one holding a kept result (b's top-k, say) are
+        // both taken: a third set.
+        let kept: &BufferView = &b.results()[1];
+        let c = ring.next(&device, &[kept]).unwrap();
+        let sets = [a.clone(), b.clone(), c.clone()];
+        assert_eq!(index(&sets, &c), 2);
+        assert!(ring.holds(kept) && ring.holds(&c.results()[0]));
+        assert!(!ring.holds(&BufferView::from_f32(&device, &[2], &[0.0, 1.0]).unwrap()));
+        // Every set shares one transients buffer: the function's calls run one after another.
+        let t = |s: &iree_runtime::CallStorage| s.transients().unwrap().clone();
+        assert!(t(&a).shares_buffer(&t(&b)) && t(&b).shares_buffer(&t(&c)));
+        assert!(t(&a).byte_length() >= 64);
+        // With the kept result released, the ring goes back to alternating.
+        let d = ring.next(&device, &[]).unwrap();
+        assert_ne!(index(&sets, &d), 2);
+    }
+}
