@@ -652,6 +652,18 @@ fn caller_storage_holds_the_results(device_name: &str) {
     );
     let forward = session.lookup("module.forward").unwrap();
     assert!(forward.storage().is_none());
+    // A tied result without transients: storage all the same.
+    let increment = session.lookup("module.increment_into").unwrap();
+    let only_results = StorageSpec {
+        results: vec![(vec![3], ElementType::I32)],
+        transients: None,
+    };
+    assert_eq!(increment.storage(), Some(&only_results));
+    let ids = BufferView::from_i32(&device, &[3], &[1, 2, 3]).unwrap();
+    let set = only_results.allocate(&device).unwrap();
+    let out = session.call_function_with(&increment, &[&ids], Some(&set)).unwrap();
+    assert!(set.holds(&out[0]));
+    assert_eq!(out[0].to_i32_vec().unwrap(), [2, 3, 4]);
 
     let (xa, ya) = ([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]);
     let (xb, yb) = ([-1.0, 0.5, 8.0, 2.0], [0.0, 1.0, 2.0, 3.0]);
@@ -693,7 +705,11 @@ fn caller_storage_holds_the_results(device_name: &str) {
         transients: Some(1),
         ..spec.clone()
     };
-    for bad in [wrong.allocate(&device).unwrap(), small.allocate(&device).unwrap()] {
+    let none = StorageSpec {
+        transients: None,
+        ..spec.clone()
+    };
+    for bad in [&wrong, &small, &none].map(|s| s.allocate(&device).unwrap()) {
         let err = session.call_function_with(&into, &[&xa, &ya], Some(&bad)).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument { op: "call", .. }), "{err:?}");
     }

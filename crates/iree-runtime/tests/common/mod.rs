@@ -40,6 +40,11 @@ module @module {
     %r = stablehlo.reshape %c : (tensor<i32>) -> tensor<1xi32>
     return %2, %r : tensor<4xf32>, tensor<1xi32>
   }
+  func.func @increment_into(%x: tensor<3xi32>, %out: tensor<3xi32> {iree.abi.output = 0 : index}) -> tensor<3xi32> {
+    %c = stablehlo.constant dense<1> : tensor<3xi32>
+    %0 = stablehlo.add %x, %c : tensor<3xi32>
+    return %0 : tensor<3xi32>
+  }
   func.func @increment(%x: tensor<3xi32>) -> tensor<3xi32> {
     %c = stablehlo.constant dense<1> : tensor<3xi32>
     %0 = stablehlo.add %x, %c : tensor<3xi32>
