@@ -531,16 +531,12 @@ impl IreeKvBackend {
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("function of a released session"));
         // Contract v1 keeps results (its caches) across calls: those get fresh storage a call.
-        let storage = match (function.storage(), &self.caches) {
-            (Some(spec), Caches::V2(_)) => {
+        let storage = match &self.caches {
+            Caches::V2(_) => {
                 let keep: Vec<&BufferView> = self.last_top_k.iter().map(|top| &top.logits).collect();
-                let ring = (self.storage)
-                    .entry(function.name.clone())
-                    .or_insert_with(|| storage::StorageRing::new(spec.clone()));
-                let set = ring.next(&self.device, &keep);
-                Some(set.map_err(iree_err(format!("allocate the results of {}", function.name)))?)
+                storage::next_set(&mut self.storage, &self.device, function, &keep)?
             }
-            _ => None,
+            Caches::V1(_) => None,
         };
         let t = Instant::now();
         let results = match &storage {
@@ -643,7 +639,6 @@ impl IreeKvBackend {
         token
     }
 
-    /// A call's top-k results (views; nothing is read from the device here).
     /// The last top-k results as a snapshot keeps them: copied (on the queue) out of a step's
     /// storage, which a later step overwrites (`storage`), else the views themselves.
     fn owned_top_k(&self) -> Result<Option<TopKViews>> {
@@ -678,6 +673,7 @@ impl IreeKvBackend {
         Ok(Some(TopKViews { logits, ids }))
     }
 
+    /// A call's top-k results (views; nothing is read from the device here).
     fn top_k_views(results: &HashMap<Name, BufferView>) -> Option<TopKViews> {
         Some(TopKViews {
             logits: results.get(&Name::TopKLogits)?.clone(),

@@ -82,16 +82,7 @@ impl StorageSpec {
     /// Device-local buffers for one call's results and, where the function has transients, a
     /// buffer for them.
     pub fn allocate(&self, device: &Device) -> Result<CallStorage> {
-        let results = self
-            .results
-            .iter()
-            .map(|(shape, element)| BufferView::allocate(device, shape, *element))
-            .collect::<Result<_>>()?;
-        let transients = self
-            .transients
-            .map(|bytes| allocate_transients(device, bytes))
-            .transpose()?;
-        Ok(CallStorage { results, transients })
+        self.allocate_results(device, None)
     }
 
     /// Buffers for one call's results, sharing `transients` (from [`CallStorage::transients`]

@@ -187,16 +187,7 @@ impl IreeKvBackend {
             .as_ref()
             .unwrap_or_else(|| kv_core::error::invariant("the step graph's session was released"));
         // Its row is read only by the step queued after it: any set but the last call's will do.
-        let storage = match embed.storage() {
-            Some(spec) => {
-                let ring = (self.storage)
-                    .entry(embed.name.clone())
-                    .or_insert_with(|| super::storage::StorageRing::new(spec.clone()));
-                let set = ring.next(&self.device, &[]);
-                Some(set.map_err(iree_err(format!("allocate the results of {}", embed.name)))?)
-            }
-            None => None,
-        };
+        let storage = super::storage::next_set(&mut self.storage, &self.device, embed, &[])?;
         let t = Instant::now();
         let results = session.lock().call_function_with(embed, &[token], storage.as_ref());
         self.clock.invoke += t.elapsed();

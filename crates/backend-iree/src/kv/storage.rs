@@ -14,7 +14,30 @@
 //! keep ([`super::IreeKvBackend::owned_top_k`]). Three sets always leave one free. The
 //! transients' buffer is one per function: its calls run one after another.
 
-use iree_runtime::{BufferView, CallStorage, Device, StorageSpec};
+use std::collections::HashMap;
+
+use iree_runtime::{BufferView, CallStorage, Device, Function, StorageSpec};
+
+use crate::convert::iree_err;
+
+/// The set for `function`'s next call from its ring in `rings` ([`StorageRing::next`]), `None`
+/// for a function that allocates its own results.
+pub(super) fn next_set(
+    rings: &mut HashMap<String, StorageRing>,
+    device: &Device,
+    function: &Function,
+    keep: &[&BufferView],
+) -> kv_core::Result<Option<CallStorage>> {
+    let Some(spec) = function.storage() else {
+        return Ok(None);
+    };
+    let ring = rings
+        .entry(function.name.clone())
+        .or_insert_with(|| StorageRing::new(spec.clone()));
+    let set = ring.next(device, keep);
+    set.map(Some)
+        .map_err(iree_err(format!("allocate the results of {}", function.name)))
+}
 
 /// Storage sets of one function, used in turn.
 pub(super) struct StorageRing {
