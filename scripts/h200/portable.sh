@@ -45,6 +45,9 @@ export_args() {
     i16-p16-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-16bit --contract 2" ;;
     i16-ampere-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target ampere --contract 2" ;;
     i16-ampere) echo "--targets vulkan --weight-storage i16 --vulkan-target ampere --contract 1" ;;
+    # The portable target with subgroup operations and 16-bit storage, for 32-lane subgroups
+    # (session 32: the module a GPU whose driver reports subgroups of 32 gets; no vendor constants).
+    i16-sg32-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-sg32 --contract 2" ;;
     i16-valhall) echo "--targets vulkan --weight-storage i16 --vulkan-target valhall" ;;
     i16-adreno) echo "--targets vulkan --weight-storage i16 --vulkan-target adreno" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;

@@ -19,9 +19,18 @@ pub struct VulkanFeatures {
     /// `shaderInt16`: 16-bit integers in shaders.
     pub int16: bool,
     /// The driver's subgroup size (NVIDIA 32, Mali 16, Adreno 64; lavapipe 4 to 16 by the CPU's
-    /// vectors). Our portable modules use no subgroup operations, so they do not depend on it.
+    /// vectors). The packed and `portable-16bit` modules use no subgroup operations and do not
+    /// depend on it; a `portable-sgN` module runs only where it is N.
     pub subgroup_size: u32,
+    /// The subgroup operations of the device's compute shaders (`VkSubgroupFeatureFlags`; 0:
+    /// none), asked through our runtime build's `vulkan.device` / `subgroup_operations` key;
+    /// `None` from a runtime that does not answer it (an IREE built without our patch).
+    pub subgroup_operations: Option<u32>,
 }
+
+/// `VK_SUBGROUP_FEATURE_BASIC_BIT | ARITHMETIC_BIT | SHUFFLE_BIT`: what IREE's SPIR-V code of a
+/// target with `subgroup = shuffle|arithmetic` (the `portable-sgN` modules) may use.
+pub const SUBGROUP_REDUCTIONS: u32 = 0x1 | 0x4 | 0x10;
 
 impl VulkanFeatures {
     /// Asks `device` (a `vulkan` device).
@@ -35,6 +44,10 @@ impl VulkanFeatures {
             storage_16bit: ask("vulkan.feature", "storage_buffer_16bit_access")? != 0,
             int16: ask("vulkan.feature", "shader_int16")? != 0,
             subgroup_size: ask("vulkan.device", "subgroup_size")?.try_into().unwrap_or(0),
+            subgroup_operations: device
+                .query_i64("vulkan.device", "subgroup_operations")
+                .ok()
+                .map(|ops| ops as u32),
         })
     }
 
@@ -50,15 +63,62 @@ impl VulkanFeatures {
     pub fn loads_16bit(&self) -> bool {
         self.storage_16bit && self.int16
     }
+
+    /// Whether the device's compute shaders have the subgroup reductions and shuffles of the
+    /// `portable-sgN` modules (true where the runtime cannot tell).
+    pub fn reduces_in_subgroups(&self) -> bool {
+        self.subgroup_operations
+            .is_none_or(|ops| ops & SUBGROUP_REDUCTIONS == SUBGROUP_REDUCTIONS)
+    }
+
+    /// The `--vulkan-target` of the fastest portable module this device runs: `portable-sgN`
+    /// (N its subgroup size) where it has 16-bit storage and subgroup reductions, else `None`
+    /// (the portable target's packed module, which runs on every driver).
+    pub fn portable_target(&self) -> Option<String> {
+        (self.loads_16bit() && self.reduces_in_subgroups() && self.subgroup_size.is_power_of_two())
+            .then(|| format!("portable-sg{}", self.subgroup_size))
+    }
+}
+
+/// The manifest keys of modules compiled for `export --vulkan-target portable-sgN`: 16-bit
+/// storage and subgroup operations in subgroups of N lanes (`vulkan-portable-sg32`).
+pub const PORTABLE_SUBGROUPS_TARGET: &str = "vulkan-portable-sg";
+
+/// The subgroup size a `vulkan-portable-sgN` module key names.
+pub fn subgroups_of(target: &str) -> Option<u32> {
+    target.strip_prefix(PORTABLE_SUBGROUPS_TARGET)?.parse().ok()
 }
 
 /// Refuses modules of `target` that need a feature `device` lacks, before they are loaded (IREE
-/// would fail later, at pipeline creation, with a driver message that names no feature).
+/// would fail later, at pipeline creation, with a driver message that names no feature; a
+/// module of another subgroup size would load and compute wrong).
 pub(crate) fn check_target(device: &Device, target: &str) -> Result<()> {
-    if target != PORTABLE_16BIT_TARGET {
+    let subgroups = subgroups_of(target);
+    if target != PORTABLE_16BIT_TARGET && subgroups.is_none() {
         return Ok(());
     }
     let features = VulkanFeatures::of(device)?;
+    if let Some(size) = subgroups.filter(|&n| n != features.subgroup_size) {
+        return Err(contract_err(
+            "open",
+            format!(
+                "the `{target}` modules assume subgroups of {size} lanes and this Vulkan device's \
+                 are {}: export for `--vulkan-target portable-sg{}` (or the portable target)",
+                features.subgroup_size, features.subgroup_size
+            ),
+        ));
+    }
+    if subgroups.is_some() && !features.reduces_in_subgroups() {
+        return Err(contract_err(
+            "open",
+            format!(
+                "the `{target}` modules reduce in subgroups (arithmetic and shuffles), which this \
+                 Vulkan device's compute shaders lack (VkSubgroupFeatureFlags {:#x}): export for \
+                 the portable target instead",
+                features.subgroup_operations.unwrap_or(0)
+            ),
+        ));
+    }
     if features.loads_16bit() {
         return Ok(());
     }
@@ -90,5 +150,12 @@ mod tests {
             target: Some(export::profile::PORTABLE_16BIT.to_string()),
         };
         assert_eq!(target.key(), PORTABLE_16BIT_TARGET);
+        for size in export::profile::SUBGROUP_SIZES {
+            let target = export::Target::Vulkan {
+                target: Some(format!("{}{size}", export::profile::PORTABLE_SUBGROUPS)),
+            };
+            assert_eq!(subgroups_of(&target.key()), Some(size));
+        }
+        assert_eq!(subgroups_of(PORTABLE_16BIT_TARGET), None);
     }
 }

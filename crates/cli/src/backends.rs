@@ -207,13 +207,21 @@ impl ModelSource {
     }
 
     /// The compile target of an export made on demand for `device`: `--cpu` for the CPU drivers,
-    /// `--vulkan-target` for `vulkan`.
+    /// `--vulkan-target` for `vulkan` (`portable`: IREE's portable target, packed weights),
+    /// and without one the fastest portable module this machine's Vulkan device runs
+    /// ([`backend_iree::VulkanFeatures::portable_target`]: `portable-sgN` where the driver has
+    /// 16-bit storage and subgroup reductions in subgroups of N, the packed portable module
+    /// elsewhere and for quantized weights), as `--cpu host` is this machine's CPU.
     #[cfg(feature = "iree")]
     fn target_for(&self, device: &str) -> export::Target {
         if device == "vulkan" {
-            export::Target::Vulkan {
-                target: self.target.flags.vulkan_target.clone(),
-            }
+            let target = match self.target.flags.vulkan_target.as_deref() {
+                Some(crate::flags::PORTABLE_VULKAN_TARGET) => None,
+                Some(named) => Some(named.to_string()),
+                None if self.target.flags.weights().quant().is_some() => None,
+                None => this_vulkan_device_target(),
+            };
+            export::Target::Vulkan { target }
         } else {
             export::Target::Cpu {
                 cpu: self.target.flags.cpu.as_ref().map_or("host", |c| c.name()).into(),
@@ -419,6 +427,20 @@ pub fn open_redecode(choice: BackendChoice, source: &ModelSource, seq: Option<us
     }))
 }
 
+/// The `--vulkan-target` of this machine's Vulkan device (`VulkanFeatures::portable_target`),
+/// asked once a process; `None` (the packed portable module) where no device opens.
+#[cfg(feature = "iree")]
+fn this_vulkan_device_target() -> Option<String> {
+    static TARGET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    TARGET
+        .get_or_init(|| {
+            backend_iree::VulkanFeatures::of_default_device()
+                .ok()
+                .and_then(|f| f.portable_target())
+        })
+        .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +463,10 @@ mod tests {
         assert_eq!(source.contract_for("vulkan", RuleChoice::Seed), V1);
         source.target.flags.vulkan_target = Some("valhall".into());
         assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V1);
+        source.target.flags.vulkan_target = Some("portable-sg16".into());
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "portable-sgN");
+        source.target.flags.vulkan_target = Some(crate::flags::PORTABLE_VULKAN_TARGET.into());
+        assert_eq!(source.contract_for("vulkan", RuleChoice::Exact), V2, "packed portable");
         source.target.flags.vulkan_target = None;
         // Contract 2 does not run the seed's step rule.
         assert_eq!(source.contract_for("local-task", RuleChoice::Seed), V1);

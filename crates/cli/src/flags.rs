@@ -34,11 +34,17 @@ pub struct TargetFlags {
     /// adreno, rdna3, ...); such modules run only on that GPU family (on lavapipe they compute
     /// wrong results). An export made on demand for it declares the weights i16, widened inside
     /// the decode step's matmuls, which needs the GPU's 16-bit storage (`export --weight-storage
-    /// i16`), and NVIDIA targets get configured dispatches. `portable-16bit`: IREE's portable
-    /// baseline with 16-bit storage (i16 weights, no subgroup operations, no vendor workgroup
-    /// sizes: any GPU whose driver reports 16-bit storage, lavapipe included). Default: IREE's
-    /// portable baseline (`vp_android_baseline_2022`) with packed weights, which runs on any
-    /// driver, lavapipe included.
+    /// i16`), and NVIDIA targets get configured dispatches. `portable-sgN` (N = 8, 16, 32, 64,
+    /// 128): the portable limits with 16-bit storage and subgroup reductions in subgroups of N
+    /// lanes (Mali 16, NVIDIA 32, Adreno 64, lavapipe 4 to 16): i16 weights, the configured
+    /// one-pass dispatches, no vendor constants; a session refuses it on a device of another
+    /// subgroup size. `portable-16bit`: IREE's portable baseline with 16-bit storage (i16
+    /// weights, no subgroup operations). `portable`: IREE's portable baseline
+    /// (`vp_android_baseline_2022`) with packed weights, which runs on any driver. Default:
+    /// `portable` on `export` (artifacts that travel); on the commands that export on demand,
+    /// the fastest of these this machine's Vulkan device runs (`portable-sgN` for its subgroup
+    /// size where it has 16-bit storage and subgroup reductions, else `portable`; `portable` for
+    /// quantized `--weights`).
     #[arg(long)]
     pub vulkan_target: Option<String>,
     /// The graph contract: `1` (the seed's: dynamic past, a prefill graph), `2` (static shapes
@@ -118,10 +124,20 @@ impl CacheTypeChoice {
     }
 }
 
+/// `--vulkan-target portable`: IREE's portable target (`vp_android_baseline_2022`, packed
+/// weights), named so that the commands exporting on demand can be given it.
+pub const PORTABLE_VULKAN_TARGET: &str = "portable";
+
 impl TargetFlags {
     /// `--weights`, `bf16` when not given.
     pub fn weights(&self) -> WeightsChoice {
         self.weights.unwrap_or_default()
+    }
+
+    /// The `--iree-vulkan-target` of `export`'s Vulkan modules: `--vulkan-target`, IREE's
+    /// portable target (`None`) where not given or `portable`.
+    pub fn export_vulkan_target(&self) -> Option<String> {
+        self.vulkan_target.clone().filter(|t| t != PORTABLE_VULKAN_TARGET)
     }
 }
 

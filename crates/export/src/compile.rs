@@ -59,11 +59,14 @@ impl Target {
                 // passes fences on a semaphore that outlives the call, where a synchronous
                 // function creates one per call (~0.65 ms each on the H200: docs/journal,
                 // session 13). `iree_runtime::Session::call_function` tells them apart.
-                let mut f = vec![
-                    "--iree-hal-target-device=vulkan".to_string(),
-                    "--iree-execution-model=async-external".to_string(),
-                ];
+                let subgroups = target.as_deref().and_then(crate::profile::portable_subgroup_size);
+                let mut f = match subgroups {
+                    Some(size) => crate::profile::portable_subgroup_flags(size),
+                    None => vec!["--iree-hal-target-device=vulkan".to_string()],
+                };
+                f.push("--iree-execution-model=async-external".to_string());
                 match target.as_deref() {
+                    _ if subgroups.is_some() => {}
                     Some(crate::profile::PORTABLE_16BIT) => {
                         f.extend(crate::profile::PORTABLE_16BIT_FLAGS.iter().map(|s| s.to_string()))
                     }

@@ -74,7 +74,10 @@ pub fn default_contract(target: &Target, seed_rule: bool) -> ContractVersion {
     let v2 = !seed_rule
         && match TargetProfile::of(target) {
             TargetProfile::Vulkan { family, .. } => {
-                matches!(family, GpuFamily::Nvidia | GpuFamily::Portable | GpuFamily::Portable16)
+                matches!(
+                    family,
+                    GpuFamily::Nvidia | GpuFamily::Portable | GpuFamily::Portable16 | GpuFamily::Subgroups { .. }
+                )
             }
             TargetProfile::Cpu { .. } | TargetProfile::CpuHost { .. } => true,
         };

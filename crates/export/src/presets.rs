@@ -35,7 +35,7 @@ pub enum PresetKind {
 /// f16 and bf16 matmul microkernels; the f32 graphs' code is the baseline's where nothing
 /// needs them. A module built with a feature the phone lacks may stop on an illegal
 /// instruction, hence two CPU presets.
-pub const PRESETS: [Preset; 6] = [
+pub const PRESETS: [Preset; 9] = [
     Preset {
         name: "android-arm64",
         kind: PresetKind::Cpu {
@@ -64,6 +64,30 @@ pub const PRESETS: [Preset; 6] = [
         },
         about: "Vulkan, the portable target with 16-bit storage (--vulkan-target portable-16bit: GPUs whose driver \
                 reports storageBuffer16BitAccess; give --weight-storage i16)",
+    },
+    Preset {
+        name: "vulkan-portable-sg16",
+        kind: PresetKind::Vulkan {
+            target: Some("portable-sg16"),
+        },
+        about: "Vulkan with 16-bit storage and subgroup reductions, 16-lane subgroups (--vulkan-target \
+                portable-sg16: drivers reporting subgroupSize 16, e.g. Arm Mali Valhall; i16 weights)",
+    },
+    Preset {
+        name: "vulkan-portable-sg32",
+        kind: PresetKind::Vulkan {
+            target: Some("portable-sg32"),
+        },
+        about: "Vulkan with 16-bit storage and subgroup reductions, 32-lane subgroups (--vulkan-target \
+                portable-sg32: drivers reporting subgroupSize 32, e.g. NVIDIA; i16 weights)",
+    },
+    Preset {
+        name: "vulkan-portable-sg64",
+        kind: PresetKind::Vulkan {
+            target: Some("portable-sg64"),
+        },
+        about: "Vulkan with 16-bit storage and subgroup reductions, 64-lane subgroups (--vulkan-target \
+                portable-sg64: drivers reporting subgroupSize 64, e.g. Qualcomm Adreno; i16 weights)",
     },
     Preset {
         name: "vulkan-valhall",
@@ -164,6 +188,8 @@ mod tests {
         for (name, target) in [
             ("vulkan-portable", None),
             ("vulkan-portable-16bit", Some("portable-16bit")),
+            ("vulkan-portable-sg16", Some("portable-sg16")),
+            ("vulkan-portable-sg64", Some("portable-sg64")),
             ("vulkan-valhall", Some("valhall")),
             ("vulkan-adreno", Some("adreno")),
         ] {

@@ -57,6 +57,10 @@ pub enum GpuFamily {
     /// integers, so i16 weights load as they are; no subgroup operations and no vendor
     /// workgroup sizes, so one module serves every GPU whose driver reports 16-bit storage.
     Portable16,
+    /// [`PORTABLE_SUBGROUPS`]`N`: IREE's portable limits with 16-bit storage and subgroup
+    /// operations of subgroups `size` wide: the configured forms of [`GpuTuning::PORTABLE`]
+    /// (single-pass reductions, no split stages), runnable on any GPU of that subgroup size.
+    Subgroups { size: u32 },
     /// Any other named target (`valhall`, `adreno`, `rdna3`): 16-bit storage, IREE's own
     /// configuration.
     Named,
@@ -79,6 +83,44 @@ pub const PORTABLE_16BIT_FLAGS: [&str; 2] = [
     "--iree-vulkan-target-features=spirv:v1.3,cap:Shader,cap:Int16,cap:StorageBuffer16BitAccess,ext:SPV_KHR_16bit_storage",
 ];
 
+/// `--vulkan-target portable-sgN` (N one of [`SUBGROUP_SIZES`]): a portable target with the
+/// subgroup operations (shuffle, arithmetic: reductions in one pass) and 16-bit storage that
+/// most phone GPUs have, for GPUs whose subgroups are N wide (Mali 16, NVIDIA 32, Adreno 64).
+/// IREE's SPIR-V code assumes one subgroup size (IREE's own note on its Android profile: "we
+/// cannot have a fixed subgroup size to target a profile; need to have different targets for
+/// different subgroup sizes"), so there is one module a size, and the runtime refuses a module
+/// whose N is not the device's ([`GpuFamily::Subgroups`]). No vendor's workgroup constants:
+/// the limits are the Android baseline's (128 threads a workgroup, 16 KiB of shared memory).
+pub const PORTABLE_SUBGROUPS: &str = "portable-sg";
+
+/// The subgroup sizes a [`PORTABLE_SUBGROUPS`] target may name.
+pub const SUBGROUP_SIZES: [u32; 5] = [8, 16, 32, 64, 128];
+
+/// The subgroup size of a [`PORTABLE_SUBGROUPS`] target name (`portable-sg32` → 32).
+pub fn portable_subgroup_size(target: &str) -> Option<u32> {
+    let size: u32 = target.strip_prefix(PORTABLE_SUBGROUPS)?.parse().ok()?;
+    SUBGROUP_SIZES.contains(&size).then_some(size)
+}
+
+/// The `iree-compile` flags of a [`PORTABLE_SUBGROUPS`] module of subgroups `size` wide: the
+/// whole device target as an attribute, since no `--iree-vulkan-target` name is both portable
+/// and has subgroup operations.
+pub fn portable_subgroup_flags(size: u32) -> Vec<String> {
+    let features = "spirv:v1.3,cap:Shader,cap:Int16,cap:StorageBuffer16BitAccess,cap:GroupNonUniform,\
+                    cap:GroupNonUniformArithmetic,cap:GroupNonUniformShuffle,ext:SPV_KHR_16bit_storage";
+    let wgp = format!(
+        "compute = fp32|int32|int16, storage = b32|b16, subgroup = shuffle|arithmetic, dot = none, mma = [], \
+         subgroup_size_choices = [{size}, {size}], max_workgroup_sizes = [128, 128, 64], \
+         max_thread_count_per_workgroup = 128, max_workgroup_memory_bytes = 16384, \
+         max_workgroup_counts = [65535, 65535, 65535]"
+    );
+    vec![format!(
+        "--iree-hal-target-device=#hal.device.target<\"vulkan\", [#hal.executable.target<\"vulkan-spirv\", \
+         \"vulkan-spirv-fb\", {{iree_codegen.target_info = #iree_gpu.target<arch = \"\", features = \"{features}\", \
+         wgp = <{wgp}>>}}>]> : !hal.device"
+    )]
+}
+
 impl GpuFamily {
     /// The family of `--iree-vulkan-target` `target` (`None`: IREE's default).
     pub fn of(target: Option<&str>) -> GpuFamily {
@@ -86,7 +128,10 @@ impl GpuFamily {
             None => GpuFamily::Portable,
             Some(PORTABLE_16BIT) => GpuFamily::Portable16,
             Some(name) if crate::nvidia_target(name) => GpuFamily::Nvidia,
-            Some(_) => GpuFamily::Named,
+            Some(name) => match portable_subgroup_size(name) {
+                Some(size) => GpuFamily::Subgroups { size },
+                None => GpuFamily::Named,
+            },
         }
     }
 
@@ -94,6 +139,7 @@ impl GpuFamily {
     pub fn tuning(self) -> Option<GpuTuning> {
         match self {
             GpuFamily::Nvidia => Some(GpuTuning::NVIDIA),
+            GpuFamily::Subgroups { .. } => Some(GpuTuning::PORTABLE),
             GpuFamily::Portable | GpuFamily::Portable16 | GpuFamily::Named => None,
         }
     }
@@ -119,13 +165,26 @@ pub struct GpuTuning {
 impl GpuTuning {
     pub const NVIDIA: GpuTuning = GpuTuning {
         head: RowProducts { workgroup: 64, rows: 4 },
-        stream: StreamProducts { per_thread: 16 },
+        stream: StreamProducts {
+            per_thread: 16,
+            threads: (32, 1024),
+        },
         argmax_width: 16,
         attention: AttentionProducts {
             workgroup: 64,
             keys: 4,
             outputs: 4,
         },
+    };
+
+    /// The same forms within the Android baseline's limits (128 threads a workgroup) and in
+    /// workgroups of 64 threads or a multiple, whole subgroups of 8 to 64 lanes.
+    pub const PORTABLE: GpuTuning = GpuTuning {
+        stream: StreamProducts {
+            per_thread: 16,
+            threads: (64, 128),
+        },
+        ..GpuTuning::NVIDIA
     };
 }
 
@@ -402,6 +461,79 @@ mod tests {
             "{flags:?}"
         );
         assert_eq!(vulkan(Some(PORTABLE_16BIT)).key(), "vulkan-portable-16bit");
+    }
+
+    /// `portable-sgN`: a family per subgroup size, the portable forms (not split: one pass in
+    /// subgroups), contract 2, and the whole device target as the flag, with N as IREE's only
+    /// subgroup size and the Android baseline's limits; other spellings are named targets.
+    #[test]
+    fn portable_subgroup_targets_name_their_size() {
+        let profile = |targets: Vec<Target>| {
+            ExportProfile::resolve(&ExportOptions {
+                targets,
+                ..ExportOptions::default()
+            })
+        };
+        let vulkan = |t: Option<&str>| Target::Vulkan {
+            target: t.map(str::to_string),
+        };
+        for size in SUBGROUP_SIZES {
+            let name = format!("{PORTABLE_SUBGROUPS}{size}");
+            assert_eq!(portable_subgroup_size(&name), Some(size));
+            assert_eq!(GpuFamily::of(Some(&name)), GpuFamily::Subgroups { size });
+            let p = profile(vec![vulkan(Some(&name))]);
+            assert_eq!(p.gpu_tuning(), Some(GpuTuning::PORTABLE), "{name}");
+            assert!(!p.split_reductions(), "{name}");
+            assert_eq!(
+                crate::device::default_contract(&vulkan(Some(&name)), false),
+                kv_core::ContractVersion::V2
+            );
+            let flags = vulkan(Some(&name)).flags();
+            let device = flags
+                .iter()
+                .find_map(|f| f.strip_prefix("--iree-hal-target-device="))
+                .expect("a device target");
+            assert!(device.starts_with("#hal.device.target<\"vulkan\""), "{device}");
+            for part in [
+                format!("subgroup_size_choices = [{size}, {size}]"),
+                "subgroup = shuffle|arithmetic".into(),
+                "max_thread_count_per_workgroup = 128".into(),
+                "cap:StorageBuffer16BitAccess".into(),
+            ] {
+                assert!(device.contains(&part), "{part} in {device}");
+            }
+            assert!(
+                !flags.iter().any(|f| f.starts_with("--iree-vulkan-target")),
+                "{flags:?}"
+            );
+            assert!(flags.contains(&"--iree-execution-model=async-external".to_string()));
+            assert_eq!(vulkan(Some(&name)).key(), format!("vulkan-portable-sg{size}"));
+        }
+        for name in ["portable-sg", "portable-sg12", "portable-sg256", "portable-sgx"] {
+            assert_eq!(portable_subgroup_size(name), None, "{name}");
+            assert_eq!(GpuFamily::of(Some(name)), GpuFamily::Named, "{name}");
+        }
+    }
+
+    /// The portable tuning keeps every configured workgroup within the baseline's 128 threads
+    /// and in whole subgroups of up to 64 lanes, however wide the stream (NVIDIA's go to 1,024).
+    #[test]
+    fn portable_tuning_stays_within_the_baseline() {
+        let t = GpuTuning::PORTABLE;
+        assert!(t.head.workgroup <= 128 && t.head.workgroup % 64 == 0);
+        assert!(t.attention.workgroup <= 128 && t.attention.workgroup % 64 == 0);
+        for inner in [256, 640, 1024, 2048, 3072, 8192] {
+            let info = t.stream.compilation_info(inner);
+            let threads: usize = info
+                .split("workgroup_size = [")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no workgroup size in {info}"));
+            assert!((64..=128).contains(&threads) && threads % 64 == 0, "{inner}: {threads}");
+        }
+        let nvidia = GpuTuning::NVIDIA.stream.compilation_info(8192);
+        assert!(nvidia.contains("workgroup_size = [512, 1, 1]"), "{nvidia}");
     }
 
     #[test]

@@ -294,7 +294,9 @@ fn unknown_device_lists_valid_names() {
 }
 
 /// The Vulkan driver reports the device's features (lavapipe here: 16-bit storage buffers and
-/// 16-bit integers, a subgroup of at least 4 lanes); a key it does not know is an error naming it.
+/// 16-bit integers, a subgroup of at least 4 lanes with basic, arithmetic and shuffle operations
+/// in compute shaders, the last through our build's `subgroup_operations` key); a key it does
+/// not know is an error naming it.
 #[test]
 fn vulkan_reports_its_features() {
     let device = Device::open(&instance(), "vulkan").unwrap();
@@ -303,6 +305,9 @@ fn vulkan_reports_its_features() {
     }
     let subgroup = device.query_i64("vulkan.device", "subgroup_size").unwrap();
     assert!(subgroup >= 4 && (subgroup as u64).is_power_of_two(), "{subgroup}");
+    // VK_SUBGROUP_FEATURE_BASIC_BIT | ARITHMETIC_BIT | SHUFFLE_BIT.
+    let operations = device.query_i64("vulkan.device", "subgroup_operations").unwrap();
+    assert_eq!(operations & 0x15, 0x15, "{operations:#x}");
     let err = device.query_i64("vulkan.feature", "no_such_feature").unwrap_err();
     assert!(err.to_string().contains("no_such_feature"), "{err}");
 }

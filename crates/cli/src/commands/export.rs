@@ -148,14 +148,14 @@ pub fn run(args: ExportArgs) -> Result<()> {
                 cpu: args.target.cpu.as_ref().map_or("generic", |c| c.name()).into(),
             },
             "vulkan" => Target::Vulkan {
-                target: args.target.vulkan_target.clone(),
+                target: args.target.export_vulkan_target(),
             },
             other => bail!("--targets: unknown target `{other}` (cpu, vulkan)"),
         });
     }
     // The presets in place of --targets/--cpu/--vulkan-target (clap refuses those beside them),
     // their flags before the --compile-flag ones.
-    let mut vulkan_target = args.target.vulkan_target.clone();
+    let mut vulkan_target = args.target.export_vulkan_target();
     let mut compile_flags = args.compile_flags.clone();
     if !presets.is_empty() {
         let mut chosen = ExportOptions::default();
@@ -179,6 +179,15 @@ pub fn run(args: ExportArgs) -> Result<()> {
         (StorageChoice::Bf16, _) => WeightFormat::Bf16,
         (StorageChoice::Packed, _) => WeightFormat::PackedI32,
         (StorageChoice::I16, _) => WeightFormat::I16,
+        // `portable-sgN` modules are made for i16 weights (their configured products read them).
+        (StorageChoice::Auto, WeightsChoice::Bf16)
+            if targets.iter().any(|t| {
+                matches!(t, Target::Vulkan { target: Some(name) }
+                    if export::profile::portable_subgroup_size(name).is_some())
+            }) =>
+        {
+            WeightFormat::I16
+        }
         (StorageChoice::Auto, WeightsChoice::Bf16) => WeightFormat::PackedI32,
         (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) if cpu_only => WeightFormat::Bf16,
         (StorageChoice::Auto, WeightsChoice::Q8 | WeightsChoice::Q4) => WeightFormat::PackedI32,

@@ -23,7 +23,7 @@ pub struct RowProducts {
 
 impl RowProducts {
     /// The `compilation_info` attribute of a product whose rows are `inner` long.
-    pub(super) fn compilation_info(self, inner: usize) -> String {
+    pub(crate) fn compilation_info(self, inner: usize) -> String {
         subgroup_reduce_info(&format!("[[{}], [0, {inner}]]", self.rows), self.workgroup)
     }
 }
@@ -35,11 +35,15 @@ impl RowProducts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamProducts {
     pub per_thread: usize,
+    /// The fewest and most threads a workgroup: the fewest is also the multiple taken (whole
+    /// subgroups).
+    pub threads: (usize, usize),
 }
 
 impl StreamProducts {
-    pub(super) fn compilation_info(self, inner: usize) -> String {
-        let threads = (inner / self.per_thread).next_multiple_of(32).clamp(32, 1024);
+    pub(crate) fn compilation_info(self, inner: usize) -> String {
+        let (least, most) = self.threads;
+        let threads = (inner / self.per_thread).next_multiple_of(least).clamp(least, most);
         subgroup_reduce_info(&format!("[[1], [0, {inner}]]"), threads)
     }
 }
