@@ -212,6 +212,56 @@ fn portable_16bit_i16_weights_track_the_reference_on_lavapipe() {
     }
 }
 
+/// The commands that export on demand give this machine's Vulkan device the fastest portable
+/// module it runs: on lavapipe (16-bit storage, subgroup reductions in subgroups of N lanes) the
+/// `portable-sgN` module, with the reference's tokens and caches within tolerance; a module of
+/// another subgroup size is refused at open, naming both sizes (it would load and compute
+/// wrong); `--vulkan-target portable` keeps the packed module.
+#[cfg(feature = "iree")]
+#[test]
+fn the_device_s_own_portable_module_tracks_the_reference_on_lavapipe() {
+    let features = backend_iree::VulkanFeatures::of_default_device().expect("lavapipe");
+    let target = features
+        .portable_target()
+        .expect("lavapipe has 16-bit storage and subgroup reductions");
+    let modules = |v: &serde_json::Value| -> Vec<String> {
+        let dir = std::path::Path::new(v["iree_artifacts"].as_str().expect("the report names its artifacts"));
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("json");
+        manifest["modules"]
+            .as_object()
+            .expect("modules")
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let v = diverge_with("tiny-gemma3:7", "reference,iree-vulkan", &[]);
+    check_report(&v, false);
+    assert_eq!(modules(&v), vec![format!("vulkan-{target}")]);
+    let packed = diverge_with(
+        "tiny-gemma3:7",
+        "reference,iree-vulkan",
+        &["--vulkan-target", "portable"],
+    );
+    assert_eq!(modules(&packed), vec!["vulkan".to_string()]);
+    let other = if features.subgroup_size == 16 { 32 } else { 16 };
+    let (ok, _, stderr) = diverge_status(
+        "tiny-gemma3:7",
+        "reference,iree-vulkan",
+        &["--vulkan-target", &format!("portable-sg{other}")],
+    );
+    assert!(
+        !ok,
+        "a module of {other}-lane subgroups opened on a device of {}",
+        features.subgroup_size
+    );
+    assert!(
+        stderr.contains(&format!("subgroups of {other} lanes"))
+            && stderr.contains(&format!("are {}", features.subgroup_size)),
+        "{stderr}"
+    );
+}
+
 /// q4 on Llama's grouped heads under contract 2, on the CPU, against a reference that reads the
 /// artifacts' inputs, with `SKAINET_KV_Q4_KERNEL=kernel` (`export::kernels::Q4_KERNEL_ENV`).
 #[cfg(feature = "iree")]

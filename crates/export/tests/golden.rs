@@ -59,6 +59,7 @@ fn combinations(tmp: &Path) -> Vec<(String, PathBuf, ExportOptions)> {
             ("vulkan", vulkan(None)),
             ("vulkan-ampere", vulkan(Some("ampere"))),
             ("vulkan-valhall", vulkan(Some("valhall"))),
+            ("vulkan-portable-sg16", vulkan(Some("portable-sg16"))),
         ] {
             out.push((
                 format!("tiny-gemma3:7 {label} c{contract}"),
