@@ -75,14 +75,19 @@ impl VulkanFeatures {
     /// (N its subgroup size) where it has 16-bit storage and subgroup reductions, else `None`
     /// (the portable target's packed module, which runs on every driver).
     pub fn portable_target(&self) -> Option<String> {
-        (self.loads_16bit() && self.reduces_in_subgroups() && self.subgroup_size.is_power_of_two())
-            .then(|| format!("portable-sg{}", self.subgroup_size))
+        let size = self.subgroup_size;
+        (self.loads_16bit() && self.reduces_in_subgroups() && PORTABLE_SUBGROUP_SIZES.contains(&size))
+            .then(|| format!("portable-sg{size}"))
     }
 }
 
 /// The manifest keys of modules compiled for `export --vulkan-target portable-sgN`: 16-bit
 /// storage and subgroup operations in subgroups of N lanes (`vulkan-portable-sg32`).
 pub const PORTABLE_SUBGROUPS_TARGET: &str = "vulkan-portable-sg";
+
+/// The subgroup sizes of the `portable-sgN` modules the exporter makes
+/// (`export::profile::SUBGROUP_SIZES`; the exporter is not a dependency of the runtime).
+pub const PORTABLE_SUBGROUP_SIZES: [u32; 6] = [4, 8, 16, 32, 64, 128];
 
 /// The subgroup size a `vulkan-portable-sgN` module key names.
 pub fn subgroups_of(target: &str) -> Option<u32> {
@@ -157,5 +162,49 @@ mod tests {
             assert_eq!(subgroups_of(&target.key()), Some(size));
         }
         assert_eq!(subgroups_of(PORTABLE_16BIT_TARGET), None);
+        assert_eq!(PORTABLE_SUBGROUP_SIZES, export::profile::SUBGROUP_SIZES);
+    }
+
+    /// The module a device gets: `portable-sgN` only with 16-bit storage, subgroup reductions
+    /// and a size the exporter makes; the packed module otherwise.
+    #[test]
+    fn the_portable_target_follows_the_device() {
+        let device = VulkanFeatures {
+            storage_16bit: true,
+            int16: true,
+            subgroup_size: 16,
+            subgroup_operations: Some(0x7f),
+        };
+        assert_eq!(device.portable_target().as_deref(), Some("portable-sg16"));
+        let unknown_ops = VulkanFeatures {
+            subgroup_operations: None,
+            ..device
+        };
+        assert_eq!(unknown_ops.portable_target().as_deref(), Some("portable-sg16"));
+        for other in [
+            VulkanFeatures {
+                storage_16bit: false,
+                ..device
+            },
+            VulkanFeatures { int16: false, ..device },
+            VulkanFeatures {
+                subgroup_operations: Some(0x1 | 0x10),
+                ..device
+            },
+            VulkanFeatures {
+                subgroup_operations: Some(0),
+                ..device
+            },
+            VulkanFeatures {
+                subgroup_size: 2,
+                ..device
+            },
+            VulkanFeatures {
+                subgroup_size: 256,
+                ..device
+            },
+        ] {
+            assert_eq!(other.portable_target(), None, "{other:?}");
+        }
     }
 }

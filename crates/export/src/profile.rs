@@ -94,7 +94,7 @@ pub const PORTABLE_16BIT_FLAGS: [&str; 2] = [
 pub const PORTABLE_SUBGROUPS: &str = "portable-sg";
 
 /// The subgroup sizes a [`PORTABLE_SUBGROUPS`] target may name.
-pub const SUBGROUP_SIZES: [u32; 5] = [8, 16, 32, 64, 128];
+pub const SUBGROUP_SIZES: [u32; 6] = [4, 8, 16, 32, 64, 128];
 
 /// The subgroup size of a [`PORTABLE_SUBGROUPS`] target name (`portable-sg32` → 32).
 pub fn portable_subgroup_size(target: &str) -> Option<u32> {
