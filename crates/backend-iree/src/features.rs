@@ -94,6 +94,26 @@ pub fn subgroups_of(target: &str) -> Option<u32> {
     target.strip_prefix(PORTABLE_SUBGROUPS_TARGET)?.parse().ok()
 }
 
+/// The modules a Vulkan session opens when none is named: among `keys` (a manifest's), the
+/// `vulkan-portable-sgN` ones of `device`'s subgroup size where the manifest has several sizes
+/// (an export for several GPUs' subgroups, one archive), else `default`.
+pub(crate) fn pick_target<'a>(
+    device: &Device,
+    keys: impl IntoIterator<Item = &'a String>,
+    default: String,
+) -> Result<String> {
+    let sized: Vec<&String> = keys.into_iter().filter(|k| subgroups_of(k).is_some()).collect();
+    if sized.len() < 2 && sized.first().is_none_or(|k| **k == default) {
+        return Ok(default);
+    }
+    let features = VulkanFeatures::of(device)?;
+    Ok(sized
+        .into_iter()
+        .find(|k| subgroups_of(k) == Some(features.subgroup_size))
+        .cloned()
+        .unwrap_or(default))
+}
+
 /// Refuses modules of `target` that need a feature `device` lacks, before they are loaded (IREE
 /// would fail later, at pipeline creation, with a driver message that names no feature; a
 /// module of another subgroup size would load and compute wrong).

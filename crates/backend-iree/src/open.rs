@@ -21,7 +21,8 @@ pub struct IreeOptions {
     /// `local-task`, `local-sync` or `vulkan`.
     pub device: String,
     /// Key of `modules` to run (`llvm-cpu`, `vulkan`, `vulkan-valhall`); `None` picks the first
-    /// one made for the device.
+    /// one made for the device, or on Vulkan the `vulkan-portable-sgN` modules of the device's
+    /// subgroup size where the manifest has them ([`crate::features::pick_target`]).
     pub target: Option<String>,
     /// Worker count of the local-task executor (`None` = IREE's default).
     pub workers: Option<usize>,
@@ -263,13 +264,16 @@ pub(crate) fn open_sessions(
     graphs: &[Graph],
     options: &IreeOptions,
 ) -> Result<Opened> {
-    let target = target_for(manifest, options)?;
+    let mut target = target_for(manifest, options)?;
     let device_key = DeviceKey {
         name: options.device.clone(),
         workers: options.workers,
     };
     let device = shared::device(&device_key)?;
     if options.device == "vulkan" {
+        if options.target.is_none() {
+            target = crate::features::pick_target(&device, manifest.modules.keys(), target)?;
+        }
         crate::features::check_target(&device, &target)?;
     }
 

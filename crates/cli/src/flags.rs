@@ -134,10 +134,30 @@ impl TargetFlags {
         self.weights.unwrap_or_default()
     }
 
-    /// The `--iree-vulkan-target` of `export`'s Vulkan modules: `--vulkan-target`, IREE's
-    /// portable target (`None`) where not given or `portable`.
-    pub fn export_vulkan_target(&self) -> Option<String> {
-        self.vulkan_target.clone().filter(|t| t != PORTABLE_VULKAN_TARGET)
+    /// The `--iree-vulkan-target`s of `export`'s Vulkan modules: `--vulkan-target`, IREE's
+    /// portable target (`None`) where not given or `portable`; several, comma-separated, only
+    /// of `portable-sgN` targets (a module a subgroup size sharing one text and archive).
+    #[cfg(feature = "iree")]
+    pub fn export_vulkan_targets(&self) -> anyhow::Result<Vec<Option<String>>> {
+        let Some(given) = &self.vulkan_target else {
+            return Ok(vec![None]);
+        };
+        let targets: Vec<Option<String>> = given
+            .split(',')
+            .map(str::trim)
+            .map(|t| (t != PORTABLE_VULKAN_TARGET).then(|| t.to_string()))
+            .collect();
+        let sized = |t: &Option<String>| {
+            t.as_deref()
+                .is_some_and(|t| export::profile::portable_subgroup_size(t).is_some())
+        };
+        if targets.len() > 1 && !targets.iter().all(sized) {
+            anyhow::bail!(
+                "--vulkan-target {given}: several targets only of portable-sgN (one module a subgroup size); \
+                 export the others one at a time"
+            );
+        }
+        Ok(targets)
     }
 }
 

@@ -260,6 +260,49 @@ fn the_device_s_own_portable_module_tracks_the_reference_on_lavapipe() {
             && stderr.contains(&format!("are {}", features.subgroup_size)),
         "{stderr}"
     );
+    // One export for both sizes (one text, one archive): a session opens the device's module,
+    // whichever the manifest lists first.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args([
+            "export",
+            "--model",
+            "tiny-gemma3:7",
+            "--targets",
+            "vulkan",
+            "--contract",
+            "2",
+        ])
+        .args(["--vulkan-target", &format!("portable-sg{other},{target}")])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .expect("run skainet-kv");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let both = diverge_with(
+        "tiny-gemma3:7",
+        "reference,iree-vulkan",
+        &["--artifacts", dir.path().to_str().unwrap()],
+    );
+    check_report(&both, false);
+    let mut listed = modules(&both);
+    listed.sort();
+    let mut want = vec![format!("vulkan-portable-sg{other}"), format!("vulkan-{target}")];
+    want.sort();
+    assert_eq!(listed, want);
+    // Several targets only of subgroup sizes: one text serves them.
+    let out = Command::new(env!("CARGO_BIN_EXE_skainet-kv"))
+        .args(["export", "--model", "tiny-gemma3:7", "--targets", "vulkan"])
+        .args(["--vulkan-target", &format!("{target},ampere")])
+        .arg("--out")
+        .arg(dir.path().join("refused"))
+        .output()
+        .expect("run skainet-kv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("only of portable-sgN"),
+        "{stderr}"
+    );
 }
 
 /// q4 on Llama's grouped heads under contract 2, on the CPU, against a reference that reads the

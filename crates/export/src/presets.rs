@@ -114,8 +114,10 @@ pub fn preset(name: &str) -> Result<&'static Preset> {
 }
 
 /// `options`' targets set by `presets`: at most one CPU and one Vulkan preset (one module text
-/// serves both; an export has one triple and one Vulkan target). The CPU preset's triple and
-/// features are added to every module's flags.
+/// serves both; an export has one triple and one Vulkan target), except that the
+/// `vulkan-portable-sgN` presets may be given together: their modules share one text and one
+/// archive, and a session opens the one of its device's subgroup size. The CPU preset's triple
+/// and features are added to every module's flags.
 pub fn apply(presets: &[&Preset], options: &mut ExportOptions) -> Result<()> {
     let cpus: Vec<&&Preset> = presets
         .iter()
@@ -125,8 +127,11 @@ pub fn apply(presets: &[&Preset], options: &mut ExportOptions) -> Result<()> {
         .iter()
         .filter(|p| matches!(p.kind, PresetKind::Vulkan { .. }))
         .collect();
+    let subgroup_sizes = gpus.iter().all(|p| {
+        matches!(p.kind, PresetKind::Vulkan { target: Some(t) } if crate::profile::portable_subgroup_size(t).is_some())
+    });
     for (kind, chosen) in [("CPU", &cpus), ("Vulkan", &gpus)] {
-        if chosen.len() > 1 {
+        if chosen.len() > 1 && !(kind == "Vulkan" && subgroup_sizes) {
             return Err(ExportError::Unsupported(format!(
                 "--target: {} are both {kind} presets; an export has one {kind} target",
                 chosen.iter().map(|p| p.name).collect::<Vec<_>>().join(" and ")
@@ -153,7 +158,7 @@ pub fn apply(presets: &[&Preset], options: &mut ExportOptions) -> Result<()> {
                 options.targets.push(Target::Vulkan {
                     target: target.map(str::to_string),
                 });
-                options.vulkan_target = target.map(str::to_string);
+                options.vulkan_target = (gpus.len() == 1).then(|| target.map(str::to_string)).flatten();
             }
         }
     }
@@ -217,6 +222,44 @@ mod tests {
         assert_eq!(options.targets.len(), 2);
         let err = apply(
             &[preset("vulkan-valhall").unwrap(), preset("vulkan-adreno").unwrap()],
+            &mut ExportOptions::default(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, ExportError::Unsupported(m) if m.contains("both Vulkan presets")),
+            "{err}"
+        );
+        // The portable-sgN presets together: one module a subgroup size, one text.
+        let mut options = ExportOptions::default();
+        apply(
+            &[
+                preset("vulkan-portable-sg16").unwrap(),
+                preset("vulkan-portable-sg64").unwrap(),
+            ],
+            &mut options,
+        )
+        .unwrap();
+        assert_eq!(
+            options.targets,
+            vec![
+                Target::Vulkan {
+                    target: Some("portable-sg16".into())
+                },
+                Target::Vulkan {
+                    target: Some("portable-sg64".into())
+                },
+            ]
+        );
+        assert_eq!(options.vulkan_target, None);
+        assert_eq!(
+            crate::profile::ExportProfile::resolve(&options).gpu_tuning(),
+            Some(crate::profile::GpuTuning::PORTABLE)
+        );
+        let err = apply(
+            &[
+                preset("vulkan-portable-sg16").unwrap(),
+                preset("vulkan-adreno").unwrap(),
+            ],
             &mut ExportOptions::default(),
         )
         .unwrap_err();

@@ -141,21 +141,29 @@ pub fn run(args: ExportArgs) -> Result<()> {
         .iter()
         .map(|name| export::presets::preset(name.trim()))
         .collect::<Result<Vec<_>, _>>()?;
+    // `--vulkan-target portable-sg16,portable-sg64`: a module a subgroup size, one text and one
+    // archive (only those targets share a text); a session opens its device's.
+    let vulkan_targets = args.target.export_vulkan_targets()?;
     let mut targets = Vec::new();
     for t in &args.targets {
-        targets.push(match t.trim() {
-            "cpu" => Target::Cpu {
+        match t.trim() {
+            "cpu" => targets.push(Target::Cpu {
                 cpu: args.target.cpu.as_ref().map_or("generic", |c| c.name()).into(),
-            },
-            "vulkan" => Target::Vulkan {
-                target: args.target.export_vulkan_target(),
-            },
+            }),
+            "vulkan" => targets.extend(
+                vulkan_targets
+                    .iter()
+                    .map(|target| Target::Vulkan { target: target.clone() }),
+            ),
             other => bail!("--targets: unknown target `{other}` (cpu, vulkan)"),
-        });
+        }
     }
     // The presets in place of --targets/--cpu/--vulkan-target (clap refuses those beside them),
     // their flags before the --compile-flag ones.
-    let mut vulkan_target = args.target.export_vulkan_target();
+    let mut vulkan_target = match &vulkan_targets[..] {
+        [one] => one.clone(),
+        _ => None,
+    };
     let mut compile_flags = args.compile_flags.clone();
     if !presets.is_empty() {
         let mut chosen = ExportOptions::default();
