@@ -48,6 +48,8 @@ export_args() {
     # The portable target with subgroup operations and 16-bit storage, for 32-lane subgroups
     # (session 32: the module a GPU whose driver reports subgroups of 32 gets; no vendor constants).
     i16-sg32-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-sg32 --contract 2" ;;
+    # One export for the subgroups of Mali, NVIDIA and Adreno: the session opens its device's.
+    i16-sgall-v2) echo "--targets vulkan --weight-storage i16 --vulkan-target portable-sg16,portable-sg32,portable-sg64 --contract 2" ;;
     i16-valhall) echo "--targets vulkan --weight-storage i16 --vulkan-target valhall" ;;
     i16-adreno) echo "--targets vulkan --weight-storage i16 --vulkan-target adreno" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
