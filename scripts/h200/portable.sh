@@ -8,8 +8,10 @@
 #
 # VARIANTS picks exports (default "packed i16-ampere"; also packed-v2 (the portable target under
 # contract 2), i16-p16 / i16-p16-v2 (`--vulkan-target portable-16bit`: the portable profile with
-# 16-bit storage, i16 weights), i16-ampere-v2, and i16-valhall, i16-adreno, which load on NVIDIA
-# but assume another subgroup size: their diverge fails there). Mind the 64 MiB carry: ~10 MB a
+# 16-bit storage, i16 weights), i16-ampere-v2, i16-sg32-v2 (`--vulkan-target portable-sg32`:
+# the portable limits with subgroup reductions, session 32), i16-sgall-v2 (one export for
+# subgroups of 16, 32 and 64: the session opens its device's), and i16-valhall, i16-adreno,
+# which load on NVIDIA but assume another subgroup size: their diverge fails there). Mind the 64 MiB carry: ~10 MB a
 # variant, 13 MB the binary. ROUNDS (default 3) alternations of the bare step and bench;
 # PROFILE="variant ..." adds a device profile of one utterance of each one's session (`bench
 # --device-profile`), summarized by scripts/h200/step-timeline.py ($OUT/<variant>-timeline.txt:
@@ -28,6 +30,10 @@
 # with carry [".cache/dev.tar.xz", ".gl"] and, on the device,
 #   tar -xJf .cache/dev.tar.xz && ROUNDS=2 PROFILE="packed-v2" \
 #     VARIANTS="packed-v2 packed-v2-old i16-ampere-v2" OUT=$OUT bash scripts/h200/portable.sh run
+# Session 32: VARIANTS="i16-sgall-v2 packed-v2 i16-ampere-v2" prepare (76 MB: carried as
+# .cache/dev4.tar.xz, 11 MB), then on the device
+#   rm -rf .cache/device && tar -xJf .cache/dev4.tar.xz && ROUNDS=4 BARE=0 \
+#     VARIANTS="i16-sgall-v2 packed-v2 i16-ampere-v2" OUT=$OUT bash scripts/h200/portable.sh run
 # Builds whose archives differ (session 28: gate/up fused for the portable profile) cannot share
 # one: copy the binary that exported a variant into its directory ($D/<variant>/skainet-kv) and
 # twin_archive writes that variant's archive with it. BARE=0 skips the bare step.
