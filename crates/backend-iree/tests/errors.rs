@@ -284,3 +284,38 @@ fn redecode_checks_the_result_shape() {
     assert!(matches!(err, kv_core::Error::ContractMismatch { .. }), "{err:?}");
     assert!(err.to_string().contains("another contract"), "{err}");
 }
+
+/// `portable-sgN` modules assume subgroups of N lanes: one export for this Vulkan device's size
+/// and another opens the device's module when none is named, whichever the manifest lists first;
+/// the other size named is refused at open as a contract mismatch naming both sizes (it would
+/// load and compute wrong), and the device's own still opens after that.
+#[test]
+fn a_module_of_another_subgroup_size_is_refused_and_the_device_s_is_picked() {
+    let features = backend_iree::VulkanFeatures::of_default_device().expect("lavapipe");
+    let own = features
+        .portable_target()
+        .expect("lavapipe has 16-bit storage and subgroup reductions");
+    let size = features.subgroup_size;
+    let other = if size == 16 { 32 } else { 16 };
+    let sized = |n: u32| Target::Vulkan {
+        target: Some(format!("portable-sg{n}")),
+    };
+    let mut options = export::runtime_options_for(&sized(size), kv_core::ContractVersion::V2);
+    options.targets = vec![sized(other), sized(size)];
+    let dir = export::cached_export_with("tiny-gemma3:7", &options).expect("export");
+    assert!(IreeKvBackend::open(&dir, IreeOptions::new("vulkan")).is_ok());
+    let named = |target: String| IreeOptions {
+        target: Some(target),
+        ..IreeOptions::new("vulkan")
+    };
+    let err = IreeKvBackend::open(&dir, named(format!("vulkan-portable-sg{other}")))
+        .err()
+        .expect("a module of another subgroup size opened");
+    assert!(
+        matches!(&err, kv_core::Error::ContractMismatch { op, message, .. }
+            if op == "open" && message.contains(&format!("subgroups of {other} lanes"))
+                && message.contains(&format!("are {size}"))),
+        "{err}"
+    );
+    assert!(IreeKvBackend::open(&dir, named(format!("vulkan-{own}"))).is_ok());
+}
