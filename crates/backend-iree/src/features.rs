@@ -87,7 +87,7 @@ pub const PORTABLE_SUBGROUPS_TARGET: &str = "vulkan-portable-sg";
 
 /// The subgroup sizes of the `portable-sgN` modules the exporter makes
 /// (`export::profile::SUBGROUP_SIZES`; the exporter is not a dependency of the runtime).
-pub const PORTABLE_SUBGROUP_SIZES: [u32; 6] = [4, 8, 16, 32, 64, 128];
+pub const PORTABLE_SUBGROUP_SIZES: [u32; 5] = [4, 8, 16, 32, 64];
 
 /// The subgroup size a `vulkan-portable-sgN` module key names.
 pub fn subgroups_of(target: &str) -> Option<u32> {
@@ -95,73 +95,77 @@ pub fn subgroups_of(target: &str) -> Option<u32> {
 }
 
 /// The modules a Vulkan session opens when none is named: among `keys` (a manifest's), the
-/// `vulkan-portable-sgN` ones of `device`'s subgroup size where the manifest has several sizes
-/// (an export for several GPUs' subgroups, one archive), else `default`.
+/// `vulkan-portable-sgN` ones of `device`'s subgroup size where the manifest has them (an export
+/// for several GPUs' subgroups, one archive), else `default`.
 pub(crate) fn pick_target<'a>(
     device: &Device,
     keys: impl IntoIterator<Item = &'a String>,
     default: String,
 ) -> Result<String> {
-    let sized: Vec<&String> = keys.into_iter().filter(|k| subgroups_of(k).is_some()).collect();
-    if sized.len() < 2 && sized.first().is_none_or(|k| **k == default) {
-        return Ok(default);
-    }
-    let features = VulkanFeatures::of(device)?;
-    Ok(sized
-        .into_iter()
-        .find(|k| subgroups_of(k) == Some(features.subgroup_size))
-        .cloned()
-        .unwrap_or(default))
+    Ok(VulkanFeatures::of(device)?.pick(keys, default))
 }
 
 /// Refuses modules of `target` that need a feature `device` lacks, before they are loaded (IREE
 /// would fail later, at pipeline creation, with a driver message that names no feature; a
 /// module of another subgroup size would load and compute wrong).
 pub(crate) fn check_target(device: &Device, target: &str) -> Result<()> {
-    let subgroups = subgroups_of(target);
-    if target != PORTABLE_16BIT_TARGET && subgroups.is_none() {
-        return Ok(());
+    VulkanFeatures::of(device)?.check(target)
+}
+
+impl VulkanFeatures {
+    /// [`pick_target`] on a device with these features.
+    pub fn pick<'a>(&self, keys: impl IntoIterator<Item = &'a String>, default: String) -> String {
+        keys.into_iter()
+            .find(|k| subgroups_of(k) == Some(self.subgroup_size))
+            .cloned()
+            .unwrap_or(default)
     }
-    let features = VulkanFeatures::of(device)?;
-    if let Some(size) = subgroups.filter(|&n| n != features.subgroup_size) {
-        return Err(contract_err(
+
+    /// [`check_target`] on a device with these features: modules of [`PORTABLE_16BIT_TARGET`]
+    /// need 16-bit loads; `vulkan-portable-sgN` modules need subgroups of N lanes with
+    /// reductions and 16-bit loads; every other module runs on any Vulkan device.
+    pub fn check(&self, target: &str) -> Result<()> {
+        let subgroups = subgroups_of(target);
+        if let Some(size) = subgroups.filter(|&n| n != self.subgroup_size) {
+            return Err(contract_err(
+                "open",
+                format!(
+                    "the `{target}` modules assume subgroups of {size} lanes and this Vulkan device's \
+                     are {}: export for `--vulkan-target portable-sg{}` (or the portable target)",
+                    self.subgroup_size, self.subgroup_size
+                ),
+            ));
+        }
+        if subgroups.is_some() && !self.reduces_in_subgroups() {
+            return Err(contract_err(
+                "open",
+                format!(
+                    "the `{target}` modules reduce in subgroups (arithmetic and shuffles), which this \
+                     Vulkan device's compute shaders lack (VkSubgroupFeatureFlags {:#x}): export for \
+                     the portable target instead",
+                    self.subgroup_operations.unwrap_or(0)
+                ),
+            ));
+        }
+        if (target != PORTABLE_16BIT_TARGET && subgroups.is_none()) || self.loads_16bit() {
+            return Ok(());
+        }
+        Err(contract_err(
             "open",
             format!(
-                "the `{target}` modules assume subgroups of {size} lanes and this Vulkan device's \
-                 are {}: export for `--vulkan-target portable-sg{}` (or the portable target)",
-                features.subgroup_size, features.subgroup_size
+                "the `{target}` modules load 16-bit values, and this Vulkan device lacks {}: \
+                 export for the portable target (packed weights) instead",
+                [
+                    (!self.storage_16bit).then_some("storageBuffer16BitAccess"),
+                    (!self.int16).then_some("shaderInt16"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" and ")
             ),
-        ));
+        ))
     }
-    if subgroups.is_some() && !features.reduces_in_subgroups() {
-        return Err(contract_err(
-            "open",
-            format!(
-                "the `{target}` modules reduce in subgroups (arithmetic and shuffles), which this \
-                 Vulkan device's compute shaders lack (VkSubgroupFeatureFlags {:#x}): export for \
-                 the portable target instead",
-                features.subgroup_operations.unwrap_or(0)
-            ),
-        ));
-    }
-    if features.loads_16bit() {
-        return Ok(());
-    }
-    Err(contract_err(
-        "open",
-        format!(
-            "the `{target}` modules load 16-bit values, and this Vulkan device lacks {}: \
-             export for the portable target (packed weights) instead",
-            [
-                (!features.storage_16bit).then_some("storageBuffer16BitAccess"),
-                (!features.int16).then_some("shaderInt16"),
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(" and ")
-        ),
-    ))
 }
 
 #[cfg(test)]
@@ -183,6 +187,73 @@ mod tests {
         }
         assert_eq!(subgroups_of(PORTABLE_16BIT_TARGET), None);
         assert_eq!(PORTABLE_SUBGROUP_SIZES, export::profile::SUBGROUP_SIZES);
+    }
+
+    /// What each module needs of a device, and which of a manifest's modules a device opens.
+    #[test]
+    fn each_module_needs_its_features() {
+        let device = VulkanFeatures {
+            storage_16bit: true,
+            int16: true,
+            subgroup_size: 32,
+            subgroup_operations: Some(0x7f),
+        };
+        let no_16bit = VulkanFeatures {
+            storage_16bit: false,
+            ..device
+        };
+        let no_reductions = VulkanFeatures {
+            subgroup_operations: Some(0x1 | 0x10),
+            ..device
+        };
+        let refused = |features: &VulkanFeatures, target: &str, needle: &str| match features.check(target) {
+            Err(kv_core::Error::ContractMismatch { op, message, .. }) => {
+                assert_eq!(op, "open");
+                assert!(message.contains(needle), "{target}: {message}");
+            }
+            other => panic!("{target} on {features:?}: {other:?}"),
+        };
+        for target in ["vulkan", "vulkan-ampere", "vulkan-portable-sg32", PORTABLE_16BIT_TARGET] {
+            assert!(device.check(target).is_ok(), "{target}");
+        }
+        assert!(
+            no_16bit.check("vulkan").is_ok(),
+            "the packed module needs no 16-bit storage"
+        );
+        assert!(no_reductions.check(PORTABLE_16BIT_TARGET).is_ok());
+        refused(&no_16bit, PORTABLE_16BIT_TARGET, "storageBuffer16BitAccess");
+        refused(&no_16bit, "vulkan-portable-sg32", "storageBuffer16BitAccess");
+        refused(
+            &VulkanFeatures { int16: false, ..device },
+            "vulkan-portable-sg32",
+            "shaderInt16",
+        );
+        refused(
+            &device,
+            "vulkan-portable-sg16",
+            "subgroups of 16 lanes and this Vulkan device's are 32",
+        );
+        refused(&no_reductions, "vulkan-portable-sg32", "VkSubgroupFeatureFlags 0x11");
+
+        let keys: Vec<String> = ["vulkan-portable-sg16", "vulkan-portable-sg32", "vulkan-portable-sg64"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(device.pick(&keys, keys[0].clone()), "vulkan-portable-sg32");
+        let mali = VulkanFeatures {
+            subgroup_size: 16,
+            ..device
+        };
+        assert_eq!(mali.pick(&keys, "vulkan".into()), "vulkan-portable-sg16");
+        let other = VulkanFeatures {
+            subgroup_size: 8,
+            ..device
+        };
+        assert_eq!(
+            other.pick(&keys, keys[2].clone()),
+            "vulkan-portable-sg64",
+            "none of its size"
+        );
+        assert_eq!(device.pick(&["vulkan".to_string()], "vulkan".into()), "vulkan");
     }
 
     /// The module a device gets: `portable-sgN` only with 16-bit storage, subgroup reductions
@@ -220,7 +291,7 @@ mod tests {
                 ..device
             },
             VulkanFeatures {
-                subgroup_size: 256,
+                subgroup_size: 128,
                 ..device
             },
         ] {

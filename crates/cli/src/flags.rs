@@ -34,8 +34,8 @@ pub struct TargetFlags {
     /// adreno, rdna3, ...); such modules run only on that GPU family (on lavapipe they compute
     /// wrong results). An export made on demand for it declares the weights i16, widened inside
     /// the decode step's matmuls, which needs the GPU's 16-bit storage (`export --weight-storage
-    /// i16`), and NVIDIA targets get configured dispatches. `portable-sgN` (N = 8, 16, 32, 64,
-    /// 128): the portable limits with 16-bit storage and subgroup reductions in subgroups of N
+    /// i16`), and NVIDIA targets get configured dispatches. `portable-sgN` (N = 4, 8, 16, 32,
+    /// 64): the portable limits with 16-bit storage and subgroup reductions in subgroups of N
     /// lanes (Mali 16, NVIDIA 32, Adreno 64, lavapipe 4 to 16): i16 weights, the configured
     /// one-pass dispatches, no vendor constants; a session refuses it on a device of another
     /// subgroup size. `portable-16bit`: IREE's portable baseline with 16-bit storage (i16
