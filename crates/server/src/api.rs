@@ -63,6 +63,15 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The body was left unread, so this connection cannot carry another request: say so,
+            // or a keep-alive client sends its next request into a connection hyper then drops
+            // ("Server disconnected without sending a response" from the openai client in CI).
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             // The queue drains at decode speed: a second is the right order of magnitude.
             response.headers_mut().insert(

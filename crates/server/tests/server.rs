@@ -596,6 +596,31 @@ fn bad_requests_get_openai_errors_and_the_server_stays_usable() {
     assert_eq!(m["requests"]["completed"], 0);
     let ok = post(addr, path, &chat("Still there?"));
     assert_eq!(ok.status, 200, "{}", ok.body);
+    // An oversized body is left unread, so its connection cannot carry another request: on a
+    // keep-alive connection the 413 says `connection: close`, or a client sends its next request
+    // into a connection the server then drops (the openai client's "Server disconnected without
+    // sending a response" after its 413, seen in CI).
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = chat(&"x".repeat(8000)).to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // The server may answer and close before the whole body is sent.
+    let _ = s.write_all(body.as_bytes());
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 413"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
     server.shutdown().unwrap();
 }
 
