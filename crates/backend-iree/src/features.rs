@@ -94,26 +94,10 @@ pub fn subgroups_of(target: &str) -> Option<u32> {
     target.strip_prefix(PORTABLE_SUBGROUPS_TARGET)?.parse().ok()
 }
 
-/// The modules a Vulkan session opens when none is named: among `keys` (a manifest's), the
-/// `vulkan-portable-sgN` ones of `device`'s subgroup size where the manifest has them (an export
-/// for several GPUs' subgroups, one archive), else `default`.
-pub(crate) fn pick_target<'a>(
-    device: &Device,
-    keys: impl IntoIterator<Item = &'a String>,
-    default: String,
-) -> Result<String> {
-    Ok(VulkanFeatures::of(device)?.pick(keys, default))
-}
-
-/// Refuses modules of `target` that need a feature `device` lacks, before they are loaded (IREE
-/// would fail later, at pipeline creation, with a driver message that names no feature; a
-/// module of another subgroup size would load and compute wrong).
-pub(crate) fn check_target(device: &Device, target: &str) -> Result<()> {
-    VulkanFeatures::of(device)?.check(target)
-}
-
 impl VulkanFeatures {
-    /// [`pick_target`] on a device with these features.
+    /// The modules a Vulkan session on this device opens when none is named: among `keys` (a
+    /// manifest's), the `vulkan-portable-sgN` ones of its subgroup size where the manifest has
+    /// them (an export for several GPUs' subgroups, one archive), else `default`.
     pub fn pick<'a>(&self, keys: impl IntoIterator<Item = &'a String>, default: String) -> String {
         keys.into_iter()
             .find(|k| subgroups_of(k) == Some(self.subgroup_size))
@@ -121,8 +105,10 @@ impl VulkanFeatures {
             .unwrap_or(default)
     }
 
-    /// [`check_target`] on a device with these features: modules of [`PORTABLE_16BIT_TARGET`]
-    /// need 16-bit loads; `vulkan-portable-sgN` modules need subgroups of N lanes with
+    /// Refuses modules of `target` that need a feature this device lacks, before they are loaded
+    /// (IREE would fail later, at pipeline creation, with a driver message that names no
+    /// feature; a module of another subgroup size would load and compute wrong). Modules of
+    /// [`PORTABLE_16BIT_TARGET`] need 16-bit loads; `vulkan-portable-sgN` modules need subgroups of N lanes with
     /// reductions and 16-bit loads; every other module runs on any Vulkan device.
     pub fn check(&self, target: &str) -> Result<()> {
         let subgroups = subgroups_of(target);

@@ -22,7 +22,7 @@ pub struct IreeOptions {
     pub device: String,
     /// Key of `modules` to run (`llvm-cpu`, `vulkan`, `vulkan-valhall`); `None` picks the first
     /// one made for the device, or on Vulkan the `vulkan-portable-sgN` modules of the device's
-    /// subgroup size where the manifest has them ([`crate::features::pick_target`]).
+    /// subgroup size where the manifest has them ([`crate::VulkanFeatures::pick`]).
     pub target: Option<String>,
     /// Worker count of the local-task executor (`None` = IREE's default).
     pub workers: Option<usize>,
@@ -271,10 +271,11 @@ pub(crate) fn open_sessions(
     };
     let device = shared::device(&device_key)?;
     if options.device == "vulkan" {
+        let features = crate::features::VulkanFeatures::of(&device)?;
         if options.target.is_none() {
-            target = crate::features::pick_target(&device, manifest.modules.keys(), target)?;
+            target = features.pick(manifest.modules.keys(), target);
         }
-        crate::features::check_target(&device, &target)?;
+        features.check(&target)?;
     }
 
     // What IREE runs must be what the exporter wrote (`kv_core::digests`): the manifest of an

@@ -59,20 +59,23 @@ impl Target {
                 // passes fences on a semaphore that outlives the call, where a synchronous
                 // function creates one per call (~0.65 ms each on the H200: docs/journal,
                 // session 13). `iree_runtime::Session::call_function` tells them apart.
+                let device = "--iree-hal-target-device=vulkan".to_string();
                 let subgroups = target.as_deref().and_then(crate::profile::portable_subgroup_size);
-                let mut f = match subgroups {
-                    Some(size) => crate::profile::portable_subgroup_flags(size),
-                    None => vec!["--iree-hal-target-device=vulkan".to_string()],
+                let (device, target_flags) = match (subgroups, target.as_deref()) {
+                    (Some(size), _) => (crate::profile::portable_subgroup_flags(size), Vec::new()),
+                    (None, Some(crate::profile::PORTABLE_16BIT)) => (
+                        vec![device],
+                        crate::profile::PORTABLE_16BIT_FLAGS
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect(),
+                    ),
+                    (None, Some(t)) => (vec![device], vec![format!("--iree-vulkan-target={t}")]),
+                    (None, None) => (vec![device], Vec::new()),
                 };
+                let mut f = device;
                 f.push("--iree-execution-model=async-external".to_string());
-                match target.as_deref() {
-                    _ if subgroups.is_some() => {}
-                    Some(crate::profile::PORTABLE_16BIT) => {
-                        f.extend(crate::profile::PORTABLE_16BIT_FLAGS.iter().map(|s| s.to_string()))
-                    }
-                    Some(t) => f.push(format!("--iree-vulkan-target={t}")),
-                    None => {}
-                }
+                f.extend(target_flags);
                 f
             }
         }
